@@ -1,0 +1,13 @@
+# HM_SANITIZE=address,undefined | thread: applied to every target in the tree.
+if(HM_SANITIZE)
+  if(HM_SANITIZE MATCHES "thread" AND HM_SANITIZE MATCHES "address")
+    message(FATAL_ERROR "HM_SANITIZE: thread cannot be combined with address")
+  endif()
+  set(_hm_san "-fsanitize=${HM_SANITIZE}")
+  add_compile_options(${_hm_san} -fno-omit-frame-pointer -fno-sanitize-recover=all)
+  add_link_options(${_hm_san})
+  add_compile_definitions(HM_SANITIZE_BUILD=1)
+  if(HM_SANITIZE MATCHES "thread")
+    add_compile_definitions(HM_TSAN=1)
+  endif()
+endif()

@@ -1,0 +1,127 @@
+/* hetmem — pools: fine allocations carved out of a provider.
+ * SPDX-License-Identifier: MIT */
+#ifndef HETMEM_POOL_H
+#define HETMEM_POOL_H
+
+#include <hetmem/base.h>
+#include <hetmem/provider.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct hm_pool hm_pool_t;
+
+/* hm_pool_create() flags. */
+enum {
+    /* The pool destroys its provider in hm_pool_destroy(). */
+    HM_POOL_FLAG_OWN_PROVIDER = 1u << 0,
+    /* Do not record the pool's provider ranges in the tracker. Trade-off:
+     * allocation is a little cheaper, but hm_free(), hm_pool_by_ptr(),
+     * hm_allocation_info() and IPC export do not know this pool's memory, and
+     * hm_pool_free() cannot reject foreign pointers; leaked memory is not
+     * reclaimed at destroy. */
+    HM_POOL_FLAG_NO_TRACKING = 1u << 1,
+};
+
+/* Statistics of a pool (fields a pool does not keep are 0). */
+typedef struct hm_pool_stats {
+    size_t bytes_requested;     /* bytes currently allocated by users */
+    size_t bytes_from_provider; /* bytes currently held from the provider */
+    size_t provider_allocs;     /* live provider allocations */
+    size_t slabs;
+    size_t remote_frees_published;
+    size_t remote_frees_drained;
+} hm_pool_stats_t;
+
+#define HM_POOL_OPS_VERSION 1u
+
+/* The pool interface. A pool gets its memory only through
+ * hm_pool_provider_alloc()/free()/split()/merge() on the `pool` handle it is
+ * given in init, so that the tracker knows every range. */
+typedef struct hm_pool_ops {
+    uint32_t version; /* HM_POOL_OPS_VERSION */
+    const char *name;
+
+    /* Required. */
+    hm_result_t (*init)(hm_pool_t *pool, const void *params, void **state);
+    void (*fini)(void *state);
+    /* alignment 0: natural (at least 16 bytes where the pool can). size > 0. */
+    hm_result_t (*alloc)(void *state, size_t size, size_t alignment, void **ptr);
+    hm_result_t (*free)(void *state, void *ptr);
+
+    /* Optional. calloc/realloc fall back to alloc+memset / alloc+copy+free
+     * in the front-end when the memory is CPU-accessible and usable_size
+     * exists. */
+    size_t (*usable_size)(void *state, const void *ptr);
+    hm_result_t (*calloc)(void *state, size_t size, void **ptr);
+    hm_result_t (*realloc)(void *state, void *ptr, size_t size, void **out);
+    hm_result_t (*trim)(void *state);
+    hm_result_t (*get_stats)(void *state, hm_pool_stats_t *stats);
+} hm_pool_ops_t;
+
+HM_API hm_result_t hm_pool_create(const hm_pool_ops_t *ops, hm_provider_t *provider,
+                                  const void *params, uint32_t flags, hm_pool_t **pool);
+/* Destroy. Allocations still live are reported (one log line, count and
+ * bytes), forgotten by the tracker and returned to the provider where it can
+ * free. Double destroy returns HM_ERROR_INVALID_ARGUMENT. Must not run
+ * concurrently with other calls on the same pool. */
+HM_API hm_result_t hm_pool_destroy(hm_pool_t *pool);
+
+/* The malloc family: NULL and errno (ENOMEM, EINVAL) on failure.
+ * hm_pool_malloc(pool, 0) returns NULL with errno EINVAL. */
+HM_API void *hm_pool_malloc(hm_pool_t *pool, size_t size);
+HM_API void *hm_pool_calloc(hm_pool_t *pool, size_t num, size_t size);
+HM_API void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size);
+HM_API void *hm_pool_aligned_malloc(hm_pool_t *pool, size_t size, size_t alignment);
+/* Free ptr (NULL is a no-op success). On a tracked pool a pointer that does
+ * not belong to this pool returns HM_ERROR_INVALID_ARGUMENT and frees nothing. */
+HM_API hm_result_t hm_pool_free(hm_pool_t *pool, void *ptr);
+/* 0 for NULL, unknown pointers, or pools that cannot tell. */
+HM_API size_t hm_pool_malloc_usable_size(hm_pool_t *pool, const void *ptr);
+HM_API hm_result_t hm_pool_trim(hm_pool_t *pool);
+HM_API hm_result_t hm_pool_get_stats(hm_pool_t *pool, hm_pool_stats_t *stats);
+HM_API const char *hm_pool_name(const hm_pool_t *pool);
+HM_API hm_provider_t *hm_pool_get_provider(const hm_pool_t *pool);
+HM_API uint32_t hm_pool_flags(const hm_pool_t *pool);
+
+/* --- Tracker-backed calls (any pool created without NO_TRACKING) --- */
+
+/* Free ptr through whichever pool owns it. NULL: success, no-op. A pointer
+ * hetmem does not know: HM_ERROR_INVALID_ARGUMENT, nothing freed. */
+HM_API hm_result_t hm_free(void *ptr);
+/* The pool that owns ptr (anywhere inside a provider range), or NULL. */
+HM_API hm_pool_t *hm_pool_by_ptr(const void *ptr);
+
+enum {
+    HM_ALLOCATION_HOST_ACCESSIBLE = 1u << 0,
+    HM_ALLOCATION_IMPORTED = 1u << 1, /* opened through IPC */
+};
+
+typedef struct hm_allocation_info {
+    hm_pool_t *pool;
+    hm_provider_t *provider;
+    void *base;       /* the provider allocation containing ptr */
+    size_t size;
+    uint64_t id;      /* unique in the process, never reused */
+    hm_memory_kind_t kind;
+    uint32_t flags;   /* HM_ALLOCATION_* */
+} hm_allocation_info_t;
+
+HM_API hm_result_t hm_allocation_info(const void *ptr, hm_allocation_info_t *info);
+
+/* --- For pool implementations: provider memory, recorded in the tracker --- */
+HM_API hm_result_t hm_pool_provider_alloc(hm_pool_t *pool, size_t size, size_t alignment,
+                                          void **ptr);
+/* Forget the range and free it to the provider. If the provider cannot free,
+ * returns HM_ERROR_NOT_SUPPORTED and the range stays recorded. */
+HM_API hm_result_t hm_pool_provider_free(hm_pool_t *pool, void *ptr, size_t size);
+HM_API hm_result_t hm_pool_provider_split(hm_pool_t *pool, void *ptr, size_t total,
+                                          size_t first);
+HM_API hm_result_t hm_pool_provider_merge(hm_pool_t *pool, void *lo, void *hi, size_t total);
+HM_API hm_result_t hm_pool_provider_purge(hm_pool_t *pool, void *ptr, size_t size, bool force);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HETMEM_POOL_H */
