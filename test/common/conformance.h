@@ -1,0 +1,56 @@
+/* hetmem tests — the conformance suites, written once and reused by every
+ * provider and every pool x provider pair. SPDX-License-Identifier: MIT */
+#ifndef HM_TEST_CONFORMANCE_H
+#define HM_TEST_CONFORMANCE_H
+
+#include "harness.h"
+
+/* Makes a fresh provider for one test case (called many times). */
+typedef hm_result_t (*hm_test_provider_factory)(void *arg, hm_provider_t **out);
+/* Makes a fresh pool for one test case; the pool must own its provider
+ * (HM_POOL_FLAG_OWN_PROVIDER) so hm_pool_destroy() cleans everything. */
+typedef hm_result_t (*hm_test_pool_factory)(void *arg, hm_pool_t **out);
+
+/* Suite options. */
+typedef struct hm_test_suite_opts {
+    size_t max_alloc;      /* largest size to try (0: 64 MiB); capacity-limited providers set it */
+    size_t max_alignment;  /* largest alignment to try (0: 2 MiB) */
+    int threads;           /* threads for the concurrent case (0: 4) */
+    int can_free;          /* expected: 1 if the provider frees (checked against caps) */
+} hm_test_suite_opts_t;
+
+/* Run every case; failures are recorded through the harness. The label is
+ * printed with failures. */
+void hm_test_provider_suite(const char *label, hm_test_provider_factory make, void *arg,
+                            const hm_test_suite_opts_t *opts);
+void hm_test_pool_suite(const char *label, hm_test_pool_factory make, void *arg,
+                        const hm_test_suite_opts_t *opts);
+
+/* The fault-injecting pass-through provider (fault_provider.c): wraps another
+ * provider; fails the Nth call of a kind with a chosen result; counts calls. */
+typedef enum hm_fault_op {
+    HM_FAULT_ALLOC = 0,
+    HM_FAULT_FREE,
+    HM_FAULT_PURGE_LAZY,
+    HM_FAULT_PURGE_FORCE,
+    HM_FAULT_SPLIT,
+    HM_FAULT_MERGE,
+    HM_FAULT_OP_COUNT
+} hm_fault_op_t;
+
+typedef struct hm_fault_params {
+    hm_provider_t *inner;          /* wrapped provider (not owned unless own_inner) */
+    int own_inner;                 /* destroy inner with the fault provider */
+    long fail_nth[HM_FAULT_OP_COUNT]; /* 1-based call number to fail; 0 = never; -1 = every call */
+    hm_result_t fail_with;         /* result of an injected failure (0: OUT_OF_MEMORY) */
+} hm_fault_params_t;
+
+const hm_provider_ops_t *hm_fault_provider_ops(void);
+/* Calls seen so far of one kind (failed ones included), and live allocations
+ * (allocs minus frees) — for leak checks. */
+long hm_fault_provider_calls(hm_provider_t *fault, hm_fault_op_t op);
+long hm_fault_provider_live(hm_provider_t *fault);
+/* Re-arm: fail the nth call from now of op (0 = never). */
+void hm_fault_provider_arm(hm_provider_t *fault, hm_fault_op_t op, long nth);
+
+#endif

@@ -1,0 +1,60 @@
+/* hetmem tests — a tiny in-tree harness. SPDX-License-Identifier: MIT
+ *
+ * CHECK* record a failure (file:line and the expression) and go on;
+ * REQUIRE* stop the test program at once. hm_test_finish() prints the
+ * closing line "N passed, N failed" and returns the exit code for main().
+ * HM_TEST_SKIP(...) prints why and exits 77 (CTest's SKIP_RETURN_CODE). */
+#ifndef HM_TEST_HARNESS_H
+#define HM_TEST_HARNESS_H
+
+#include <hetmem/hetmem.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void hm_test_record(int ok, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+int hm_test_failed_count(void);
+int hm_test_passed_count(void);
+int hm_test_finish(void);
+/* Label printed with failures (e.g. the suite and provider in use). */
+void hm_test_set_context(const char *context);
+
+#define CHECK(cond) hm_test_record(!!(cond), __FILE__, __LINE__, "%s", #cond)
+#define CHECK_MSG(cond, ...) hm_test_record(!!(cond), __FILE__, __LINE__, __VA_ARGS__)
+#define CHECK_EQ(a, b)                                                               \
+    do {                                                                             \
+        long long _a = (long long)(a), _b = (long long)(b);                          \
+        hm_test_record(_a == _b, __FILE__, __LINE__, "%s == %s (%lld vs %lld)", #a, #b, \
+                       _a, _b);                                                      \
+    } while (0)
+#define CHECK_RES(expr, expected)                                                    \
+    do {                                                                             \
+        hm_result_t _r = (expr), _e = (expected);                                    \
+        hm_test_record(_r == _e, __FILE__, __LINE__, "%s -> %s, expected %s", #expr, \
+                       hm_result_string(_r), hm_result_string(_e));                  \
+    } while (0)
+#define CHECK_OK(expr) CHECK_RES(expr, HM_SUCCESS)
+#define REQUIRE(cond)                                                            \
+    do {                                                                         \
+        int _ok = !!(cond);                                                      \
+        hm_test_record(_ok, __FILE__, __LINE__, "REQUIRE %s", #cond);            \
+        if (!_ok) exit(hm_test_finish() ? hm_test_finish() : 1);                 \
+    } while (0)
+#define REQUIRE_OK(expr)                                                         \
+    do {                                                                         \
+        hm_result_t _r = (expr);                                                 \
+        hm_test_record(_r == HM_SUCCESS, __FILE__, __LINE__, "REQUIRE %s -> %s", \
+                       #expr, hm_result_string(_r));                             \
+        if (_r != HM_SUCCESS) exit(1);                                           \
+    } while (0)
+#define HM_TEST_SKIP(...)                        \
+    do {                                         \
+        printf("SKIP: ");                        \
+        printf(__VA_ARGS__);                     \
+        printf("\n");                            \
+        fflush(stdout);                          \
+        exit(77);                                \
+    } while (0)
+
+#endif
