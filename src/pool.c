@@ -1,0 +1,360 @@
+/* hetmem — the pool front-end: the ONLY caller of pool ops, and the place
+ * where provider memory is recorded in the tracker.
+ * SPDX-License-Identifier: MIT */
+#include "pool_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+hm_result_t hm_pool_create(const hm_pool_ops_t *ops, hm_provider_t *provider, const void *params,
+                           uint32_t flags, hm_pool_t **out) {
+    hm__init();
+    if (!ops || !provider || !out) {
+        HM_LOG_ERROR("hm_pool_create: %s is NULL", !ops ? "ops" : !provider ? "provider" : "pool");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    *out = NULL;
+    if (ops->version != HM_POOL_OPS_VERSION) {
+        HM_LOG_ERROR("hm_pool_create: ops version %u, this library speaks %u", ops->version,
+                     HM_POOL_OPS_VERSION);
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    if (!ops->init || !ops->fini || !ops->alloc || !ops->free) {
+        HM_LOG_ERROR("hm_pool_create: '%s' lacks a required op (init, fini, alloc, free)",
+                     ops->name ? ops->name : "?");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (flags & ~(uint32_t)(HM_POOL_FLAG_OWN_PROVIDER | HM_POOL_FLAG_NO_TRACKING)) {
+        HM_LOG_ERROR("hm_pool_create: unknown flags 0x%x", flags);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (!hm__provider_is_live(provider)) {
+        HM_LOG_ERROR("hm_pool_create: %p is not a live provider", (void *)provider);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    hm_pool_t *pool = calloc(1, sizeof(*pool));
+    if (!pool) return HM_ERROR_OUT_OF_HOST_MEMORY;
+    pool->ops = *ops;
+    if (!pool->ops.name) pool->ops.name = "unnamed";
+    pool->provider = provider;
+    pool->flags = flags;
+    pool->tracked = !(flags & HM_POOL_FLAG_NO_TRACKING);
+    pool->cpu_accessible = hm_provider_cpu_accessible(provider);
+    hm__tracker_index_init(&pool->index);
+    hm_result_t r = ops->init(pool, params, &pool->state);
+    if (r != HM_SUCCESS) {
+        HM_LOG_INFO("pool '%s' init failed: %s", ops->name ? ops->name : "?",
+                    hm_result_string(r));
+        goto fail_init;
+    }
+    if (!hm__handle_register(pool, HM_HANDLE_POOL)) {
+        r = HM_ERROR_OUT_OF_HOST_MEMORY;
+        goto fail_register;
+    }
+    *out = pool;
+    return HM_SUCCESS;
+
+fail_register:
+    ops->fini(pool->state);
+fail_init:
+    hm__tracker_index_drain(&pool->index, NULL, NULL);
+    hm__tracker_index_fini(&pool->index);
+    free(pool);
+    return r;
+}
+
+typedef struct leak_report {
+    hm_pool_t *pool;
+    size_t count, bytes, freed;
+} leak_report_t;
+
+static void reclaim_range(void *arg, const hm_tracker_entry_t *e) {
+    leak_report_t *lr = arg;
+    lr->count++;
+    lr->bytes += e->size;
+    if (e->flags & HM_TRACK_IMPORTED) return; /* the IPC layer closes its own mappings */
+    hm_provider_t *prov = lr->pool->provider;
+    if (prov->ops.free && prov->ops.free(prov->state, (void *)e->base, e->size) == HM_SUCCESS)
+        lr->freed++;
+}
+
+hm_result_t hm_pool_destroy(hm_pool_t *pool) {
+    if (!pool) {
+        HM_LOG_ERROR("hm_pool_destroy(NULL)");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (!hm__handle_unregister(pool, HM_HANDLE_POOL)) {
+        HM_LOG_ERROR("hm_pool_destroy(%p): not a live pool (double destroy?)", (void *)pool);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    pool->ops.fini(pool->state);
+    /* Whatever the pool did not give back is a leak: forget it, report it
+     * once, and return it to the provider where it can free. */
+    leak_report_t lr = {.pool = pool};
+    hm__tracker_index_drain(&pool->index, reclaim_range, &lr);
+    if (lr.count && pool->provider->ops.free)
+        HM_LOG_WARN("pool '%s' destroyed with %zu provider ranges (%zu bytes) still allocated; "
+                    "%zu returned to provider '%s'",
+                    pool->ops.name, lr.count, lr.bytes, lr.freed, pool->provider->info.name);
+    else if (lr.count) /* expected: the provider cannot take memory back */
+        HM_LOG_INFO("pool '%s' destroyed holding %zu ranges (%zu bytes) of provider '%s', "
+                    "which cannot free", pool->ops.name, lr.count, lr.bytes,
+                    pool->provider->info.name);
+    hm__tracker_index_fini(&pool->index);
+    hm_result_t r = HM_SUCCESS;
+    if (pool->flags & HM_POOL_FLAG_OWN_PROVIDER) r = hm_provider_destroy(pool->provider);
+    free(pool);
+    return r;
+}
+
+/* ---- the malloc family ---- */
+
+static void *fail_errno(hm_result_t r) {
+    errno = hm__result_errno(r);
+    return NULL;
+}
+
+void *hm_pool_malloc(hm_pool_t *pool, size_t size) {
+    if (hm_unlikely(!pool || !size)) {
+        if (!pool) HM_LOG_ERROR("hm_pool_malloc: pool is NULL");
+        return fail_errno(HM_ERROR_INVALID_ARGUMENT);
+    }
+    void *p;
+    hm_result_t r = pool->ops.alloc(pool->state, size, 0, &p);
+    if (hm_unlikely(r != HM_SUCCESS)) return fail_errno(r);
+    return p;
+}
+
+void *hm_pool_aligned_malloc(hm_pool_t *pool, size_t size, size_t alignment) {
+    if (hm_unlikely(!pool || !size || !hm_is_pow2(alignment))) {
+        if (!pool) HM_LOG_ERROR("hm_pool_aligned_malloc: pool is NULL");
+        else if (size && !hm_is_pow2(alignment))
+            HM_LOG_ERROR("hm_pool_aligned_malloc: alignment %zu is not a power of two",
+                         alignment);
+        return fail_errno(HM_ERROR_INVALID_ARGUMENT);
+    }
+    void *p;
+    hm_result_t r = pool->ops.alloc(pool->state, size, alignment, &p);
+    if (hm_unlikely(r != HM_SUCCESS)) return fail_errno(r);
+    return p;
+}
+
+void *hm_pool_calloc(hm_pool_t *pool, size_t num, size_t size) {
+    if (!pool) {
+        HM_LOG_ERROR("hm_pool_calloc: pool is NULL");
+        return fail_errno(HM_ERROR_INVALID_ARGUMENT);
+    }
+    size_t total;
+    if (__builtin_mul_overflow(num, size, &total)) return fail_errno(HM_ERROR_OUT_OF_MEMORY);
+    if (!total) return fail_errno(HM_ERROR_INVALID_ARGUMENT);
+    void *p = NULL;
+    hm_result_t r;
+    if (pool->ops.calloc) {
+        r = pool->ops.calloc(pool->state, total, &p);
+    } else if (pool->cpu_accessible) {
+        r = pool->ops.alloc(pool->state, total, 0, &p);
+        if (r == HM_SUCCESS) memset(p, 0, total);
+    } else {
+        HM_LOG_ERROR("hm_pool_calloc(%s): memory is not CPU-accessible and the pool has no calloc",
+                     pool->ops.name);
+        r = HM_ERROR_NOT_SUPPORTED;
+    }
+    if (r != HM_SUCCESS) return fail_errno(r);
+    return p;
+}
+
+/* Is ptr one of this pool's? Tracked pools answer from the tracker; untracked
+ * pools are trusted (documented trade-off of HM_POOL_FLAG_NO_TRACKING). */
+static inline int owns(hm_pool_t *pool, const void *ptr) {
+    return !pool->tracked || hm__tracker_lookup_pool(ptr) == pool;
+}
+
+void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size) {
+    if (!pool) {
+        HM_LOG_ERROR("hm_pool_realloc: pool is NULL");
+        return fail_errno(HM_ERROR_INVALID_ARGUMENT);
+    }
+    if (!ptr) return hm_pool_malloc(pool, size);
+    if (!owns(pool, ptr)) {
+        HM_LOG_ERROR("hm_pool_realloc(%s): %p does not belong to this pool", pool->ops.name, ptr);
+        return fail_errno(HM_ERROR_INVALID_ARGUMENT);
+    }
+    if (!size) { /* documented: frees ptr and returns NULL */
+        hm_pool_free(pool, ptr);
+        return NULL;
+    }
+    void *out = NULL;
+    hm_result_t r;
+    if (pool->ops.realloc) {
+        r = pool->ops.realloc(pool->state, ptr, size, &out);
+    } else if (pool->cpu_accessible && pool->ops.usable_size) {
+        size_t old = pool->ops.usable_size(pool->state, ptr);
+        if (old >= size && old / 2 <= size) return ptr; /* fits, not wastefully */
+        r = pool->ops.alloc(pool->state, size, 0, &out);
+        if (r == HM_SUCCESS) {
+            memcpy(out, ptr, old < size ? old : size);
+            pool->ops.free(pool->state, ptr);
+        }
+    } else {
+        HM_LOG_ERROR("hm_pool_realloc(%s): not supported on this memory", pool->ops.name);
+        r = HM_ERROR_NOT_SUPPORTED;
+    }
+    if (r != HM_SUCCESS) return fail_errno(r); /* ptr untouched */
+    return out;
+}
+
+hm_result_t hm_pool_free(hm_pool_t *pool, void *ptr) {
+    if (hm_unlikely(!pool)) {
+        HM_LOG_ERROR("hm_pool_free: pool is NULL");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (hm_unlikely(!ptr)) return HM_SUCCESS;
+    if (hm_unlikely(!owns(pool, ptr))) {
+        HM_LOG_ERROR("hm_pool_free(%s): %p does not belong to this pool (foreign pointer or "
+                     "double free)", pool->ops.name, ptr);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    return pool->ops.free(pool->state, ptr);
+}
+
+size_t hm_pool_malloc_usable_size(hm_pool_t *pool, const void *ptr) {
+    if (!pool || !ptr || !pool->ops.usable_size || !owns(pool, ptr)) return 0;
+    return pool->ops.usable_size(pool->state, ptr);
+}
+
+hm_result_t hm_pool_trim(hm_pool_t *pool) {
+    if (!pool) return HM_ERROR_INVALID_ARGUMENT;
+    if (!pool->ops.trim) return HM_ERROR_NOT_SUPPORTED;
+    return pool->ops.trim(pool->state);
+}
+
+hm_result_t hm_pool_get_stats(hm_pool_t *pool, hm_pool_stats_t *stats) {
+    if (!pool || !stats) return HM_ERROR_INVALID_ARGUMENT;
+    memset(stats, 0, sizeof(*stats));
+    if (pool->ops.get_stats) {
+        hm_result_t r = pool->ops.get_stats(pool->state, stats);
+        if (r != HM_SUCCESS) return r;
+    }
+    if (pool->tracked && !stats->bytes_from_provider) {
+        hm__mutex_lock(&pool->index.lock);
+        stats->bytes_from_provider = pool->index.bytes;
+        stats->provider_allocs = pool->index.count;
+        hm__mutex_unlock(&pool->index.lock);
+    }
+    return HM_SUCCESS;
+}
+
+const char *hm_pool_name(const hm_pool_t *pool) {
+    return pool ? (pool->ops.name ? pool->ops.name : "unnamed") : "(null)";
+}
+hm_provider_t *hm_pool_get_provider(const hm_pool_t *pool) { return pool ? pool->provider : NULL; }
+uint32_t hm_pool_flags(const hm_pool_t *pool) { return pool ? pool->flags : 0; }
+
+/* ---- tracker-backed public calls ---- */
+
+hm_result_t hm_free(void *ptr) {
+    if (!ptr) return HM_SUCCESS;
+    hm_pool_t *pool = hm__tracker_lookup_pool(ptr);
+    if (hm_unlikely(!pool)) {
+        HM_LOG_ERROR("hm_free(%p): not memory hetmem knows (foreign pointer, untracked pool, or "
+                     "already freed)", ptr);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    return pool->ops.free(pool->state, ptr);
+}
+
+hm_pool_t *hm_pool_by_ptr(const void *ptr) {
+    if (!ptr) return NULL;
+    return hm__tracker_lookup_pool(ptr);
+}
+
+hm_result_t hm_allocation_info(const void *ptr, hm_allocation_info_t *info) {
+    if (!ptr || !info) {
+        HM_LOG_ERROR("hm_allocation_info: %s is NULL", !ptr ? "ptr" : "info");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    hm_tracker_entry_t e;
+    if (!hm__tracker_lookup(ptr, &e)) return HM_ERROR_NOT_FOUND;
+    info->pool = e.pool;
+    info->provider = e.provider;
+    info->base = (void *)e.base;
+    info->size = e.size;
+    info->id = e.id;
+    info->kind = e.provider ? e.provider->info.kind : HM_MEMORY_HOST;
+    info->flags = e.flags;
+    return HM_SUCCESS;
+}
+
+/* ---- provider memory for pool implementations ---- */
+
+static uint32_t track_flags(const hm_pool_t *pool) {
+    return pool->cpu_accessible ? HM_TRACK_HOST_ACCESSIBLE : 0;
+}
+
+hm_result_t hm_pool_provider_alloc(hm_pool_t *pool, size_t size, size_t alignment, void **ptr) {
+    if (hm_unlikely(!pool)) return HM_ERROR_INVALID_ARGUMENT;
+    hm_result_t r = hm_provider_alloc(pool->provider, size, alignment, ptr);
+    if (r != HM_SUCCESS || !pool->tracked) return r;
+    r = hm__tracker_insert(&pool->index, pool, pool->provider, (uintptr_t)*ptr, size,
+                           track_flags(pool), NULL);
+    if (hm_unlikely(r != HM_SUCCESS)) {
+        if (pool->provider->ops.free) pool->provider->ops.free(pool->provider->state, *ptr, size);
+        *ptr = NULL;
+    }
+    return r;
+}
+
+hm_result_t hm_pool_provider_free(hm_pool_t *pool, void *ptr, size_t size) {
+    if (hm_unlikely(!pool || !ptr || !size)) return HM_ERROR_INVALID_ARGUMENT;
+    hm_provider_t *prov = pool->provider;
+    if (!prov->ops.free) return HM_ERROR_NOT_SUPPORTED;
+    if (pool->tracked) {
+        hm_result_t r = hm__tracker_remove((uintptr_t)ptr, size);
+        if (r != HM_SUCCESS) {
+            HM_LOG_ERROR("hm_pool_provider_free(%s): [%p, +%zu) is not a range of this pool",
+                         pool->ops.name, ptr, size);
+            return HM_ERROR_INVALID_ARGUMENT;
+        }
+    }
+    hm_result_t r = prov->ops.free(prov->state, ptr, size);
+    if (r != HM_SUCCESS && pool->tracked) {
+        /* Still allocated: keep knowing it. */
+        if (hm__tracker_insert(&pool->index, pool, prov, (uintptr_t)ptr, size, track_flags(pool),
+                               NULL) != HM_SUCCESS)
+            HM_LOG_ERROR("lost track of [%p, +%zu) after a failed free", ptr, size);
+    }
+    return r;
+}
+
+hm_result_t hm_pool_provider_split(hm_pool_t *pool, void *ptr, size_t total, size_t first) {
+    if (hm_unlikely(!pool)) return HM_ERROR_INVALID_ARGUMENT;
+    hm_result_t r = hm_provider_split(pool->provider, ptr, total, first);
+    if (r != HM_SUCCESS || !pool->tracked) return r;
+    r = hm__tracker_split((uintptr_t)ptr, total, first);
+    if (r != HM_SUCCESS) {
+        HM_LOG_ERROR("tracker split of [%p, +%zu) at %zu failed: %s", ptr, total, first,
+                     hm_result_string(r));
+        hm_provider_merge(pool->provider, ptr, (char *)ptr + first, total); /* undo */
+    }
+    return r;
+}
+
+hm_result_t hm_pool_provider_merge(hm_pool_t *pool, void *lo, void *hi, size_t total) {
+    if (hm_unlikely(!pool)) return HM_ERROR_INVALID_ARGUMENT;
+    hm_result_t r = hm_provider_merge(pool->provider, lo, hi, total);
+    if (r != HM_SUCCESS || !pool->tracked) return r;
+    r = hm__tracker_merge((uintptr_t)lo, (uintptr_t)hi, total);
+    if (r != HM_SUCCESS) {
+        HM_LOG_ERROR("tracker merge of [%p, %p, +%zu) failed: %s", lo, hi, total,
+                     hm_result_string(r));
+        hm_provider_split(pool->provider, lo, total, (size_t)((char *)hi - (char *)lo));
+    }
+    return r;
+}
+
+hm_result_t hm_pool_provider_purge(hm_pool_t *pool, void *ptr, size_t size, bool force) {
+    if (hm_unlikely(!pool)) return HM_ERROR_INVALID_ARGUMENT;
+    return force ? hm_provider_purge_force(pool->provider, ptr, size)
+                 : hm_provider_purge_lazy(pool->provider, ptr, size);
+}
