@@ -12,6 +12,16 @@ extern "C" {
 
 typedef struct hm_pool hm_pool_t;
 
+/* Thread safety: every call is thread-safe, except that hm_pool_destroy()
+ * must not race with other calls on the same pool (or on pointers of it).
+ *
+ * Fork: the child inherits every pool and provider as the forking thread saw
+ * them; hetmem's locks are taken around fork() and re-made in the child. The
+ * child may keep using inherited pools (from any thread it creates) or
+ * destroy them. Private memory is copy-on-write as usual; memory of
+ * shared-mode providers (HM_OS_SHARED) stays shared with the parent, so
+ * parent and child must not both free the same allocation. */
+
 /* hm_pool_create() flags. */
 enum {
     /* The pool destroys its provider in hm_pool_destroy(). */
