@@ -1,0 +1,64 @@
+#!/bin/bash
+# SPDX-License-Identifier: MIT
+# Install the Debian packages hetmem needs, only those missing: one
+# `apt-get update`, then one `apt-get install -y`. Nothing happens when all
+# are present. Debian 12 (bookworm) or later; run as root (or with sudo).
+#
+#   scripts/deps.sh [demo|test]      (default: test)
+#     demo: what building the library and the examples needs
+#     test: that, plus what the test suite and the optional parts use
+set -euo pipefail
+
+profile=${1:-test}
+
+# Building the library (C and C++ are both enabled: a C++ test includes every
+# public header): compilers, libc headers, make, cmake, pkg-config, hwloc for
+# NUMA topology, liburcu (urcu-bp, cds) for the tracker.
+build=(cmake make gcc g++ libc6-dev pkg-config libhwloc-dev liburcu-dev)
+# Tests and optional parts: valgrind (leak checks of error paths), clang
+# (a second compiler for the header test), jemalloc (HM_WITH_JEMALLOC pool),
+# the Level Zero loader headers (HM_WITH_LEVEL_ZERO provider), and
+# util-linux for setarch (TSan on kernels with high mmap entropy).
+extra=(valgrind clang libjemalloc-dev libze-dev util-linux)
+
+case "$profile" in
+  demo) wanted=("${build[@]}") ;;
+  test) wanted=("${build[@]}" "${extra[@]}") ;;
+  *) echo "usage: $0 [demo|test]" >&2; exit 2 ;;
+esac
+
+installed() {
+  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
+}
+
+missing=()
+for p in "${wanted[@]}"; do
+  installed "$p" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "deps: all ${#wanted[@]} packages present"
+  exit 0
+fi
+
+echo "deps: installing ${missing[*]}"
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then
+    sudo=(sudo)
+  else
+    echo "deps: not root and no sudo: install these packages: ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update
+"${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+
+for p in "${missing[@]}"; do
+  if ! installed "$p"; then
+    echo "deps: $p is still not installed" >&2
+    exit 1
+  fi
+done
+echo "deps: done"
