@@ -1,0 +1,145 @@
+/* hetmem — platform primitives: the one place that talks to the OS.
+ * SPDX-License-Identifier: MIT
+ *
+ * Every OS facility hetmem needs (virtual memory, advice, memory files,
+ * pidfds, identity, randomness) goes through this interface, so that no
+ * `#ifdef __linux__` or raw syscall number appears anywhere else (the idea
+ * follows mimalloc's include/mimalloc/prim.h). Only Linux is implemented.
+ *
+ * Conventions:
+ *  - Functions return HM_SUCCESS or an hm_result_t error. A failing system
+ *    call is recorded as the per-thread native error (errno and the call
+ *    named) through hm__errno_result(), which maps errno to a result
+ *    (ENOMEM -> HM_ERROR_OUT_OF_MEMORY, EINVAL -> HM_ERROR_INVALID_ARGUMENT,
+ *    EPERM/EACCES -> HM_ERROR_PERMISSION, ENOSYS/EOPNOTSUPP -> NOT_SUPPORTED,
+ *    anything else -> HM_ERROR_DRIVER).
+ *  - Expected, handled failures (e.g. MADV_FREE falling back to
+ *    MADV_DONTNEED) are not recorded.
+ *  - Sizes and addresses handed to the mapping calls must be multiples of
+ *    the page size of the mapping (hm__prim_page_size() or the huge page
+ *    size); the callers round.
+ *  - Every function is thread-safe and async-signal-unsafe.
+ */
+#ifndef HM_PLATFORM_PRIM_H
+#define HM_PLATFORM_PRIM_H
+
+#include "internal.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* ---- sizes ---- */
+
+/* The base page size (sysconf(_SC_PAGESIZE)), read once. */
+size_t hm__prim_page_size(void);
+/* The PMD-sized transparent huge page (2 MiB on x86-64), or 0 if the kernel
+ * has no THP support. Read once. */
+size_t hm__prim_thp_size(void);
+/* Whether hugetlbfs pages of `size` bytes exist and some are configured
+ * (nr_hugepages or nr_overcommit_hugepages > 0). *configured_pages receives
+ * nr_hugepages + nr_overcommit_hugepages (may be NULL). Returns
+ * HM_ERROR_NOT_SUPPORTED when the kernel has no pool of that size, and
+ * HM_ERROR_OUT_OF_MEMORY when the pool exists but is empty (no native error
+ * is recorded: these are configuration answers, the caller logs). */
+hm_result_t hm__prim_hugetlb_available(size_t size, uint64_t *configured_pages);
+
+/* ---- mappings ---- */
+
+/* Protection bits for the mapping calls (same values as HM_OS_PROT_*). */
+enum {
+    HM_PRIM_PROT_NONE = 0,
+    HM_PRIM_PROT_READ = 1u << 0,
+    HM_PRIM_PROT_WRITE = 1u << 1,
+    HM_PRIM_PROT_EXEC = 1u << 2,
+};
+
+/* Mapping flags. */
+enum {
+    HM_PRIM_MAP_SHARED = 1u << 0,     /* MAP_SHARED of fd (else private) */
+    HM_PRIM_MAP_HUGETLB_2M = 1u << 1, /* anonymous MAP_HUGETLB|MAP_HUGE_2MB */
+    HM_PRIM_MAP_HUGETLB_1G = 1u << 2, /* anonymous MAP_HUGETLB|MAP_HUGE_1GB */
+    HM_PRIM_MAP_NORESERVE = 1u << 3,  /* MAP_NORESERVE */
+};
+
+/* Map `size` bytes aligned to `alignment` (a power of two; 0 or anything
+ * up to the page size means the page size). fd < 0: anonymous memory;
+ * otherwise `fd` at `offset` (offset a multiple of the page size of fd).
+ *
+ * Alignment beyond the page size: an anonymous base-page mapping is
+ * over-mapped by alignment - page and trimmed (head and tail unmapped); a
+ * file or hugetlb mapping first reserves an inaccessible, unbacked range of
+ * size + alignment, places the real mapping over its aligned part with
+ * MAP_FIXED and unmaps the rest. The reservation belongs to this call alone,
+ * so MAP_FIXED can never replace someone else's mapping. */
+hm_result_t hm__prim_map(size_t size, size_t alignment, unsigned prot, unsigned flags, int fd,
+                         uint64_t offset, void **out);
+/* munmap. */
+hm_result_t hm__prim_unmap(void *addr, size_t size);
+/* mprotect. */
+hm_result_t hm__prim_protect(void *addr, size_t size, unsigned prot);
+
+typedef enum hm_prim_advice {
+    /* Lazy purge: MADV_FREE; where the kernel or mapping refuses it
+     * (EINVAL: old kernel, shared or hugetlb mapping) MADV_DONTNEED. */
+    HM_PRIM_ADVISE_FREE = 0,
+    HM_PRIM_ADVISE_DONTNEED = 1, /* drop the pages now (private: zero on next touch) */
+    HM_PRIM_ADVISE_REMOVE = 2,   /* shared file mapping: free the backing store too */
+    HM_PRIM_ADVISE_HUGEPAGE = 3,
+    HM_PRIM_ADVISE_NOHUGEPAGE = 4,
+} hm_prim_advice_t;
+
+/* madvise. */
+hm_result_t hm__prim_advise(void *addr, size_t size, hm_prim_advice_t advice);
+
+/* Number of pages of [addr, addr+size) resident in memory (mincore).
+ * addr page-aligned. */
+hm_result_t hm__prim_resident_pages(const void *addr, size_t size, size_t *pages);
+
+/* ---- memory files ---- */
+
+/* memfd flags. */
+enum {
+    HM_PRIM_MEMFD_HUGETLB_2M = 1u << 0, /* MFD_HUGETLB | MFD_HUGE_2MB */
+    HM_PRIM_MEMFD_HUGETLB_1G = 1u << 1, /* MFD_HUGETLB | MFD_HUGE_1GB */
+};
+/* memfd_create(name, MFD_CLOEXEC | ...). */
+hm_result_t hm__prim_memfd_create(const char *name, unsigned flags, int *fd);
+/* ftruncate. */
+hm_result_t hm__prim_ftruncate(int fd, uint64_t size);
+/* fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE): free the backing
+ * store of [offset, offset+len); the file size is unchanged. */
+hm_result_t hm__prim_punch_hole(int fd, uint64_t offset, uint64_t len);
+/* fstat: the file size and the bytes actually allocated (st_blocks * 512).
+ * Either out-pointer may be NULL. */
+hm_result_t hm__prim_fd_size(int fd, uint64_t *size, uint64_t *allocated);
+/* fcntl(F_DUPFD_CLOEXEC). */
+hm_result_t hm__prim_dup(int fd, int *out);
+/* close; EINTR is not retried (Linux releases the descriptor anyway). */
+hm_result_t hm__prim_close(int fd);
+
+/* ---- processes ---- */
+
+/* pidfd_open(pid, 0) (Linux 5.3). */
+hm_result_t hm__prim_pidfd_open(pid_t pid, int *pidfd);
+/* pidfd_getfd(pidfd, target_fd, 0) (Linux 5.6): a copy of another process's
+ * descriptor, close-on-exec. Needs ptrace access to the target. */
+hm_result_t hm__prim_pidfd_getfd(int pidfd, int target_fd, int *fd);
+/* The process's start time in clock ticks since boot (/proc/<pid>/stat
+ * field 22): with the pid, it names one process for the life of the
+ * system. pid 0 means this process. */
+hm_result_t hm__prim_process_start_time(pid_t pid, uint64_t *ticks);
+/* len random bytes from the kernel (getrandom, /dev/urandom fallback). */
+hm_result_t hm__prim_random(void *buf, size_t len);
+/* A per-process random 64-bit nonce, drawn once (and again in a forked
+ * child), never 0. */
+uint64_t hm__prim_process_nonce(void);
+/* The calling thread's kernel id. */
+uint64_t hm__prim_gettid(void);
+/* Bumped in the child at every fork(). Objects that own process-private
+ * resources (a memfd's extent map) compare it with the value they saw at
+ * creation to know that they now live in a forked child. */
+unsigned hm__prim_fork_epoch(void);
+
+#endif /* HM_PLATFORM_PRIM_H */
