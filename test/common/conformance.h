@@ -5,7 +5,9 @@
 
 #include "harness.h"
 
-/* Makes a fresh provider for one test case (called many times). */
+/* Makes a fresh provider for one test case (called many times). The suites
+ * never hold two objects from one factory at once (each is destroyed before
+ * the next is made), so a factory over a caller buffer may reuse one buffer. */
 typedef hm_result_t (*hm_test_provider_factory)(void *arg, hm_provider_t **out);
 /* Makes a fresh pool for one test case; the pool must own its provider
  * (HM_POOL_FLAG_OWN_PROVIDER) so hm_pool_destroy() cleans everything. */
@@ -17,7 +19,20 @@ typedef struct hm_test_suite_opts {
     size_t max_alignment;  /* largest alignment to try (0: 2 MiB) */
     int threads;           /* threads for the concurrent case (0: 4) */
     int can_free;          /* expected: 1 if the provider frees (checked against caps) */
+    /* Total bytes one fresh provider can hand out (0: unbounded). When set,
+     * the provider suite exhausts it and expects HM_ERROR_OUT_OF_MEMORY, and
+     * both suites size their workloads to fit when memory cannot be freed.
+     * A provider that cannot free should offer at least
+     * max_alloc + 2 * max_alignment + 4 MiB. */
+    size_t capacity;
+    /* Pool suite: hm_pool_free() answers HM_ERROR_NOT_SUPPORTED (the proxy
+     * pool over a provider that cannot free); otherwise it must succeed. */
+    int free_unsupported;
 } hm_test_suite_opts_t;
+
+/* Fill [p, p+n) with a pattern derived from seed; check it (1: intact). */
+void hm_test_fill(void *p, size_t n, uint64_t seed);
+int hm_test_verify(const void *p, size_t n, uint64_t seed);
 
 /* Run every case; failures are recorded through the harness. The label is
  * printed with failures. */
@@ -35,6 +50,10 @@ typedef enum hm_fault_op {
     HM_FAULT_PURGE_FORCE,
     HM_FAULT_SPLIT,
     HM_FAULT_MERGE,
+    HM_FAULT_IPC_GET, /* the ipc sub-table is passed through to the inner ops */
+    HM_FAULT_IPC_PUT,
+    HM_FAULT_IPC_OPEN,
+    HM_FAULT_IPC_CLOSE,
     HM_FAULT_OP_COUNT
 } hm_fault_op_t;
 
@@ -43,14 +62,26 @@ typedef struct hm_fault_params {
     int own_inner;                 /* destroy inner with the fault provider */
     long fail_nth[HM_FAULT_OP_COUNT]; /* 1-based call number to fail; 0 = never; -1 = every call */
     hm_result_t fail_with;         /* result of an injected failure (0: OUT_OF_MEMORY) */
+    /* The provider's name in get_info (NULL: "fault"). */
+    const char *name;
 } hm_fault_params_t;
 
 const hm_provider_ops_t *hm_fault_provider_ops(void);
 /* Calls seen so far of one kind (failed ones included), and live allocations
- * (allocs minus frees) — for leak checks. */
+ * (allocs minus frees) — for leak checks. -1 if fault is not a fault provider. */
 long hm_fault_provider_calls(hm_provider_t *fault, hm_fault_op_t op);
 long hm_fault_provider_live(hm_provider_t *fault);
-/* Re-arm: fail the nth call from now of op (0 = never). */
+/* Bytes in live allocations (sizes as asked). */
+size_t hm_fault_provider_live_bytes(hm_provider_t *fault);
+/* Calls on ranges that were not live allocations (free/purge/split/merge of
+ * an unknown range or with a different size): each is logged to stderr,
+ * refused with HM_ERROR_INVALID_ARGUMENT and counted here. */
+long hm_fault_provider_misuse(hm_provider_t *fault);
+/* Injected failures so far (all ops). */
+long hm_fault_provider_injected(hm_provider_t *fault);
+/* Re-arm: fail the nth call from now of op (0 = never, -1 = every call). */
 void hm_fault_provider_arm(hm_provider_t *fault, hm_fault_op_t op, long nth);
+/* Disarm every op. */
+void hm_fault_provider_disarm(hm_provider_t *fault);
 
 #endif

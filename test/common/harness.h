@@ -12,6 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 void hm_test_record(int ok, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 int hm_test_failed_count(void);
@@ -19,6 +23,10 @@ int hm_test_passed_count(void);
 int hm_test_finish(void);
 /* Label printed with failures (e.g. the suite and provider in use). */
 void hm_test_set_context(const char *context);
+
+#ifdef __cplusplus
+}
+#endif
 
 #define CHECK(cond) hm_test_record(!!(cond), __FILE__, __LINE__, "%s", #cond)
 #define CHECK_MSG(cond, ...) hm_test_record(!!(cond), __FILE__, __LINE__, __VA_ARGS__)
@@ -39,14 +47,20 @@ void hm_test_set_context(const char *context);
     do {                                                                         \
         int _ok = !!(cond);                                                      \
         hm_test_record(_ok, __FILE__, __LINE__, "REQUIRE %s", #cond);            \
-        if (!_ok) exit(hm_test_finish() ? hm_test_finish() : 1);                 \
+        if (!_ok) {                                                              \
+            hm_test_finish();                                                    \
+            exit(1);                                                             \
+        }                                                                        \
     } while (0)
 #define REQUIRE_OK(expr)                                                         \
     do {                                                                         \
         hm_result_t _r = (expr);                                                 \
         hm_test_record(_r == HM_SUCCESS, __FILE__, __LINE__, "REQUIRE %s -> %s", \
                        #expr, hm_result_string(_r));                             \
-        if (_r != HM_SUCCESS) exit(1);                                           \
+        if (_r != HM_SUCCESS) {                                                  \
+            hm_test_finish();                                                    \
+            exit(1);                                                             \
+        }                                                                        \
     } while (0)
 #define HM_TEST_SKIP(...)                        \
     do {                                         \
