@@ -24,6 +24,7 @@ typedef struct result {
     int repeats;          /* measurements taken */
     double median, min, max; /* ns/op */
     double cpus;          /* (user+sys) / wall over this row's measurements */
+    double wall;          /* seconds spent in this row's measurements */
     double ratio;         /* subject median / this median; NAN where none */
 } result_t;
 
@@ -271,6 +272,7 @@ int hm_bench_case(hm_bench_t *b, const char *case_name, const void *arg, uint64_
         s->res->median = (k % 2) ? s->samples[k / 2]
                                  : 0.5 * (s->samples[k / 2 - 1] + s->samples[k / 2]);
         s->res->cpus = s->wall > 0 ? s->cpu / s->wall : NAN;
+        s->res->wall = s->wall;
     }
     if (slots[0].res && slots[0].res->status == ST_OK && slots[0].res->repeats) {
         for (size_t i = 1; i < n; i++) {
@@ -359,7 +361,8 @@ int hm_bench_finish(hm_bench_t *b) {
         }
         char ratio[32] = "";
         if (!isnan(r->ratio)) snprintf(ratio, sizeof ratio, "%.3fx", r->ratio);
-        int low = !isnan(r->cpus) && r->cpus < starved;
+        /* Below ~20 ms of measuring, getrusage's accounting is too coarse to judge. */
+        int low = !isnan(r->cpus) && r->cpus < starved && r->wall >= 0.02;
         any_starved |= low;
         printf("%-24s %-14s %12.1f %12.1f %12.1f %5.2f%s %12s\n", cname, r->impl, r->median,
                r->min, r->max, r->cpus, low ? "*" : " ", ratio);
