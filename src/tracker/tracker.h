@@ -8,7 +8,72 @@
  * to records {pool, provider, base, size, id, flags}. Lookups are lock-free
  * (RCU, urcu-bp) and never write shared cache lines; every record is also
  * linked into its pool's index so that a pool's records can be dropped in
- * time proportional to their number. */
+ * time proportional to their number.
+ *
+ * Structure (tracker.c): a radix tree over the 57-bit virtual address space
+ * shaped like a page table with huge-page entries (root: bits 39..56, then
+ * 9-bit levels down to a 4 KiB granule); a range occupies the fewest slots
+ * (a slot wholly inside it holds its record), ranges smaller than a granule
+ * share an immutable, copy-on-write "page list" in the leaf slot. Nodes are
+ * never freed before hm__tracker_fini, so each thread caches the deepest
+ * node it reached per 2 MiB region. Removed records and replaced page lists
+ * are freed after an urcu-bp grace period, in batches (one synchronize_rcu
+ * per 256 removals; no call_rcu helper thread).
+ *
+ * CONCURRENCY CONTRACT (in the manner of liburcu's wfcqueue.h)
+ *
+ * Operations on disjoint ranges:
+ *
+ *              | lookup | insert | remove | split | merge | drain(other idx)
+ *   lookup     |   ok   |   ok   |   ok   |  ok   |  ok   |  ok
+ *   insert     |   ok   |   ok   |   ok   |  ok   |  ok   |  ok
+ *   remove     |   ok   |   ok   |   ok   |  ok   |  ok   |  ok
+ *   split      |   ok   |   ok   |   ok   |  ok   |  ok   |  ok
+ *   merge      |   ok   |   ok   |   ok   |  ok   |  ok   |  ok
+ *   drain(idx) |   ok   |  (1)   |  (1)   |  (1)   |  (1)  |  ok
+ *   fini       |   ok   |   -    |   -    |   -   |   -   |  -      (2)
+ *
+ *   ok  may run at the same time from any threads, with no lock in common
+ *       (writers serialise only on the index mutex of the pool they change,
+ *       and on one of 16 retire-list shards, briefly).
+ *   (1) not on records of the same index: a pool is not destroyed while
+ *       other threads still allocate from it. If it happens anyway, every
+ *       record is still processed by exactly one of them (claimed by CAS)
+ *       and drain logs a warning.
+ *   (2) fini runs with no writer left (library teardown); concurrent lookups
+ *       are safe (it unpublishes the root and waits a grace period).
+ *   On the same range: the record is claimed by CAS, so of two removes (or
+ *   remove/split/merge) of one range exactly one succeeds and the others
+ *   return NOT_FOUND; overlapping inserts: at most one succeeds, the others
+ *   return INVALID_ARGUMENT and leave nothing behind.
+ *
+ * Guarantees:
+ *   lookup  lock-free, wait-free in practice (at most 4 node loads and a
+ *           binary search in a page list); writes no shared memory (only
+ *           this thread's urcu-bp reader counter and node cache); may run in
+ *           any thread without registration. Linearisable: it returns a
+ *           range that was tracked at some instant during the call.
+ *   split/merge  every slot of the old range(s) changes by one atomic store
+ *           from an old record to a new one (or to a fully built node that
+ *           holds the new ones), so a concurrent lookup of a byte that stays
+ *           covered sees the old or the new range, never none.
+ *   remove/drain  once they return, no lookup that starts later finds the
+ *           record. drain calls cb only after a grace period: no lookup in
+ *           flight can still return the record, and the entry may be freed
+ *           to the provider.
+ *   ids     unique in the process for its life (never reused), from per-
+ *           thread blocks of one atomic counter.
+ *
+ * Ordering: a record (and a page list) is fully initialised before the
+ * release CAS that publishes it in a slot; lookups load slots with acquire.
+ * A child node is zeroed (or, on split, pre-filled) before its release CAS.
+ * Reclamation: unpublish -> synchronize_rcu -> free; the read-side section
+ * of every lookup and writer walk encloses every dereference of a record or
+ * page list.
+ *
+ * Rules for callers: never call a writer (insert/remove/split/merge/drain/
+ * flush) from inside an urcu-bp read-side section (it may wait a grace
+ * period: deadlock); drain callbacks run outside any section. */
 #ifndef HM_TRACKER_H
 #define HM_TRACKER_H
 
@@ -41,6 +106,8 @@ typedef struct hm_tracker_entry {
 } hm_tracker_entry_t;
 
 void hm__tracker_index_init(hm_tracker_index_t *idx);
+/* This index's record count and bytes (a consistent pair). Either may be NULL. */
+void hm__tracker_index_stats(hm_tracker_index_t *idx, size_t *count, size_t *bytes);
 /* The index must be empty (drained). */
 void hm__tracker_index_fini(hm_tracker_index_t *idx);
 
@@ -68,7 +135,12 @@ hm_result_t hm__tracker_merge(uintptr_t lo, uintptr_t hi, size_t total);
 void hm__tracker_index_drain(hm_tracker_index_t *idx,
                              void (*cb)(void *arg, const hm_tracker_entry_t *entry), void *arg);
 
-/* Library hooks (called from init.c). */
+/* Wait one grace period and free every retired record and page list
+ * (tests, leak checks; drain and fini do it themselves). */
+void hm__tracker_flush(void);
+
+/* Library hooks (called from init.c). fini frees the tree only if no record
+ * is left; it must not run concurrently with writers. */
 void hm__tracker_init(void);
 void hm__tracker_fini(void);
 void hm__tracker_atfork_prepare(void);
