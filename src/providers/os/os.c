@@ -547,7 +547,10 @@ static void os_get_info(void *state, hm_provider_info_t *info) {
     if (s->numa_mode != HM_OS_NUMA_DEFAULT) caps |= HM_PROVIDER_CAP_NUMA;
     info->name = "os";
     info->family = HM_PROVIDER_FAMILY_OS;
-    info->kind = HM_MEMORY_HOST;
+    /* PROT_NONE memory is the tests' stand-in for device memory: the CPU
+     * must not touch it, which is what HM_MEMORY_DEVICE promises (and
+     * HM_MEMORY_HOST would deny). */
+    info->kind = (caps & HM_PROVIDER_CAP_CPU_ACCESS) ? HM_MEMORY_HOST : HM_MEMORY_DEVICE;
     info->caps = caps;
     info->min_page_size = s->page;
     info->recommended_page_size = s->recommended;
@@ -583,7 +586,7 @@ static hm_result_t alloc_shared(os_provider_t *s, size_t len, size_t alignment, 
                      "create a new provider there");
         return HM_ERROR_NOT_SUPPORTED;
     }
-    uint64_t off;
+    uint64_t off = 0;
     hm__mutex_lock(&s->lock);
     hm_result_t r = map_reserve(s, 1);
     if (r == HM_SUCCESS) {

@@ -1,0 +1,843 @@
+/* hetmem tests — the OS provider: the conformance suite over its modes, and
+ * what only the OS provider does (memfd reuse, IPC through the ops, page
+ * kinds, NUMA, protection, purge, native errors).
+ * SPDX-License-Identifier: MIT */
+#include "conformance.h"
+
+#include <hetmem/providers/os.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define KIB ((size_t)1 << 10)
+#define MIB ((size_t)1 << 20)
+#define GIB ((size_t)1 << 30)
+
+static size_t page;
+
+/* ---- factories for the suite ---- */
+
+typedef struct mode {
+    const char *label;
+    hm_os_visibility_t vis;
+    hm_os_page_kind_t kind;
+    unsigned prot;
+    int numa; /* bind to node 0 */
+} mode_t_;
+
+static hm_result_t make_params(const mode_t_ *m, hm_os_params_t **out) {
+    hm_os_params_t *p;
+    hm_result_t r = hm_os_params_create(&p);
+    if (r) return r;
+    if ((r = hm_os_params_set_visibility(p, m->vis)) ||
+        (r = hm_os_params_set_page_kind(p, m->kind)) ||
+        (r = hm_os_params_set_protection(p, m->prot))) {
+        hm_os_params_destroy(p);
+        return r;
+    }
+    if (m->numa) {
+        unsigned node;
+        size_t count;
+        if ((r = hm_os_numa_nodes(&node, 1, &count)) && r != HM_ERROR_LIMIT) {
+            hm_os_params_destroy(p);
+            return r;
+        }
+        if ((r = hm_os_params_set_numa(p, HM_OS_NUMA_BIND, &node, 1))) {
+            hm_os_params_destroy(p);
+            return r;
+        }
+    }
+    *out = p;
+    return HM_SUCCESS;
+}
+
+static hm_result_t make_os(void *arg, hm_provider_t **out) {
+    hm_os_params_t *p;
+    hm_result_t r = make_params(arg, &p);
+    if (r) return r;
+    r = hm_os_provider_create(p, out);
+    hm_os_params_destroy(p);
+    return r;
+}
+
+static hm_provider_t *create(hm_os_visibility_t vis, hm_os_page_kind_t kind, unsigned prot) {
+    mode_t_ m = {"x", vis, kind, prot, 0};
+    hm_provider_t *p = NULL;
+    hm_result_t r = make_os(&m, &p);
+    CHECK_MSG(r == HM_SUCCESS, "create(vis %d, kind %d, prot %u) -> %s", vis, kind, prot,
+              hm_result_string(r));
+    return p;
+}
+
+#define RW (HM_OS_PROT_READ | HM_OS_PROT_WRITE)
+
+static void run_suites(void) {
+    static mode_t_ modes[] = {
+        {"os private", HM_OS_PRIVATE, HM_OS_PAGES_DEFAULT, RW, 0},
+        {"os shared (memfd)", HM_OS_SHARED, HM_OS_PAGES_DEFAULT, RW, 0},
+        {"os THP", HM_OS_PRIVATE, HM_OS_PAGES_THP, RW, 0},
+        {"os PROT_NONE", HM_OS_PRIVATE, HM_OS_PAGES_DEFAULT, HM_OS_PROT_NONE, 0},
+        {"os NUMA bind node 0", HM_OS_PRIVATE, HM_OS_PAGES_DEFAULT, RW, 1},
+    };
+    for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+        hm_provider_t *probe = NULL;
+        hm_result_t r = make_os(&modes[i], &probe);
+        if (r == HM_ERROR_NOT_SUPPORTED) {
+            printf("provider suite: %s: not supported here, skipped\n", modes[i].label);
+            continue;
+        }
+        CHECK_MSG(r == HM_SUCCESS, "%s: create -> %s", modes[i].label, hm_result_string(r));
+        if (r) continue;
+        hm_provider_destroy(probe);
+        hm_test_suite_opts_t o = {.can_free = 1, .max_alloc = 64 * MIB};
+        hm_test_provider_suite(modes[i].label, make_os, &modes[i], &o);
+    }
+}
+
+/* ---- helpers ---- */
+
+/* The memfd of a shared provider named `name`, found through /proc/self/fd
+ * (test-only: the provider does not expose its descriptor). */
+static int find_memfd(const char *name) {
+    char want[128];
+    snprintf(want, sizeof(want), "/memfd:%s ", name);
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return -1;
+    int found = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char path[300], target[256];
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        ssize_t n = readlink(path, target, sizeof(target) - 1);
+        if (n <= 0) continue;
+        target[n] = 0;
+        if (strncmp(target, want, strlen(want)) == 0) {
+            found = atoi(e->d_name);
+            break;
+        }
+    }
+    closedir(d);
+    return found;
+}
+
+static size_t resident(const void *p, size_t len) {
+    size_t n = len / page;
+    unsigned char *vec = malloc(n);
+    REQUIRE(vec);
+    REQUIRE(mincore((void *)(uintptr_t)p, len, vec) == 0);
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += vec[i] & 1;
+    free(vec);
+    return c;
+}
+
+/* Run fn(arg) in a child; 1 if it faulted (SIGSEGV/SIGBUS), 0 if it
+ * returned. The child catches the fault itself, because sanitizers turn a
+ * fatal signal into a report and a plain exit. */
+static void on_fault(int sig) {
+    (void)sig;
+    _exit(99);
+}
+
+static int child_faults(void (*fn)(void *), void *arg) {
+    fflush(stdout);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = on_fault;
+        sigaction(SIGSEGV, &sa, NULL);
+        sigaction(SIGBUS, &sa, NULL);
+        fn(arg);
+        _exit(0);
+    }
+    int st = 0;
+    REQUIRE(waitpid(pid, &st, 0) == pid);
+    if (WIFSIGNALED(st)) return WTERMSIG(st) == SIGSEGV || WTERMSIG(st) == SIGBUS;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 99;
+}
+
+static void touch_write(void *p) { *(volatile char *)p = 1; }
+static void touch_read(void *p) { (void)*(volatile char *)p; }
+
+/* ---- cases ---- */
+
+static void test_params(void) {
+    hm_test_set_context("params");
+    hm_os_params_t *p;
+    CHECK_RES(hm_os_params_create(NULL), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_destroy(NULL), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_visibility(NULL, HM_OS_SHARED), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_page_kind(NULL, HM_OS_PAGES_THP), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_numa(NULL, HM_OS_NUMA_DEFAULT, NULL, 0),
+              HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_protection(NULL, 0), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_shm_name(NULL, "x"), HM_ERROR_INVALID_ARGUMENT);
+    REQUIRE_OK(hm_os_params_create(&p));
+    CHECK_RES(hm_os_params_set_visibility(p, (hm_os_visibility_t)7), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_visibility(p, (hm_os_visibility_t)-1), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_page_kind(p, (hm_os_page_kind_t)5), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_page_kind(p, (hm_os_page_kind_t)-3), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_protection(p, 8), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_protection(p, ~0u), HM_ERROR_INVALID_ARGUMENT);
+    unsigned nodes[3] = {0, 1, 0};
+    CHECK_RES(hm_os_params_set_numa(p, (hm_os_numa_mode_t)9, nodes, 1),
+              HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_numa(p, HM_OS_NUMA_BIND, NULL, 1), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_numa(p, HM_OS_NUMA_BIND, nodes, 0), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_numa(p, HM_OS_NUMA_DEFAULT, nodes, 1), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_numa(p, HM_OS_NUMA_PREFERRED, nodes, 2),
+              HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_numa(p, HM_OS_NUMA_BIND, nodes, 3), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_numa(p, HM_OS_NUMA_INTERLEAVE, nodes, (size_t)1 << 40),
+              HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_shm_name(p, NULL), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_shm_name(p, ""), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_params_set_shm_name(p, "a/b"), HM_ERROR_INVALID_ARGUMENT);
+    char longname[200];
+    memset(longname, 'x', sizeof(longname) - 1);
+    longname[sizeof(longname) - 1] = 0;
+    CHECK_RES(hm_os_params_set_shm_name(p, longname), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(hm_os_params_set_shm_name(p, "fine"));
+    /* A failed setter left the defaults: the provider is private, RW. */
+    hm_provider_t *prov;
+    CHECK_RES(hm_os_provider_create(p, NULL), HM_ERROR_INVALID_ARGUMENT);
+    REQUIRE_OK(hm_os_provider_create(p, &prov));
+    CHECK_OK(hm_os_params_destroy(p));
+    hm_provider_info_t info;
+    CHECK_OK(hm_provider_get_info(prov, &info));
+    CHECK(!(info.caps & HM_PROVIDER_CAP_IPC));
+    CHECK(info.caps & HM_PROVIDER_CAP_CPU_ACCESS);
+    CHECK(!(info.caps & HM_PROVIDER_CAP_NUMA));
+    CHECK_OK(hm_provider_destroy(prov));
+    /* Defaults through NULL params. */
+    REQUIRE_OK(hm_os_provider_create(NULL, &prov));
+    CHECK_OK(hm_provider_destroy(prov));
+    /* Something that is not an OS params object. */
+    uint64_t junk[32] = {0};
+    CHECK_RES(hm_os_provider_create((const hm_os_params_t *)junk, &prov),
+              HM_ERROR_INVALID_ARGUMENT);
+    hm_test_set_context(NULL);
+}
+
+static void test_info(void) {
+    hm_test_set_context("info");
+    hm_provider_t *p = create(HM_OS_PRIVATE, HM_OS_PAGES_DEFAULT, RW);
+    hm_provider_t *s = create(HM_OS_SHARED, HM_OS_PAGES_DEFAULT, RW);
+    REQUIRE(p && s);
+    hm_provider_info_t i;
+    CHECK_OK(hm_provider_get_info(p, &i));
+    CHECK(strcmp(i.name, "os") == 0);
+    CHECK_EQ(i.family, HM_PROVIDER_FAMILY_OS);
+    CHECK_EQ(i.kind, HM_MEMORY_HOST);
+    CHECK_EQ(i.min_page_size, page);
+    const uint32_t base = HM_PROVIDER_CAP_FREE | HM_PROVIDER_CAP_PURGE_LAZY |
+                          HM_PROVIDER_CAP_PURGE_FORCE | HM_PROVIDER_CAP_SPLIT_MERGE |
+                          HM_PROVIDER_CAP_CPU_ACCESS;
+    CHECK_EQ(i.caps, base);
+    CHECK_OK(hm_provider_get_info(s, &i));
+    CHECK_EQ(i.caps, base | HM_PROVIDER_CAP_IPC);
+    CHECK_OK(hm_provider_destroy(p));
+    CHECK_OK(hm_provider_destroy(s));
+
+    hm_os_params_t *par;
+    REQUIRE_OK(hm_os_params_create(&par));
+    CHECK_OK(hm_os_params_set_page_kind(par, HM_OS_PAGES_THP));
+    hm_result_t r = hm_os_provider_create(par, &p);
+    if (r == HM_SUCCESS) {
+        CHECK_OK(hm_provider_get_info(p, &i));
+        CHECK_EQ(i.min_page_size, page);
+        CHECK_EQ(i.recommended_page_size, 2 * MIB);
+        /* A THP allocation of a huge page or more is aligned to one. */
+        void *x;
+        CHECK_OK(hm_provider_alloc(p, 4 * MIB, 0, &x));
+        CHECK((uintptr_t)x % (2 * MIB) == 0);
+        memset(x, 1, 4 * MIB);
+        CHECK_OK(hm_provider_free(p, x, 4 * MIB));
+        CHECK_OK(hm_provider_destroy(p));
+    } else {
+        CHECK_RES(r, HM_ERROR_NOT_SUPPORTED);
+    }
+    CHECK_OK(hm_os_params_set_page_kind(par, HM_OS_PAGES_NO_THP));
+    REQUIRE_OK(hm_os_provider_create(par, &p));
+    void *x;
+    CHECK_OK(hm_provider_alloc(p, 4 * MIB, 0, &x));
+    memset(x, 1, 4 * MIB);
+    CHECK_OK(hm_provider_free(p, x, 4 * MIB));
+    CHECK_OK(hm_provider_destroy(p));
+    CHECK_OK(hm_os_params_destroy(par));
+    hm_test_set_context(NULL);
+}
+
+static void test_alignment(hm_os_visibility_t vis) {
+    hm_test_set_context(vis == HM_OS_SHARED ? "alignment (shared)" : "alignment (private)");
+    hm_provider_t *p = create(vis, HM_OS_PAGES_DEFAULT, RW);
+    REQUIRE(p);
+    for (size_t a = 1; a <= GIB; a *= 2) {
+        void *x = NULL;
+        hm_result_t r = hm_provider_alloc(p, 3 * page + 5, a, &x);
+        CHECK_MSG(r == HM_SUCCESS, "alloc align %zu -> %s", a, hm_result_string(r));
+        if (r) continue;
+        size_t want = a > page ? a : page;
+        CHECK_MSG((uintptr_t)x % want == 0, "%p not aligned to %zu", x, want);
+        /* Every byte of the rounded size is usable. */
+        memset(x, 0xab, 4 * page);
+        CHECK_OK(hm_provider_free(p, x, 3 * page + 5));
+    }
+    /* Size rounding: 1 byte is one page; free with the asked size. */
+    void *x;
+    REQUIRE_OK(hm_provider_alloc(p, 1, 0, &x));
+    memset(x, 1, page);
+    CHECK_OK(hm_provider_free(p, x, 1));
+    /* Bad frees. */
+    REQUIRE_OK(hm_provider_alloc(p, page, 0, &x));
+    CHECK_RES(hm_provider_free(p, (char *)x + 1, page), HM_ERROR_INVALID_ARGUMENT);
+    if (vis == HM_OS_SHARED) {
+        CHECK_RES(hm_provider_free(p, x, 2 * page), HM_ERROR_INVALID_ARGUMENT);
+        CHECK_OK(hm_provider_free(p, x, page));
+        CHECK_RES(hm_provider_free(p, x, page), HM_ERROR_INVALID_ARGUMENT); /* double free */
+    } else {
+        CHECK_OK(hm_provider_free(p, x, page));
+    }
+    CHECK_OK(hm_provider_destroy(p));
+    hm_test_set_context(NULL);
+}
+
+static void test_memfd_reuse(void) {
+    hm_test_set_context("memfd reuse");
+    hm_os_params_t *par;
+    REQUIRE_OK(hm_os_params_create(&par));
+    CHECK_OK(hm_os_params_set_visibility(par, HM_OS_SHARED));
+    CHECK_OK(hm_os_params_set_shm_name(par, "hm-test-reuse"));
+    hm_provider_t *p;
+    REQUIRE_OK(hm_os_provider_create(par, &p));
+    CHECK_OK(hm_os_params_destroy(par));
+    int fd = find_memfd("hm-test-reuse");
+    REQUIRE(fd >= 0);
+    struct stat st;
+
+    /* Alloc/free in a loop with a bounded live set: the file stays bounded
+     * by the peak, and its pages are released. */
+    enum { LIVE = 8, ROUNDS = 2000 };
+    void *live[LIVE] = {0};
+    size_t sz[LIVE] = {0};
+    uint64_t rng = 12345;
+    off_t max_size = 0;
+    for (int i = 0; i < ROUNDS; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        int k = (int)((rng >> 33) % LIVE);
+        if (live[k]) {
+            CHECK(hm_test_verify(live[k], sz[k], (uint64_t)k + (uint64_t)sz[k]));
+            CHECK_OK(hm_provider_free(p, live[k], sz[k]));
+            live[k] = NULL;
+        } else {
+            sz[k] = 1 + (size_t)((rng >> 20) % (256 * KIB));
+            size_t align = (rng & 1) ? 64 * KIB : 0;
+            if (hm_provider_alloc(p, sz[k], align, &live[k]) != HM_SUCCESS) {
+                CHECK(0);
+                live[k] = NULL;
+                continue;
+            }
+            hm_test_fill(live[k], sz[k], (uint64_t)k + (uint64_t)sz[k]);
+        }
+        REQUIRE(fstat(fd, &st) == 0);
+        if (st.st_size > max_size) max_size = st.st_size;
+    }
+    /* At most LIVE allocations of <= 256 KiB + a page live at once; allow
+     * fragmentation of 4x. */
+    CHECK_MSG((size_t)max_size <= 4 * LIVE * (256 * KIB + page), "memfd grew to %lld bytes",
+              (long long)max_size);
+    for (int k = 0; k < LIVE; k++)
+        if (live[k]) CHECK_OK(hm_provider_free(p, live[k], sz[k]));
+    REQUIRE(fstat(fd, &st) == 0);
+    CHECK_EQ(st.st_size, 0);   /* everything free: the file shrank to nothing */
+    CHECK_EQ(st.st_blocks, 0); /* and holds no pages */
+
+    /* A freed hole in the middle is reused and its pages punched. */
+    void *a, *b, *c;
+    REQUIRE_OK(hm_provider_alloc(p, MIB, 0, &a));
+    REQUIRE_OK(hm_provider_alloc(p, MIB, 0, &b));
+    REQUIRE_OK(hm_provider_alloc(p, MIB, 0, &c));
+    memset(a, 1, MIB);
+    memset(b, 2, MIB);
+    memset(c, 3, MIB);
+    REQUIRE(fstat(fd, &st) == 0);
+    CHECK_EQ(st.st_size, 3 * MIB);
+    off_t blocks_full = st.st_blocks;
+    CHECK_OK(hm_provider_free(p, b, MIB));
+    REQUIRE(fstat(fd, &st) == 0);
+    CHECK_EQ(st.st_size, 3 * MIB);
+    CHECK_MSG(st.st_blocks <= blocks_full - (off_t)(MIB / 512), "blocks %lld -> %lld",
+              (long long)blocks_full, (long long)st.st_blocks);
+    REQUIRE_OK(hm_provider_alloc(p, MIB / 2, 0, &b));
+    memset(b, 4, MIB / 2);
+    REQUIRE(fstat(fd, &st) == 0);
+    CHECK_EQ(st.st_size, 3 * MIB); /* the hole was reused, no growth */
+    CHECK(((char *)a)[MIB - 1] == 1 && ((char *)c)[0] == 3);
+    CHECK_OK(hm_provider_free(p, a, MIB));
+    CHECK_OK(hm_provider_free(p, b, MIB / 2));
+    CHECK_OK(hm_provider_free(p, c, MIB));
+    REQUIRE(fstat(fd, &st) == 0);
+    CHECK_EQ(st.st_size, 0);
+
+    /* Force purge gives the pages back to the file system (MADV_REMOVE):
+     * the range reads zero afterwards and the file holds fewer blocks. */
+    REQUIRE_OK(hm_provider_alloc(p, 2 * MIB, 0, &a));
+    memset(a, 7, 2 * MIB);
+    REQUIRE(fstat(fd, &st) == 0);
+    blocks_full = st.st_blocks;
+    CHECK_OK(hm_provider_purge_force(p, (char *)a + MIB, MIB));
+    REQUIRE(fstat(fd, &st) == 0);
+    CHECK_MSG(st.st_blocks <= blocks_full - (off_t)(MIB / 512), "blocks %lld -> %lld",
+              (long long)blocks_full, (long long)st.st_blocks);
+    CHECK_EQ(resident((char *)a + MIB, MIB), 0);
+    CHECK(((char *)a)[MIB] == 0 && ((char *)a)[MIB - 1] == 7);
+    CHECK_OK(hm_provider_purge_lazy(p, a, MIB));
+    CHECK_OK(hm_provider_free(p, a, 2 * MIB));
+
+    /* Split: each part frees on its own; merge: contiguous parts rejoin. */
+    REQUIRE_OK(hm_provider_alloc(p, 4 * page, 0, &a));
+    CHECK_RES(hm_provider_split(p, a, 4 * page, 100), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_provider_split(p, a, 4 * page, 4 * page), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(hm_provider_split(p, a, 4 * page, page));
+    b = (char *)a + page;
+    CHECK_RES(hm_provider_free(p, a, 4 * page), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(hm_provider_split(p, b, 3 * page, page));
+    c = (char *)b + page;
+    CHECK_OK(hm_provider_merge(p, a, b, 2 * page));
+    CHECK_RES(hm_provider_merge(p, a, c, 2 * page), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(hm_provider_free(p, a, 2 * page));
+    CHECK_OK(hm_provider_free(p, c, 2 * page));
+    REQUIRE(fstat(fd, &st) == 0);
+    CHECK_EQ(st.st_size, 0);
+
+    /* Two single-page allocations: the file gives them offsets 0 and page.
+     * Where the kernel placed them next to each other in memory, merging
+     * works if the file order matches the memory order, and is refused as
+     * NOT_SUPPORTED if it does not (one mapping cannot cover both). */
+    REQUIRE_OK(hm_provider_alloc(p, page, 0, &a));
+    REQUIRE_OK(hm_provider_alloc(p, page, 0, &b));
+    if ((char *)b == (char *)a + page) {
+        CHECK_OK(hm_provider_merge(p, a, b, 2 * page));
+        CHECK_OK(hm_provider_split(p, a, 2 * page, page));
+    } else if ((char *)a == (char *)b + page) {
+        CHECK_RES(hm_provider_merge(p, b, a, 2 * page), HM_ERROR_NOT_SUPPORTED);
+    } else {
+        CHECK_RES(hm_provider_merge(p, a, b, 2 * page), HM_ERROR_INVALID_ARGUMENT);
+    }
+    CHECK_OK(hm_provider_free(p, a, page));
+    CHECK_OK(hm_provider_free(p, b, page));
+    CHECK_OK(hm_provider_destroy(p));
+    hm_test_set_context(NULL);
+}
+
+/* IPC through the ops in one process: export, open a second mapping of the
+ * same memory, see writes both ways. */
+static void test_ipc(void) {
+    hm_test_set_context("ipc");
+    hm_provider_t *p = create(HM_OS_SHARED, HM_OS_PAGES_DEFAULT, RW);
+    hm_provider_t *importer = create(HM_OS_SHARED, HM_OS_PAGES_DEFAULT, RW);
+    REQUIRE(p && importer);
+    const hm_provider_ops_t *ops = hm_provider_get_ops(p);
+    void *st = hm_provider_get_state(p), *ist = hm_provider_get_state(importer);
+    REQUIRE(ops && ops->ipc.handle_size && ops->ipc.get && ops->ipc.open);
+    size_t hs = ops->ipc.handle_size(st);
+    CHECK(hs > 0 && hs <= 256);
+    unsigned char payload[256], bad[256];
+
+    const size_t size = 3 * page + 17;
+    char *x;
+    REQUIRE_OK(hm_provider_alloc(p, size, 0, (void **)&x));
+    memset(x, 0x5a, size);
+    int fd = -1;
+    REQUIRE_OK(ops->ipc.get(st, x, size, payload, &fd));
+    CHECK(fd >= 0);
+    int mine = fcntl(fd, F_DUPFD_CLOEXEC, 0); /* the importer's own copy */
+    REQUIRE(mine >= 0);
+    char *y = NULL;
+    REQUIRE_OK(ops->ipc.open(ist, payload, mine, size, (void **)&y));
+    close(mine); /* open must not keep it */
+    CHECK(y && y != x);
+    CHECK(y[0] == 0x5a && y[size - 1] == 0x5a);
+    y[5] = 0x11;
+    CHECK(x[5] == 0x11);
+    x[page] = 0x22;
+    CHECK(y[page] == 0x22);
+
+    /* Malformed payloads and descriptors: clear errors, nothing mapped. */
+    char *z = NULL;
+    memcpy(bad, payload, hs);
+    bad[0] ^= 0xff;
+    mine = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    CHECK_RES(ops->ipc.open(ist, bad, mine, size, (void **)&z), HM_ERROR_INVALID_HANDLE);
+    CHECK(z == NULL);
+    CHECK_RES(ops->ipc.open(ist, payload, -1, size, (void **)&z), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(ops->ipc.open(ist, payload, mine, size + 10 * page, (void **)&z),
+              HM_ERROR_INVALID_HANDLE);
+    for (size_t i = 0; i < hs; i++) { /* every single-byte corruption is safe */
+        memcpy(bad, payload, hs);
+        bad[i] ^= 0x40;
+        z = NULL;
+        hm_result_t r = ops->ipc.open(ist, bad, mine, size, (void **)&z);
+        if (r == HM_SUCCESS) CHECK_OK(ops->ipc.close(ist, z, size));
+        else CHECK(z == NULL);
+    }
+    /* A descriptor that is not the memfd (too short a file): stale. */
+    int other = memfd_create("hm-test-other", MFD_CLOEXEC);
+    REQUIRE(other >= 0);
+    CHECK_RES(ops->ipc.open(ist, payload, other, size, (void **)&z), HM_ERROR_STALE_HANDLE);
+    close(other);
+    close(mine);
+    CHECK_RES(ops->ipc.close(ist, x, size), HM_ERROR_INVALID_ARGUMENT); /* not opened */
+
+    /* Free while exported: the opened mapping keeps its contents until put. */
+    CHECK_OK(hm_provider_free(p, x, size));
+    void *w;
+    REQUIRE_OK(hm_provider_alloc(p, size, 0, &w)); /* must not reuse the exported extent */
+    memset(w, 0x77, size);
+    CHECK(y[5] == 0x11 && y[page] == 0x22 && y[size - 1] == 0x5a);
+    CHECK_OK(ops->ipc.close(ist, y, size));
+    CHECK_OK(ops->ipc.put(st, payload));
+    CHECK_RES(ops->ipc.put(st, payload), HM_ERROR_INVALID_HANDLE); /* put twice */
+    CHECK_OK(hm_provider_free(p, w, size));
+
+    /* Split refuses while exported; put then split works. */
+    REQUIRE_OK(hm_provider_alloc(p, 2 * page, 0, (void **)&x));
+    REQUIRE_OK(ops->ipc.get(st, x, 2 * page, payload, &fd));
+    CHECK_RES(hm_provider_split(p, x, 2 * page, page), HM_ERROR_BUSY);
+    CHECK_OK(ops->ipc.put(st, payload));
+    CHECK_OK(hm_provider_split(p, x, 2 * page, page));
+    CHECK_OK(hm_provider_free(p, x, page));
+    CHECK_OK(hm_provider_free(p, x + page, page));
+
+    /* An importer destroyed with a mapping still open unmaps it. */
+    REQUIRE_OK(hm_provider_alloc(p, page, 0, (void **)&x));
+    REQUIRE_OK(ops->ipc.get(st, x, page, payload, &fd));
+    mine = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    REQUIRE_OK(ops->ipc.open(ist, payload, mine, page, (void **)&y));
+    close(mine);
+    CHECK_OK(ops->ipc.put(st, payload));
+    CHECK_OK(hm_provider_free(p, x, page));
+    CHECK_OK(hm_provider_destroy(importer));
+    CHECK_OK(hm_provider_destroy(p));
+
+    /* Private mode: no IPC cap, get refuses. */
+    p = create(HM_OS_PRIVATE, HM_OS_PAGES_DEFAULT, RW);
+    REQUIRE(p);
+    CHECK(!(hm_provider_caps(p) & HM_PROVIDER_CAP_IPC));
+    REQUIRE_OK(hm_provider_alloc(p, page, 0, (void **)&x));
+    CHECK_RES(ops->ipc.get(hm_provider_get_state(p), x, page, payload, &fd),
+              HM_ERROR_NOT_SUPPORTED);
+    CHECK_OK(hm_provider_free(p, x, page));
+    CHECK_OK(hm_provider_destroy(p));
+    hm_test_set_context(NULL);
+}
+
+static void test_hugetlb(void) {
+    hm_test_set_context("hugetlb");
+    const struct {
+        hm_os_page_kind_t kind;
+        size_t size;
+    } kinds[] = {{HM_OS_PAGES_HUGETLB_2M, 2 * MIB}, {HM_OS_PAGES_HUGETLB_1G, GIB}};
+    for (int v = 0; v < 2; v++)
+        for (size_t k = 0; k < 2; k++) {
+            hm_os_params_t *par;
+            REQUIRE_OK(hm_os_params_create(&par));
+            CHECK_OK(hm_os_params_set_visibility(par, v ? HM_OS_SHARED : HM_OS_PRIVATE));
+            CHECK_OK(hm_os_params_set_page_kind(par, kinds[k].kind));
+            hm_provider_t *p = NULL;
+            hm_result_t r = hm_os_provider_create(par, &p);
+            CHECK_OK(hm_os_params_destroy(par));
+            if (r != HM_SUCCESS) {
+                /* No pool of that size configured: a clear answer. */
+                CHECK_RES(r, HM_ERROR_NOT_SUPPORTED);
+                CHECK(p == NULL);
+                printf("hugetlb %zu MiB (%s): not configured here\n", kinds[k].size >> 20,
+                       v ? "shared" : "private");
+                continue;
+            }
+            CHECK_EQ(hm_provider_min_page_size(p), kinds[k].size);
+            void *x = NULL;
+            r = hm_provider_alloc(p, 1, 0, &x);
+            if (r == HM_SUCCESS) {
+                CHECK((uintptr_t)x % kinds[k].size == 0);
+                memset(x, 1, 4096);
+                CHECK_OK(hm_provider_free(p, x, 1));
+            } else {
+                /* Configured but exhausted (overcommit only, or all in use). */
+                CHECK_RES(r, HM_ERROR_OUT_OF_MEMORY);
+            }
+            CHECK_OK(hm_provider_destroy(p));
+        }
+    hm_test_set_context(NULL);
+}
+
+static void test_numa(void) {
+    hm_test_set_context("numa");
+    size_t count = 0;
+    CHECK_RES(hm_os_numa_nodes(NULL, 0, NULL), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_numa_nodes(NULL, 4, &count), HM_ERROR_INVALID_ARGUMENT);
+    REQUIRE_OK(hm_os_numa_nodes(NULL, 0, &count));
+    REQUIRE(count >= 1);
+    unsigned *nodes = calloc(count, sizeof(*nodes));
+    REQUIRE(nodes);
+    CHECK_OK(hm_os_numa_nodes(nodes, count, &count));
+    if (count > 1) CHECK_RES(hm_os_numa_nodes(nodes, 1, &count), HM_ERROR_LIMIT);
+    unsigned node = 0;
+    CHECK_RES(hm_os_numa_node_of(NULL, &node), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_os_numa_node_of(&node, NULL), HM_ERROR_INVALID_ARGUMENT);
+
+    const hm_os_numa_mode_t modes[] = {HM_OS_NUMA_BIND, HM_OS_NUMA_INTERLEAVE,
+                                       HM_OS_NUMA_PREFERRED};
+    for (size_t m = 0; m < 3; m++)
+        for (int vis = 0; vis < 2; vis++) {
+            hm_os_params_t *par;
+            REQUIRE_OK(hm_os_params_create(&par));
+            CHECK_OK(hm_os_params_set_visibility(par, vis ? HM_OS_SHARED : HM_OS_PRIVATE));
+            CHECK_OK(hm_os_params_set_numa(par, modes[m], nodes,
+                                           modes[m] == HM_OS_NUMA_PREFERRED ? 1 : count));
+            hm_provider_t *p;
+            REQUIRE_OK(hm_os_provider_create(par, &p));
+            CHECK(hm_provider_caps(p) & HM_PROVIDER_CAP_NUMA);
+            char *x;
+            REQUIRE_OK(hm_provider_alloc(p, 4 * page, 0, (void **)&x));
+            memset(x, 1, 4 * page);
+            for (int i = 0; i < 4; i++) {
+                unsigned where = ~0u;
+                CHECK_OK(hm_os_numa_node_of(x + (size_t)i * page, &where));
+                int known = 0;
+                for (size_t n = 0; n < count; n++) known |= where == nodes[n];
+                CHECK_MSG(known, "page on node %u", where);
+                if (modes[m] != HM_OS_NUMA_INTERLEAVE) CHECK_EQ(where, nodes[0]);
+            }
+            CHECK_OK(hm_provider_free(p, x, 4 * page));
+            CHECK_OK(hm_provider_destroy(p));
+            CHECK_OK(hm_os_params_destroy(par));
+        }
+
+    /* Unknown nodes are refused at creation, with no provider made. */
+    hm_os_params_t *par;
+    REQUIRE_OK(hm_os_params_create(&par));
+    unsigned badnodes[2] = {nodes[0], 9999};
+    CHECK_OK(hm_os_params_set_numa(par, HM_OS_NUMA_BIND, badnodes, 2));
+    hm_provider_t *p = (hm_provider_t *)&par; /* must be reset */
+    CHECK_RES(hm_os_provider_create(par, &p), HM_ERROR_INVALID_ARGUMENT);
+    CHECK(p == NULL);
+    badnodes[0] = 1u << 31;
+    CHECK_OK(hm_os_params_set_numa(par, HM_OS_NUMA_PREFERRED, badnodes, 1));
+    CHECK_RES(hm_os_provider_create(par, &p), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(hm_os_params_destroy(par));
+
+    /* An untouched page has no node yet. */
+    void *fresh = mmap(NULL, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(fresh != MAP_FAILED);
+    hm_result_t r = hm_os_numa_node_of(fresh, &node);
+    CHECK_MSG(r == HM_ERROR_NOT_FOUND || r == HM_SUCCESS, "node_of(untouched) -> %s",
+              hm_result_string(r));
+    munmap(fresh, page);
+    free(nodes);
+    hm_test_set_context(NULL);
+}
+
+static void test_protection(void) {
+    hm_test_set_context("protection");
+    /* PROT_NONE: a stand-in for device memory; touching it faults. */
+    hm_provider_t *p = create(HM_OS_PRIVATE, HM_OS_PAGES_DEFAULT, HM_OS_PROT_NONE);
+    REQUIRE(p);
+    CHECK(!hm_provider_cpu_accessible(p));
+    CHECK(!(hm_provider_caps(p) & HM_PROVIDER_CAP_CPU_ACCESS));
+    CHECK_EQ(hm_provider_memory_kind(p), HM_MEMORY_DEVICE);
+    void *x;
+    REQUIRE_OK(hm_provider_alloc(p, page, 0, &x));
+    CHECK_EQ(child_faults(touch_read, x), 1);
+    CHECK_OK(hm_provider_purge_force(p, x, page));
+    CHECK_OK(hm_provider_free(p, x, page));
+    CHECK_OK(hm_provider_destroy(p));
+
+    /* Read-only: reads work, writes fault. */
+    p = create(HM_OS_SHARED, HM_OS_PAGES_DEFAULT, HM_OS_PROT_READ);
+    REQUIRE(p);
+    CHECK(hm_provider_cpu_accessible(p));
+    REQUIRE_OK(hm_provider_alloc(p, page, 0, &x));
+    CHECK_EQ(child_faults(touch_read, x), 0);
+    CHECK_EQ(child_faults(touch_write, x), 1);
+    CHECK_OK(hm_provider_free(p, x, page));
+    CHECK_OK(hm_provider_destroy(p));
+    hm_test_set_context(NULL);
+}
+
+static void test_purge_rss(void) {
+    hm_test_set_context("purge");
+    hm_provider_t *p = create(HM_OS_PRIVATE, HM_OS_PAGES_NO_THP, RW);
+    REQUIRE(p);
+    const size_t len = 4 * MIB;
+    char *x;
+    REQUIRE_OK(hm_provider_alloc(p, len, 0, (void **)&x));
+    CHECK_EQ(resident(x, len), 0);
+    memset(x, 9, len);
+    CHECK_EQ(resident(x, len), len / page);
+    CHECK_OK(hm_provider_purge_force(p, x + MIB, 2 * MIB));
+    CHECK_EQ(resident(x, len), len / page - 2 * MIB / page);
+    CHECK(x[MIB] == 0 && x[3 * MIB - 1] == 0 && x[MIB - 1] == 9 && x[3 * MIB] == 9);
+    /* Lazy: the pages may stay until memory pressure, but the range stays
+     * usable; rewriting keeps the new data. */
+    CHECK_OK(hm_provider_purge_lazy(p, x, len));
+    memset(x, 3, len);
+    CHECK(x[0] == 3 && x[len - 1] == 3);
+    CHECK_RES(hm_provider_purge_force(p, x + 1, page), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(hm_provider_free(p, x, len));
+    CHECK_OK(hm_provider_destroy(p));
+    hm_test_set_context(NULL);
+}
+
+static void test_native_error(void) {
+    hm_test_set_context("native errors");
+    for (int vis = 0; vis < 2; vis++) {
+        hm_provider_t *p = create(vis ? HM_OS_SHARED : HM_OS_PRIVATE, HM_OS_PAGES_DEFAULT, RW);
+        REQUIRE(p);
+        void *x = (void *)1;
+        /* 1 PiB: passes every argument check, the kernel says ENOMEM. */
+        CHECK_RES(hm_provider_alloc(p, (size_t)1 << 50, 0, &x), HM_ERROR_OUT_OF_MEMORY);
+        CHECK(x == NULL);
+        const char *msg = NULL;
+        CHECK_EQ(hm_last_native_error(&msg), ENOMEM);
+        CHECK_MSG(msg && strstr(msg, "mmap"), "message: %s", msg ? msg : "(null)");
+        CHECK_RES(hm_provider_alloc(p, (size_t)1 << 46, (size_t)1 << 46, &x),
+                  HM_ERROR_OUT_OF_MEMORY);
+        CHECK_EQ(hm_last_native_error(NULL), ENOMEM);
+        /* Still works, and in shared mode the file did not keep the size. */
+        CHECK_OK(hm_provider_alloc(p, page, 0, &x));
+        CHECK_OK(hm_provider_free(p, x, page));
+        CHECK_OK(hm_provider_destroy(p));
+    }
+    hm_test_set_context(NULL);
+}
+
+/* Several threads on one shared provider: every allocation keeps its data. */
+typedef struct worker_arg {
+    hm_provider_t *p;
+    int id;
+    int errors;
+} worker_arg_t;
+
+static void *shared_worker(void *argp) {
+    worker_arg_t *a = argp;
+    uint64_t rng = 0x9e3779b97f4a7c15ull * (uint64_t)(a->id + 1);
+    void *live[8] = {0};
+    size_t sz[8] = {0};
+    for (int i = 0; i < 400; i++) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        int k = (int)(rng % 8);
+        uint64_t seed = (uint64_t)a->id * 1000 + (uint64_t)k;
+        if (live[k]) {
+            if (!hm_test_verify(live[k], sz[k], seed)) a->errors++;
+            if (hm_provider_free(a->p, live[k], sz[k]) != HM_SUCCESS) a->errors++;
+            live[k] = NULL;
+        } else {
+            sz[k] = 1 + (size_t)(rng >> 40) % (64 * KIB);
+            if (hm_provider_alloc(a->p, sz[k], (rng & 2) ? 16 * KIB : 0, &live[k]) !=
+                HM_SUCCESS) {
+                a->errors++;
+                live[k] = NULL;
+                continue;
+            }
+            hm_test_fill(live[k], sz[k], seed);
+        }
+    }
+    for (int k = 0; k < 8; k++)
+        if (live[k] && hm_provider_free(a->p, live[k], sz[k]) != HM_SUCCESS) a->errors++;
+    return NULL;
+}
+
+static void test_shared_threads(void) {
+    hm_test_set_context("shared threads");
+    hm_os_params_t *par;
+    REQUIRE_OK(hm_os_params_create(&par));
+    CHECK_OK(hm_os_params_set_visibility(par, HM_OS_SHARED));
+    CHECK_OK(hm_os_params_set_shm_name(par, "hm-test-threads"));
+    hm_provider_t *p;
+    REQUIRE_OK(hm_os_provider_create(par, &p));
+    CHECK_OK(hm_os_params_destroy(par));
+    enum { N = 4 };
+    pthread_t t[N];
+    worker_arg_t args[N];
+    for (int i = 0; i < N; i++) {
+        args[i] = (worker_arg_t){.p = p, .id = i};
+        REQUIRE(pthread_create(&t[i], NULL, shared_worker, &args[i]) == 0);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(t[i], NULL);
+        CHECK_EQ(args[i].errors, 0);
+    }
+    int fd = find_memfd("hm-test-threads");
+    struct stat st;
+    REQUIRE(fd >= 0 && fstat(fd, &st) == 0);
+    CHECK_EQ(st.st_size, 0);
+    CHECK_OK(hm_provider_destroy(p));
+    CHECK_EQ(find_memfd("hm-test-threads"), -1); /* the memfd is closed */
+    hm_test_set_context(NULL);
+}
+
+/* After fork: private mode works in the child; a shared provider refuses to
+ * allocate there (its extents belong to the parent) but still unmaps. */
+static void test_fork(void) {
+    hm_test_set_context("fork");
+    hm_provider_t *pp = create(HM_OS_PRIVATE, HM_OS_PAGES_DEFAULT, RW);
+    hm_provider_t *sp = create(HM_OS_SHARED, HM_OS_PAGES_DEFAULT, RW);
+    REQUIRE(pp && sp);
+    char *shared_mem;
+    REQUIRE_OK(hm_provider_alloc(sp, page, 0, (void **)&shared_mem));
+    shared_mem[0] = 1;
+    fflush(stdout);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        int bad = 0;
+        void *x;
+        if (hm_provider_alloc(pp, page, 0, &x) != HM_SUCCESS) bad |= 1;
+        else if (hm_provider_free(pp, x, page) != HM_SUCCESS) bad |= 2;
+        if (hm_provider_alloc(sp, page, 0, &x) != HM_ERROR_NOT_SUPPORTED) bad |= 4;
+        shared_mem[0] = 42; /* MAP_SHARED: the parent sees it */
+        if (hm_provider_free(sp, shared_mem, page) != HM_SUCCESS) bad |= 8;
+        _exit(bad);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK_EQ(WEXITSTATUS(status), 0);
+    CHECK_EQ(shared_mem[0], 42);
+    CHECK_OK(hm_provider_free(sp, shared_mem, page));
+    CHECK_OK(hm_provider_destroy(sp));
+    CHECK_OK(hm_provider_destroy(pp));
+    hm_test_set_context(NULL);
+}
+
+int main(void) {
+    page = (size_t)sysconf(_SC_PAGESIZE);
+    test_params();
+    test_info();
+    test_alignment(HM_OS_PRIVATE);
+    test_alignment(HM_OS_SHARED);
+    test_memfd_reuse();
+    test_ipc();
+    test_hugetlb();
+    test_numa();
+    test_protection();
+    test_purge_rss();
+    test_native_error();
+    test_shared_threads();
+    test_fork();
+    run_suites();
+    return hm_test_finish();
+}
