@@ -10,6 +10,7 @@
 #define FIXED_SIZE (64 * MIB)
 
 static void *fixed_buffer;
+static void *device_buffer; /* PROT_NONE: any CPU access crashes the test */
 
 static hm_result_t wrap(hm_provider_t *inner, hm_provider_t **out) {
     hm_fault_params_t fp = {.inner = inner, .own_inner = 1};
@@ -27,6 +28,18 @@ static hm_result_t make_fault_os(void *arg, hm_provider_t **out) {
 static hm_result_t make_fault_fixed(void *arg, hm_provider_t **out) {
     hm_provider_t *fx;
     hm_result_t r = hm_fixed_provider_create(fixed_buffer, FIXED_SIZE, &fx);
+    return r == HM_SUCCESS ? wrap(fx, out) : r;
+}
+
+/* Device-kind memory behind the wrapper: the suite must never touch it. */
+static hm_result_t make_fault_device(void *arg, hm_provider_t **out) {
+    hm_fixed_params_t *params;
+    hm_result_t r = hm_fixed_params_create(device_buffer, FIXED_SIZE, &params);
+    if (r != HM_SUCCESS) return r;
+    r = hm_fixed_params_set_memory_kind(params, HM_MEMORY_DEVICE, false);
+    hm_provider_t *fx = NULL;
+    if (r == HM_SUCCESS) r = hm_provider_create(hm_fixed_provider_ops(), params, &fx);
+    hm_fixed_params_destroy(params);
     return r == HM_SUCCESS ? wrap(fx, out) : r;
 }
 
@@ -204,6 +217,13 @@ int main(void) {
     hm_test_suite_opts_t fixed_opts = {
         .max_alloc = 8 * MIB, .max_alignment = 2 * MIB, .capacity = FIXED_SIZE, .can_free = 0};
     hm_test_provider_suite("fault(fixed)", make_fault_fixed, NULL, &fixed_opts);
+
+    device_buffer = mmap(NULL, FIXED_SIZE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                         -1, 0);
+    REQUIRE(device_buffer != MAP_FAILED);
+    hm_test_provider_suite("fault(fixed device-kind, PROT_NONE)", make_fault_device, NULL,
+                           &fixed_opts);
     munmap(fixed_buffer, FIXED_SIZE);
+    munmap(device_buffer, FIXED_SIZE);
     return hm_test_finish();
 }
