@@ -17,10 +17,25 @@
  * 4 KiB granule, sorted by base, replaced copy-on-write with CAS.
  *
  * A range is stored with the fewest slots: a slot wholly inside the range
- * holds the record; a partially covered slot descends. Nodes are permanent
- * once published (freed only by hm__tracker_fini), so lookups may cache node
- * pointers per thread. Records and page lists are reclaimed after an RCU
- * grace period (urcu-bp); see "Reclamation" below.
+ * holds the record; a partially covered slot descends. Records, page lists
+ * and nodes are reclaimed after an RCU grace period (urcu-bp); see
+ * "Reclamation" below.
+ *
+ * Nodes and the per-thread node cache. The lead's first design made nodes
+ * permanent so that threads could cache node pointers. Measured: a long-lived
+ * region that is split at many points accumulates nodes, and every later
+ * merge/remove of a large range then rewrites every slot of every node under
+ * it (hundreds of thousands of CAS). So a split/merge/remove whose new value
+ * for a wholly covered slot is one record (or nothing) replaces a child node
+ * there with one CAS ("collapse") and retires the subtree, O(1). The cache
+ * stays safe with one counter, g_cache_epoch, bumped after every collapse
+ * (and root change) and before the grace period that frees the nodes: a
+ * lookup reads it inside its read-side section and drops its cache if it
+ * moved. A lookup that read the old epoch began before that grace period, so
+ * the nodes it may use are still allocated, and they still hold the old
+ * records (linearised before the collapse). Collapses happen only when a
+ * range covers a whole 2 MiB (or 1 GiB, 512 GiB) aligned span that had a
+ * node, so the counter is written rarely.
  */
 #include "tracker/tracker.h"
 
@@ -74,15 +89,19 @@ enum { TAG_NODE = 0, TAG_REC = 1, TAG_LIST = 2, TAG_MASK = 3 };
 
 typedef _Atomic uintptr_t slot_t;
 
-typedef struct node {
-    slot_t slot[NODE_SLOTS];
-} node_t;
-
-/* Header of everything reclaimed after a grace period (records, page lists):
- * first member, so free(ptr) frees the object. */
+/* Header of everything reclaimed after a grace period (records, page lists,
+ * nodes): first member, so free(ptr) frees the object. */
 typedef struct retired {
     struct retired *next;
+    uint32_t kind; /* RET_* */
 } retired_t;
+enum { RET_PLAIN = 0, RET_SUBTREE = 1 };
+
+typedef struct node {
+    retired_t retire; /* used once unpublished; readers never look at it */
+    char pad[HM_CACHE_LINE - sizeof(retired_t)];
+    slot_t slot[NODE_SLOTS];
+} node_t;
 
 /* Invariants: base/size/pool/provider/id/flags/idx are immutable once the
  * record is published in a slot. state moves INSERTING -> LIVE -> BUSY (one
@@ -117,17 +136,18 @@ typedef struct plist {
 } plist_t;
 
 /* The root is mmap'd: 2 MiB of slots that cost RSS only where touched.
- * gen is unique per root (per-thread caches compare it); touched has one bit
- * per 4 KiB page of slots that was ever written, so fini visits only those. */
+ * touched has one bit per 4 KiB page of slots that was ever written, so
+ * fini visits only those. */
 typedef struct root {
-    uint64_t gen;
     _Atomic uint64_t touched[ROOT_SLOTS * sizeof(slot_t) / 4096 / 64];
-    char pad[4096 - 8 - 8 * (ROOT_SLOTS * sizeof(slot_t) / 4096 / 64)];
+    char pad[4096 - 8 * (ROOT_SLOTS * sizeof(slot_t) / 4096 / 64)];
     slot_t slot[ROOT_SLOTS];
 } root_t;
 
 static _Atomic(root_t *) g_root;
-static _Atomic uint64_t g_root_gen;
+/* Bumped when cached node pointers may go stale (collapse, new root). */
+static _Atomic uint64_t g_cache_epoch HM_CACHE_ALIGNED = 1;
+static char g_cache_epoch_pad[HM_CACHE_LINE - sizeof(uint64_t)] __attribute__((unused));
 
 static inline uintptr_t tag_of(uintptr_t v) { return v & TAG_MASK; }
 static inline void *untag(uintptr_t v) { return (void *)(v & ~(uintptr_t)TAG_MASK); }
@@ -180,10 +200,15 @@ static shard_t g_shards[RETIRE_SHARDS] = {
 static _Atomic unsigned g_shard_rr;
 static __thread unsigned t_shard; /* 1 + shard index; 0: not chosen yet */
 
+static void free_subtree(uintptr_t v);
+
 static void free_list(retired_t *r) {
     while (r) {
         retired_t *next = r->next;
-        free(r);
+        if (r->kind == RET_SUBTREE)
+            free_subtree((uintptr_t)r);
+        else
+            free(r);
         r = next;
     }
 }
@@ -239,15 +264,35 @@ static retired_t *steal_all_shards(void) {
 
 /* ---- allocation of metadata ---- */
 static node_t *node_new(void) {
-    node_t *n = aligned_alloc(sizeof(node_t), sizeof(node_t));
-    if (n) memset(n, 0, sizeof *n);
+    node_t *n = aligned_alloc(HM_CACHE_LINE, sizeof(node_t));
+    if (n) {
+        memset(n, 0, sizeof *n);
+        n->retire.kind = RET_SUBTREE;
+    }
     return n;
 }
 
 static plist_t *plist_new(uint32_t n) {
     plist_t *p = malloc(sizeof *p + (size_t)n * sizeof(ple_t));
-    if (p) p->n = n;
+    if (p) {
+        p->retire.kind = RET_PLAIN;
+        p->n = n;
+    }
     return p;
+}
+
+/* A node and everything below it but records (they have owners). Only for
+ * nodes nobody can reach any more. */
+static void free_subtree(uintptr_t v) {
+    if (!v) return;
+    if (tag_of(v) == TAG_LIST) {
+        free(untag(v));
+    } else if (is_node(v)) {
+        node_t *n = untag(v);
+        for (unsigned i = 0; i < NODE_SLOTS; i++)
+            free_subtree(atomic_load_explicit(&n->slot[i], memory_order_relaxed));
+        free(n);
+    }
 }
 
 /* Create the root on first use. */
@@ -263,7 +308,6 @@ static root_t *root_get(void) {
         return NULL;
     }
     r = p;
-    r->gen = atomic_fetch_add_explicit(&g_root_gen, 1, memory_order_relaxed) + 1;
     root_t *expected = NULL;
     if (!atomic_compare_exchange_strong_explicit(&g_root, &expected, r, memory_order_acq_rel,
                                                  memory_order_acquire)) {
@@ -305,12 +349,12 @@ HM_INLINE rec_t *resolve(uintptr_t v, uintptr_t a) {
 }
 
 /* Per-thread, direct-mapped cache of the deepest node reached for a 2 MiB
- * region (key a >> 21), as jemalloc's rtree_ctx. Nodes are permanent, so a
- * cached node stays valid for the life of its root (gen). Records are never
- * cached: they are freed after a grace period. */
+ * region (key a >> 21), as jemalloc's rtree_ctx. A cached node is valid
+ * while g_cache_epoch is unchanged (see the top of this file). Records are
+ * never cached. */
 #define TCACHE_SLOTS 16
 typedef struct tcache {
-    uint64_t gen;
+    uint64_t epoch; /* g_cache_epoch when filled */
     uintptr_t key[TCACHE_SLOTS]; /* (a >> 21) + 1; 0: empty */
     node_t *node[TCACHE_SLOTS];
     uint8_t level[TCACHE_SLOTS]; /* level of node's slots */
@@ -326,7 +370,8 @@ static rec_t *find_rec(uintptr_t a) {
     unsigned ci = (unsigned)(a >> 21) & (TCACHE_SLOTS - 1);
     unsigned level;
     uintptr_t v;
-    if (hm_likely(tc->gen == root->gen)) {
+    uint64_t epoch = atomic_load_explicit(&g_cache_epoch, memory_order_acquire);
+    if (hm_likely(tc->epoch == epoch)) {
         if (hm_likely(tc->key[ci] == key)) {
             level = tc->level[ci];
             v = atomic_load_explicit(&tc->node[ci]->slot[slot_index(level, a)],
@@ -335,7 +380,7 @@ static rec_t *find_rec(uintptr_t a) {
         }
     } else {
         memset(tc, 0, sizeof *tc);
-        tc->gen = root->gen;
+        tc->epoch = epoch;
     }
     level = 0;
     v = atomic_load_explicit(&root->slot[slot_index(0, a)], memory_order_acquire);
@@ -400,12 +445,13 @@ typedef struct op {
     root_t *root;
     hm_result_t err;   /* INSERT: why it stopped */
     size_t conflicts;  /* REPLACE: unexpected slots skipped */
+    int collapsed;     /* a node was unpublished: bump g_cache_epoch */
     retired_t *retired_head, *retired_tail;
     size_t n_retired;
 } op_t;
 
 static void op_retire(op_t *op, void *obj) {
-    retired_t *r = obj;
+    retired_t *r = obj; /* kind already set */
     r->next = NULL;
     if (op->retired_tail)
         op->retired_tail->next = r;
@@ -487,6 +533,7 @@ static uintptr_t build_granule(op_t *op, uintptr_t cur, uintptr_t s, uintptr_t e
         }
     }
     uint32_t n = 0;
+    uintptr_t v = 0;
     /* Kept entries (everything but the old records), then the new records
      * intersecting the granule, merged in base order. */
     int k = 0;
@@ -513,7 +560,6 @@ static uintptr_t build_granule(op_t *op, uintptr_t cur, uintptr_t s, uintptr_t e
                 goto out;
             }
     }
-    uintptr_t v = 0;
     if (n == 0)
         v = 0;
     else if (n == 1 && tmp[0].base <= s && tmp[0].end >= e)
@@ -538,15 +584,8 @@ out:
 
 /* Free a value built by this op that never got published. */
 static void discard_private(uintptr_t v, unsigned level) {
-    if (!v) return;
-    if (tag_of(v) == TAG_LIST) {
-        free(untag(v));
-    } else if (is_node(v)) {
-        node_t *n = untag(v);
-        for (unsigned i = 0; i < NODE_SLOTS; i++)
-            discard_private(atomic_load_explicit(&n->slot[i], memory_order_relaxed), level + 1);
-        free(n);
-    }
+    (void)level;
+    free_subtree(v);
 }
 
 static int walk(op_t *op, slot_t *slots, unsigned level, uintptr_t node_base, uintptr_t lo,
@@ -578,7 +617,25 @@ static int slot_apply(op_t *op, slot_t *slot, unsigned level, uintptr_t s, uintp
     int full = lo == s && hi == e;
     uintptr_t cur = atomic_load_explicit(slot, memory_order_acquire);
     for (;;) {
-        if (is_node(cur)) return walk(op, ((node_t *)untag(cur))->slot, level + 1, s, lo, hi);
+        if (is_node(cur)) {
+            /* Collapse: a validated replace whose new value for this whole
+             * span is one record (or nothing). The subtree holds only the
+             * op's old records (the range covers the span, and the old
+             * records were claimed), so one CAS replaces it. Not for a
+             * rollback: a failed insert's span may hold someone else's. */
+            if (full && op->kind == OP_REPLACE && !op->tolerant) {
+                uintptr_t want = wanted_full(op, s, e);
+                if (want != 1) {
+                    if (slot_cas(op, slot, level, &cur, want)) {
+                        op->collapsed = 1;
+                        op_retire(op, untag(cur));
+                        return 1;
+                    }
+                    continue;
+                }
+            }
+            return walk(op, ((node_t *)untag(cur))->slot, level + 1, s, lo, hi);
+        }
 
         if (!full && level < LEAF_LEVEL) {
             /* Partially covered, no node yet: only an insert creates one. */
@@ -693,7 +750,16 @@ static int run_op(op_t *op, uintptr_t lo, uintptr_t hi) {
     return walk(op, op->root->slot, 0, 0, lo, hi);
 }
 
+/* Before the grace period that frees collapsed nodes starts. */
+static void op_publish_collapse(op_t *op) {
+    if (op->collapsed) {
+        atomic_fetch_add_explicit(&g_cache_epoch, 1, memory_order_acq_rel);
+        op->collapsed = 0;
+    }
+}
+
 static void op_flush_retired(op_t *op) {
+    op_publish_collapse(op);
     retire_list(op->retired_head, op->retired_tail, op->n_retired);
     op->retired_head = op->retired_tail = NULL;
     op->n_retired = 0;
@@ -767,6 +833,7 @@ static rec_t *rec_new(hm_tracker_index_t *idx, hm_pool_t *pool, hm_provider_t *p
     rec_t *r = malloc(sizeof *r);
     if (!r) return NULL;
     r->retire.next = NULL;
+    r->retire.kind = RET_PLAIN;
     r->base = base;
     r->size = size;
     r->pool = pool;
@@ -1008,6 +1075,7 @@ void hm__tracker_index_drain(hm_tracker_index_t *idx,
 
     /* 3. One grace period for all of them (and for whatever the shards
      * held), then report and free. */
+    op_publish_collapse(&op);
     retired_t *pending = steal_all_shards();
     grace_period();
     free_list(pending);
@@ -1044,14 +1112,6 @@ static int subtree_has_records(uintptr_t v) {
     return 0;
 }
 
-static void subtree_free(uintptr_t v) {
-    if (!is_node(v)) return;
-    node_t *n = untag(v);
-    for (unsigned i = 0; i < NODE_SLOTS; i++)
-        subtree_free(atomic_load_explicit(&n->slot[i], memory_order_relaxed));
-    free(n);
-}
-
 /* Calls fn on every root slot value in a touched page; stops at non-zero. */
 static int root_scan(root_t *root, int (*fn)(uintptr_t)) {
     const size_t per_page = 4096 / sizeof(slot_t);
@@ -1068,7 +1128,7 @@ static int root_scan(root_t *root, int (*fn)(uintptr_t)) {
 }
 
 static int free_one_root_slot(uintptr_t v) {
-    subtree_free(v);
+    if (is_node(v)) free_subtree(v); /* no records are left */
     return 0;
 }
 
@@ -1081,6 +1141,7 @@ void hm__tracker_fini(void) {
         return;
     }
     atomic_store_explicit(&g_root, NULL, memory_order_release);
+    atomic_fetch_add_explicit(&g_cache_epoch, 1, memory_order_acq_rel);
     /* Lookups that still hold the old root finish before we free it. */
     hm__tracker_flush();
     if (root) {

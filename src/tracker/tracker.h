@@ -14,11 +14,11 @@
  * shaped like a page table with huge-page entries (root: bits 39..56, then
  * 9-bit levels down to a 4 KiB granule); a range occupies the fewest slots
  * (a slot wholly inside it holds its record), ranges smaller than a granule
- * share an immutable, copy-on-write "page list" in the leaf slot. Nodes are
- * never freed before hm__tracker_fini, so each thread caches the deepest
- * node it reached per 2 MiB region. Removed records and replaced page lists
- * are freed after an urcu-bp grace period, in batches (one synchronize_rcu
- * per 256 removals; no call_rcu helper thread).
+ * share an immutable, copy-on-write "page list" in the leaf slot. Each
+ * thread caches the deepest node it reached per 2 MiB region (invalidated by
+ * an epoch counter when a node is collapsed). Removed records, replaced page
+ * lists and collapsed nodes are freed after an urcu-bp grace period, in
+ * batches (one synchronize_rcu per 256 retirements; no call_rcu thread).
  *
  * CONCURRENCY CONTRACT (in the manner of liburcu's wfcqueue.h)
  *
