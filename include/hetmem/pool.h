@@ -84,6 +84,10 @@ HM_API void *hm_pool_malloc(hm_pool_t *pool, size_t size);
 HM_API void *hm_pool_calloc(hm_pool_t *pool, size_t num, size_t size);
 HM_API void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size);
 HM_API void *hm_pool_aligned_malloc(hm_pool_t *pool, size_t size, size_t alignment);
+/* hm_pool_realloc(pool, NULL, n) is hm_pool_malloc(pool, n);
+ * hm_pool_realloc(pool, p, 0) frees p and returns NULL. On failure p is
+ * untouched and NULL is returned with errno set. */
+
 /* Free ptr (NULL is a no-op success). On a tracked pool a pointer that does
  * not belong to this pool returns HM_ERROR_INVALID_ARGUMENT and frees nothing. */
 HM_API hm_result_t hm_pool_free(hm_pool_t *pool, void *ptr);
@@ -108,7 +112,8 @@ enum {
     HM_ALLOCATION_IMPORTED = 1u << 1, /* opened through IPC */
 };
 
-typedef struct hm_allocation_info {
+/* Untagged: a tag named like the function would shadow it in C++. */
+typedef struct {
     hm_pool_t *pool;
     hm_provider_t *provider;
     void *base;       /* the provider allocation containing ptr */

@@ -5,8 +5,10 @@
  * one provider allocation (rounded up to the provider's page size); free
  * returns it at once. calloc/realloc/usable_size work where the memory is
  * CPU-accessible (usable_size also on device memory). On a provider that
- * cannot free, hm_pool_free returns HM_ERROR_NOT_SUPPORTED and the memory
- * stays allocated until the provider is destroyed. */
+ * cannot free, hm_pool_free succeeds and the pool keeps the range for reuse
+ * by a later allocation that fits (first fit); it is never given back.
+ * Freeing an interior pointer, a foreign pointer or freeing twice returns
+ * HM_ERROR_INVALID_ARGUMENT and frees nothing. */
 #ifndef HETMEM_POOLS_PROXY_H
 #define HETMEM_POOLS_PROXY_H
 
