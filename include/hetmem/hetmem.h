@@ -8,6 +8,8 @@
 #include <hetmem/pool.h>
 #include <hetmem/providers/os.h>
 #include <hetmem/providers/fixed.h>
+#include <hetmem/providers/file.h>
+#include <hetmem/providers/devdax.h>
 #include <hetmem/pools/proxy.h>
 
 #endif

@@ -1,0 +1,82 @@
+/* hetmem — the file provider: memory mapped from a regular file.
+ * SPDX-License-Identifier: MIT
+ *
+ * The file is opened (created if missing, reused if present) and mapped in
+ * pieces as the provider grows: each growth extends the file with
+ * fallocate() (ftruncate() where the filesystem has no fallocate, and for
+ * private mappings) and maps the new part. Allocations are carved out of
+ * those mappings by the coarse layer, so free() works (the range returns to
+ * the provider, not to the OS) and split/merge work.
+ *
+ * Memory going back: purge_force punches a hole (FALLOC_FL_PUNCH_HOLE) in a
+ * shared mapping's file range, so its disk blocks and page cache are
+ * released (the range reads back as zeros); in a private mapping it drops the
+ * private copies (MADV_DONTNEED). There is no lazy purge (a shared file
+ * mapping has no MADV_FREE). The file itself never shrinks while the
+ * provider lives.
+ *
+ * Persistence: a file that exists when the provider is created is mapped
+ * whole as free memory, and a fresh provider hands memory out from the
+ * lowest offset, best fit, deterministically: the same sequence of
+ * allocations in a new process gets the same file offsets, so data written
+ * through a shared mapping is found again. A pool on top may have its own
+ * layout; only the proxy pool maps one hm_pool_malloc to one allocation.
+ *
+ * Space: when the filesystem is full the allocation fails with
+ * HM_ERROR_OUT_OF_MEMORY (the native error says ENOSPC) and nothing already
+ * written is touched. Memory whose range was purged is backed again when
+ * the provider hands it out anew; a pool that keeps a purged range and
+ * writes to it on a full filesystem receives SIGBUS, as with any mapped
+ * file.
+ *
+ * IPC (shared mappings only): the native payload names the file (path,
+ * device and inode, to detect a different file at the same path) and the
+ * offset; the importer maps the same file range. The file descriptor travels
+ * too, so an unlinked file can still be opened. */
+#ifndef HETMEM_PROVIDERS_FILE_H
+#define HETMEM_PROVIDERS_FILE_H
+
+#include <hetmem/provider.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct hm_file_params hm_file_params_t;
+
+typedef enum hm_file_visibility {
+    HM_FILE_SHARED = 0,  /* MAP_SHARED: writes reach the file (default) */
+    HM_FILE_PRIVATE = 1, /* MAP_PRIVATE: copy-on-write, the file is never written */
+} hm_file_visibility_t;
+
+HM_API const hm_provider_ops_t *hm_file_provider_ops(void);
+
+/* path: the file to create or reuse (opened O_RDWR | O_CREAT, mode 0600).
+ * The string is copied. */
+HM_API hm_result_t hm_file_params_create(const char *path, hm_file_params_t **params);
+HM_API hm_result_t hm_file_params_destroy(hm_file_params_t *params);
+HM_API hm_result_t hm_file_params_set_visibility(hm_file_params_t *params,
+                                                 hm_file_visibility_t visibility);
+/* Map with MAP_SYNC | MAP_SHARED_VALIDATE (fsdax: stores reach persistence
+ * with CPU cache flushes alone, no msync). Needs HM_FILE_SHARED and a
+ * filesystem mounted with DAX; otherwise hm_provider_create() fails with
+ * HM_ERROR_NOT_SUPPORTED (HM_ERROR_INVALID_ARGUMENT with HM_FILE_PRIVATE). */
+HM_API hm_result_t hm_file_params_set_map_sync(hm_file_params_t *params, bool map_sync);
+/* Keep the file after the provider is destroyed (default true); false
+ * removes it (also a file that existed before). */
+HM_API hm_result_t hm_file_params_set_keep_file(hm_file_params_t *params, bool keep);
+/* The file grows by at least this much at a time (default 16 MiB; rounded
+ * up to the page size; a growth that does not fit on the filesystem is
+ * retried with exactly what the allocation needs). */
+HM_API hm_result_t hm_file_params_set_grow_size(hm_file_params_t *params, size_t bytes);
+/* The provider never grows the file beyond this size (default 0: no limit);
+ * allocations that would need more fail with HM_ERROR_OUT_OF_MEMORY. */
+HM_API hm_result_t hm_file_params_set_max_size(hm_file_params_t *params, uint64_t bytes);
+
+/* Convenience: a shared mapping of path with the defaults. */
+HM_API hm_result_t hm_file_provider_create(const char *path, hm_provider_t **provider);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
