@@ -25,7 +25,9 @@ static void test_specific(void) {
     CHECK(strcmp(info.name, "fixed") == 0);
     CHECK_EQ(info.family, HM_PROVIDER_FAMILY_FIXED);
     CHECK_EQ(info.min_page_size, 4096);
-    CHECK(!(info.caps & HM_PROVIDER_CAP_FREE)); /* honest: no free before the coarse layer */
+    CHECK(info.caps & HM_PROVIDER_CAP_FREE); /* through the coarse layer */
+    CHECK(info.caps & HM_PROVIDER_CAP_SPLIT_MERGE);
+    CHECK(!(info.caps & (HM_PROVIDER_CAP_PURGE_LAZY | HM_PROVIDER_CAP_PURGE_FORCE)));
     CHECK(info.caps & HM_PROVIDER_CAP_CPU_ACCESS);
     void *a[5] = {0};
     int got = 0;
@@ -37,7 +39,22 @@ static void test_specific(void) {
     CHECK_EQ(got, 4); /* 5 pages minus the partial first one */
     void *x;
     CHECK_RES(hm_provider_alloc(p, 1, 0, &x), HM_ERROR_OUT_OF_MEMORY);
-    CHECK_RES(hm_provider_free(p, a[0], 1), HM_ERROR_NOT_SUPPORTED);
+    /* Free, coalesce, reuse: free the middle two, then a 2-page allocation
+     * fits exactly there; free everything and the whole 4 pages fit again. */
+    CHECK_OK(hm_provider_free(p, a[1], 1));
+    CHECK_RES(hm_provider_free(p, a[1], 1), HM_ERROR_DOUBLE_FREE);
+    CHECK_RES(hm_provider_free(p, a[0], 8192), HM_ERROR_INVALID_ARGUMENT); /* wrong size */
+    CHECK_OK(hm_provider_free(p, a[2], 4096));
+    CHECK_OK(hm_provider_alloc(p, 8192, 0, &x));
+    CHECK(x == a[1]);
+    CHECK_OK(hm_provider_split(p, x, 8192, 4096));
+    CHECK_OK(hm_provider_free(p, x, 4096));
+    CHECK_OK(hm_provider_free(p, (char *)x + 4096, 4096));
+    CHECK_OK(hm_provider_free(p, a[0], 4096));
+    CHECK_OK(hm_provider_free(p, a[3], 4096));
+    CHECK_OK(hm_provider_alloc(p, 4 * 4096, 0, &x));
+    CHECK(x == a[0]);
+    CHECK_OK(hm_provider_free(p, x, 4 * 4096));
     CHECK_OK(hm_provider_destroy(p));
 
     /* Alignment larger than the buffer allows: a clear error, nothing lost. */
@@ -63,7 +80,8 @@ int main(void) {
     buffer = aligned_alloc(4096, BUF_SIZE);
     REQUIRE(buffer);
     test_specific();
-    hm_test_suite_opts_t opts = {.max_alloc = 8u << 20, .max_alignment = 2u << 20, .can_free = 0};
+    hm_test_suite_opts_t opts = {.max_alloc = 8u << 20, .max_alignment = 2u << 20, .can_free = 1,
+                                  .capacity = BUF_SIZE};
     hm_test_provider_suite("fixed", make_fixed, NULL, &opts);
     free(buffer);
     return hm_test_finish();

@@ -1,10 +1,12 @@
 /* hetmem — the fixed provider: memory out of a caller's buffer.
  * SPDX-License-Identifier: MIT
  *
- * Until the coarse layer lands, the fixed provider cannot free: it reports no
- * HM_PROVIDER_CAP_FREE, so pools keep and reuse what they got from it. The
- * buffer is never freed or unmapped by hetmem; the caller keeps it alive
- * until the provider is destroyed. */
+ * The page-aligned inside of the buffer is managed by the coarse layer:
+ * best-fit alloc with alignment, free (HM_PROVIDER_CAP_FREE: the range
+ * returns to the provider and neighbours coalesce), split and merge. Memory
+ * never goes back to the OS (no purge). The buffer is never freed or
+ * unmapped by hetmem; the caller keeps it alive until the provider is
+ * destroyed. */
 #ifndef HETMEM_PROVIDERS_FIXED_H
 #define HETMEM_PROVIDERS_FIXED_H
 

@@ -1,13 +1,15 @@
 /* hetmem — the fixed provider: memory out of a caller's buffer.
  * SPDX-License-Identifier: MIT
  *
- * A bump allocator over [buffer, buffer+size) aligned to 4 KiB pages. It has
- * no free until the coarse layer lands (issue 6): the ops table leaves free
- * NULL, so HM_PROVIDER_CAP_FREE is absent and pools keep and reuse what they
- * got. Thread-safe: one mutex guards the bump pointer (never held across a
- * syscall). */
+ * The page-aligned inside of [buffer, buffer+size) is one region of the
+ * coarse layer (src/coarse/coarse.h), which gives best-fit alloc, free,
+ * split and merge with coalescing; thread-safe through the coarse lock. The
+ * coarse object cannot grow and releases nothing: the buffer stays the
+ * caller's. Memory never goes back to the OS (no purge: hetmem does not
+ * know what the caller's buffer is, and it may be device memory). */
 #include "internal.h"
 #include "provider_internal.h"
+#include "coarse/coarse.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -22,9 +24,7 @@ struct hm_fixed_params {
 };
 
 typedef struct fixed_state {
-    pthread_mutex_t lock;
-    uintptr_t begin, end; /* page-aligned usable part of the buffer */
-    uintptr_t next;       /* bump pointer, guarded by lock */
+    hm_coarse_t *coarse; /* one region: the page-aligned inside of the buffer */
     hm_memory_kind_t kind;
     bool cpu_accessible;
 } fixed_state_t;
@@ -79,9 +79,13 @@ static hm_result_t fixed_init(const void *params, void **state) {
     }
     fixed_state_t *s = calloc(1, sizeof(*s));
     if (!s) return HM_ERROR_OUT_OF_HOST_MEMORY;
-    pthread_mutex_init(&s->lock, NULL);
-    s->begin = s->next = begin;
-    s->end = end;
+    hm_result_t r = hm__coarse_create(NULL, NULL, FIXED_PAGE, &s->coarse);
+    if (r == HM_SUCCESS) r = hm__coarse_add_region(s->coarse, (void *)begin, end - begin, 0);
+    if (r != HM_SUCCESS) {
+        hm__coarse_destroy(s->coarse);
+        free(s);
+        return r;
+    }
     s->kind = p->kind;
     s->cpu_accessible = p->cpu_accessible;
     *state = s;
@@ -90,7 +94,7 @@ static hm_result_t fixed_init(const void *params, void **state) {
 
 static void fixed_fini(void *state) {
     fixed_state_t *s = state;
-    pthread_mutex_destroy(&s->lock);
+    hm__coarse_destroy(s->coarse);
     free(s);
 }
 
@@ -100,27 +104,33 @@ static void fixed_get_info(void *state, hm_provider_info_t *info) {
     info->name = "fixed";
     info->family = HM_PROVIDER_FAMILY_FIXED;
     info->kind = s->kind;
-    info->caps = s->cpu_accessible ? HM_PROVIDER_CAP_CPU_ACCESS : 0;
+    info->caps = HM_PROVIDER_CAP_FREE | HM_PROVIDER_CAP_SPLIT_MERGE;
+    if (s->cpu_accessible) info->caps |= HM_PROVIDER_CAP_CPU_ACCESS;
     info->min_page_size = FIXED_PAGE;
     info->recommended_page_size = FIXED_PAGE;
 }
 
 static hm_result_t fixed_alloc(void *state, size_t size, size_t alignment, void **ptr) {
     fixed_state_t *s = state;
-    size_t sz = hm_align_up(size, FIXED_PAGE);
-    if (alignment < FIXED_PAGE) alignment = FIXED_PAGE;
-    if (!sz) return HM_ERROR_OUT_OF_MEMORY;
-    hm__mutex_lock(&s->lock);
-    uintptr_t at = hm_align_up(s->next, alignment);
-    int fits = at && at >= s->next && at <= s->end && sz <= s->end - at;
-    if (fits) s->next = at + sz;
-    hm__mutex_unlock(&s->lock);
-    if (!fits) {
+    hm_result_t r = hm__coarse_alloc(s->coarse, size, alignment, ptr);
+    if (r == HM_ERROR_OUT_OF_MEMORY)
         HM_LOG_INFO("fixed provider: %zu bytes aligned to %zu do not fit", size, alignment);
-        return HM_ERROR_OUT_OF_MEMORY;
-    }
-    *ptr = (void *)at;
-    return HM_SUCCESS;
+    return r;
+}
+
+static hm_result_t fixed_free(void *state, void *ptr, size_t size) {
+    fixed_state_t *s = state;
+    return hm__coarse_free(s->coarse, ptr, size);
+}
+
+static hm_result_t fixed_split(void *state, void *ptr, size_t total, size_t first) {
+    fixed_state_t *s = state;
+    return hm__coarse_split(s->coarse, ptr, total, first);
+}
+
+static hm_result_t fixed_merge(void *state, void *lo, void *hi, size_t total) {
+    fixed_state_t *s = state;
+    return hm__coarse_merge(s->coarse, lo, hi, total);
 }
 
 static const hm_provider_ops_t fixed_ops = {
@@ -130,7 +140,10 @@ static const hm_provider_ops_t fixed_ops = {
     .fini = fixed_fini,
     .get_info = fixed_get_info,
     .alloc = fixed_alloc,
-    /* free, purge, split/merge, ipc: not until the coarse layer (issue 6). */
+    .free = fixed_free,
+    /* purge: none (the caller's buffer); ipc: none (no name to share it by). */
+    .split = fixed_split,
+    .merge = fixed_merge,
 };
 
 const hm_provider_ops_t *hm_fixed_provider_ops(void) { return &fixed_ops; }
