@@ -571,9 +571,24 @@ static void test_hugetlb(void) {
             void *x = NULL;
             r = hm_provider_alloc(p, 1, 0, &x);
             if (r == HM_SUCCESS) {
-                CHECK((uintptr_t)x % kinds[k].size == 0);
+                const size_t hp = kinds[k].size;
+                CHECK((uintptr_t)x % hp == 0);
                 memset(x, 1, 4096);
+                CHECK_OK(hm_provider_purge_force(p, x, 1));
+                CHECK(((char *)x)[0] == 0);
                 CHECK_OK(hm_provider_free(p, x, 1));
+                /* Two pages aligned to twice the page (the reserve-then-fixed
+                 * path), split into pages, each freed on its own. Skipped
+                 * when the pool has fewer than two pages free. */
+                if (hp == 2 * MIB && hm_provider_alloc(p, hp + 1, 2 * hp, &x) == HM_SUCCESS) {
+                    CHECK((uintptr_t)x % (2 * hp) == 0);
+                    memset(x, 2, 2 * hp);
+                    CHECK_RES(hm_provider_split(p, x, 2 * hp, 4096), HM_ERROR_INVALID_ARGUMENT);
+                    CHECK_OK(hm_provider_split(p, x, hp + 1, hp));
+                    CHECK(((char *)x)[2 * hp - 1] == 2);
+                    CHECK_OK(hm_provider_free(p, x, hp));
+                    CHECK_OK(hm_provider_free(p, (char *)x + hp, 1));
+                }
             } else {
                 /* Configured but exhausted (overcommit only, or all in use). */
                 CHECK_RES(r, HM_ERROR_OUT_OF_MEMORY);
