@@ -11,5 +11,6 @@
 #include <hetmem/providers/file.h>
 #include <hetmem/providers/devdax.h>
 #include <hetmem/pools/proxy.h>
+#include <hetmem/pools/native.h>
 
 #endif

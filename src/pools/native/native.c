@@ -1,0 +1,1462 @@
+/* hetmem — the native pool: size classes, per-thread heaps, remote frees
+ * through liburcu wait-free queues. SPDX-License-Identifier: MIT
+ *
+ * Design (the public contract is in include/hetmem/pools/native.h):
+ *
+ * - Metadata apart from the managed memory. A slab is a provider range of
+ *   `span` bytes aligned to slab_size; its descriptor (nv_slab_t, host
+ *   memory) holds a bitmap of free blocks. The pool never dereferences the
+ *   managed memory, so it works on memory the CPU must not touch.
+ * - The free path finds a block's slab through a per-pool two-level radix
+ *   map from address >> log2(slab_size) to the descriptor (lock-free reads,
+ *   leaves installed with CAS), then the block index by a multiply with a
+ *   32-bit reciprocal (the method of jemalloc's div.c: for n a multiple of d,
+ *   n < 2^32, n / d == (n * ceil(2^32 / d)) >> 32), checked exactly, so an
+ *   interior pointer is refused.
+ * - Per-thread heaps. Each heap keeps, per size class, one 64-bit word of the
+ *   current slab's free bitmap (`bits`), the address of that word's first
+ *   block and the class size: allocation is ctz + clear-lowest-bit + multiply
+ *   (the "free list sharding" idea of mimalloc, Leijen et al. 2019, with a
+ *   bitmap instead of in-block links, since blocks cannot hold metadata).
+ *   A free into that same word sets the bit back, so alloc/free pairs reuse
+ *   the same block. A thread finds its heap through a one-entry thread-local
+ *   cache keyed by the pool's unique id.
+ * - Remote frees (snmalloc's message passing, Lietar et al. 2019, on the
+ *   queue of the glibc RFC "malloc: use wfcqueue to speed up remote frees"):
+ *   a thread freeing another heap's block appends it to a host-memory batch
+ *   for that heap (8 outgoing slots, direct-mapped by destination); a full
+ *   batch is published with one cds_wfcq_enqueue (one xchg). The owner
+ *   splices its queue into a private one and drains it with the _nonblocking
+ *   calls only, on its allocation slow path. Drained batches are recycled
+ *   through the heap's stock and a per-pool depot.
+ * - Thread exit: a pthread key destructor abandons the thread's heaps; a
+ *   thread that starts using the pool adopts one. Heaps live until the pool
+ *   is destroyed, so a remote free can always reach its owner's queue.
+ *
+ * Lock order: g_lock -> nv->lock -> (tracker / provider); nv->large_lock,
+ * nv->depot_lock and nv->orphan_lock are leaves, except that the orphan heap,
+ * under orphan_lock, may take nv->lock, large_lock and depot_lock. */
+#include "pools/native/native_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef HM_TSAN
+#include <sanitizer/tsan_interface.h>
+/* liburcu's x86 atomics are inline assembly TSan cannot see: tell it that the
+ * batch published by the enqueue is acquired by the dequeuer. */
+#define NV_TSAN_RELEASE(p) __tsan_release(p)
+#define NV_TSAN_ACQUIRE(p) __tsan_acquire(p)
+#else
+#define NV_TSAN_RELEASE(p) ((void)(p))
+#define NV_TSAN_ACQUIRE(p) ((void)(p))
+#endif
+
+#define NV_TLS __thread __attribute__((tls_model("initial-exec")))
+
+/* ------------------------------------------------------------------------ */
+/* Size classes: 8, 16..256 step 16, then 8 per power of two up to 1 MiB.   */
+
+uint32_t hm__nv_cls_size[NV_NCLS_MAX];
+uint8_t hm__nv_cls_of8[NV_FAST_MAX / 8 + 1];
+
+static unsigned cls_of_big(size_t size) { /* size > 256 */
+    unsigned k = 63u - (unsigned)__builtin_clzll((unsigned long long)(size - 1));
+    return 17u + (k - 8u) * 8u + (unsigned)((size - 1 - ((size_t)1 << k)) >> (k - 3u));
+}
+
+static unsigned cls_of(size_t size) {
+    if (size <= NV_FAST_MAX) return hm__nv_cls_of8[(size + 7) >> 3];
+    return cls_of_big(size);
+}
+
+/* Round a large size up on the same scale (8 steps per power of two); 0 on
+ * overflow. */
+static size_t scale_round(size_t size) {
+    if (size <= 256) return hm_align_up(size, 16);
+    unsigned k = 63u - (unsigned)__builtin_clzll((unsigned long long)(size - 1));
+    return hm_align_up(size, (size_t)1 << (k - 3u));
+}
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static pthread_key_t g_key;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* bindings, g_pools */
+static _Atomic uint64_t g_next_id = 1;
+static nv_pool_t *g_pools; /* live pools, for fork (g_lock) */
+
+/* Thread state: the fast path reads tl_id/tl_heap only. */
+static NV_TLS uint64_t tl_id;
+static NV_TLS nv_heap_t *tl_heap;
+static NV_TLS nv_binding_t *tl_bindings;
+static NV_TLS int tl_dead; /* the heap destructor ran: use the orphan heaps */
+
+static void tl_destructor(void *arg);
+static void atfork_prepare(void);
+static void atfork_parent(void);
+static void atfork_child(void);
+
+static void global_init(void) {
+    hm__nv_cls_size[0] = 8;
+    for (unsigned i = 1; i <= 16; i++) hm__nv_cls_size[i] = 16u * i;
+    for (unsigned k = 8; k < 20; k++)
+        for (unsigned j = 0; j < 8; j++)
+            hm__nv_cls_size[17 + (k - 8) * 8 + j] = (1u << k) + (j + 1) * (1u << (k - 3));
+    for (unsigned i = 0; i <= NV_FAST_MAX / 8; i++) {
+        size_t size = i ? (size_t)i * 8 : 1;
+        unsigned c = 0;
+        while (hm__nv_cls_size[c] < size) c++;
+        hm__nv_cls_of8[i] = (uint8_t)c;
+    }
+    if (pthread_key_create(&g_key, tl_destructor)) HM_DIE("pthread_key_create failed");
+    if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child))
+        HM_DIE("pthread_atfork failed");
+}
+
+/* ------------------------------------------------------------------------ */
+/* Params                                                                   */
+
+#define NV_PARAMS_MAGIC 0x6e617469766550ull
+
+enum {
+    SET_SLAB = 1u << 0,
+    SET_LIMIT = 1u << 1,
+    SET_LARGE = 1u << 2,
+    SET_RETAINED = 1u << 3,
+};
+
+struct hm_native_params {
+    uint64_t magic;
+    unsigned set;
+    hm_native_defaults_t defaults;
+    size_t slab_size, class_limit, large_threshold, retained;
+    hm_native_remote_queue_t queue;
+    unsigned batch;
+};
+
+hm_result_t hm_native_params_create(hm_native_params_t **params) {
+    if (!params) {
+        HM_LOG_ERROR("hm_native_params_create: params is NULL");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    hm_native_params_t *p = calloc(1, sizeof(*p));
+    if (!p) return HM_ERROR_OUT_OF_HOST_MEMORY;
+    p->magic = NV_PARAMS_MAGIC;
+    p->batch = NV_BATCH_CAP;
+    *params = p;
+    return HM_SUCCESS;
+}
+
+static int params_ok(const hm_native_params_t *p, const char *fn) {
+    if (p && p->magic == NV_PARAMS_MAGIC) return 1;
+    HM_LOG_ERROR("%s: %s", fn, p ? "not a native params object" : "params is NULL");
+    return 0;
+}
+
+hm_result_t hm_native_params_destroy(hm_native_params_t *params) {
+    if (!params) return HM_SUCCESS;
+    if (!params_ok(params, "hm_native_params_destroy")) return HM_ERROR_INVALID_ARGUMENT;
+    params->magic = 0;
+    free(params);
+    return HM_SUCCESS;
+}
+
+hm_result_t hm_native_params_set_defaults(hm_native_params_t *params,
+                                          hm_native_defaults_t defaults) {
+    if (!params_ok(params, "hm_native_params_set_defaults")) return HM_ERROR_INVALID_ARGUMENT;
+    if (defaults != HM_NATIVE_DEFAULTS_AUTO && defaults != HM_NATIVE_DEFAULTS_HOST &&
+        defaults != HM_NATIVE_DEFAULTS_DEVICE) {
+        HM_LOG_ERROR("hm_native_params_set_defaults: unknown defaults %d", (int)defaults);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    params->defaults = defaults;
+    return HM_SUCCESS;
+}
+
+hm_result_t hm_native_params_set_slab_size(hm_native_params_t *params, size_t size) {
+    if (!params_ok(params, "hm_native_params_set_slab_size")) return HM_ERROR_INVALID_ARGUMENT;
+    if (!hm_is_pow2(size) || size < NV_SLAB_MIN || size > NV_SLAB_MAX) {
+        HM_LOG_ERROR("hm_native_params_set_slab_size(%zu): must be a power of two in "
+                     "[4 KiB, 64 MiB]", size);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    params->slab_size = size;
+    params->set |= SET_SLAB;
+    return HM_SUCCESS;
+}
+
+hm_result_t hm_native_params_set_size_class_limit(hm_native_params_t *params, size_t size) {
+    if (!params_ok(params, "hm_native_params_set_size_class_limit"))
+        return HM_ERROR_INVALID_ARGUMENT;
+    if (size < 64 || size > NV_CLASS_LIMIT_MAX) {
+        HM_LOG_ERROR("hm_native_params_set_size_class_limit(%zu): must be in [64 B, 1 MiB]",
+                     size);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    params->class_limit = size;
+    params->set |= SET_LIMIT;
+    return HM_SUCCESS;
+}
+
+hm_result_t hm_native_params_set_large_threshold(hm_native_params_t *params, size_t size) {
+    if (!params_ok(params, "hm_native_params_set_large_threshold"))
+        return HM_ERROR_INVALID_ARGUMENT;
+    params->large_threshold = size;
+    params->set |= SET_LARGE;
+    return HM_SUCCESS;
+}
+
+hm_result_t hm_native_params_set_retained_bytes(hm_native_params_t *params, size_t bytes) {
+    if (!params_ok(params, "hm_native_params_set_retained_bytes"))
+        return HM_ERROR_INVALID_ARGUMENT;
+    params->retained = bytes;
+    params->set |= SET_RETAINED;
+    return HM_SUCCESS;
+}
+
+hm_result_t hm_native_params_set_remote_queue(hm_native_params_t *params,
+                                              hm_native_remote_queue_t queue) {
+    if (!params_ok(params, "hm_native_params_set_remote_queue"))
+        return HM_ERROR_INVALID_ARGUMENT;
+    if (queue != HM_NATIVE_QUEUE_WFCQ && queue != HM_NATIVE_QUEUE_MUTEX) {
+        HM_LOG_ERROR("hm_native_params_set_remote_queue: unknown queue %d", (int)queue);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    params->queue = queue;
+    return HM_SUCCESS;
+}
+
+hm_result_t hm_native_params_set_remote_batch(hm_native_params_t *params, unsigned count) {
+    if (!params_ok(params, "hm_native_params_set_remote_batch"))
+        return HM_ERROR_INVALID_ARGUMENT;
+    if (count < 1 || count > NV_BATCH_CAP) {
+        HM_LOG_ERROR("hm_native_params_set_remote_batch(%u): must be in [1, %u]", count,
+                     NV_BATCH_CAP);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    params->batch = count;
+    return HM_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Page map: address >> shift -> slab descriptor                            */
+
+static hm_result_t map_init(nv_pool_t *nv) {
+    unsigned bits = NV_ADDR_BITS - nv->shift;
+    nv->leaf_bits = bits / 2;
+    nv->root_len = (size_t)1 << (bits - nv->leaf_bits);
+    nv->root = calloc(nv->root_len, sizeof(*nv->root));
+    return nv->root ? HM_SUCCESS : HM_ERROR_OUT_OF_HOST_MEMORY;
+}
+
+static void map_fini(nv_pool_t *nv) {
+    if (!nv->root) return;
+    for (size_t i = 0; i < nv->root_len; i++)
+        free((void *)atomic_load_explicit(&nv->root[i], memory_order_relaxed));
+    free(nv->root);
+}
+
+/* Point every unit of [base, base+span) at s (NULL to clear). 0: out of
+ * host memory for a leaf (nothing changed for the units not reached). */
+static int map_set(nv_pool_t *nv, uintptr_t base, size_t span, nv_slab_t *s) {
+    size_t leaf_len = (size_t)1 << nv->leaf_bits;
+    for (uintptr_t k = base >> nv->shift, end = (base + span) >> nv->shift; k < end; k++) {
+        size_t ri = k >> nv->leaf_bits;
+        _Atomic uintptr_t *leaf =
+            (_Atomic uintptr_t *)atomic_load_explicit(&nv->root[ri], memory_order_acquire);
+        if (!leaf) {
+            if (!s) continue;
+            _Atomic uintptr_t *fresh = calloc(leaf_len, sizeof(*fresh));
+            if (!fresh) return 0;
+            uintptr_t expect = 0;
+            if (atomic_compare_exchange_strong_explicit(&nv->root[ri], &expect, (uintptr_t)fresh,
+                                                        memory_order_acq_rel,
+                                                        memory_order_acquire)) {
+                leaf = fresh;
+            } else {
+                free(fresh);
+                leaf = (_Atomic uintptr_t *)expect;
+            }
+        }
+        atomic_store_explicit(&leaf[k & (leaf_len - 1)], (uintptr_t)s, memory_order_release);
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Large allocations: live map (address -> size) and the cache of freed     */
+/* ranges, under large_lock.                                                */
+
+static size_t lmap_slot(uintptr_t k, size_t cap) {
+    k ^= k >> 31;
+    k *= 0x9E3779B97F4A7C15ull; /* Fibonacci hashing (Knuth, TAOCP vol. 3, 6.4) */
+    return (size_t)(k >> 17) & (cap - 1);
+}
+
+static int lmap_grow(nv_lmap_t *m) {
+    size_t ncap = m->cap ? m->cap * 2 : 64;
+    nv_lentry_t *ne = calloc(ncap, sizeof(*ne));
+    if (!ne) return 0;
+    for (size_t i = 0; i < m->cap; i++) {
+        if (!m->e[i].base) continue;
+        size_t j = lmap_slot(m->e[i].base, ncap);
+        while (ne[j].base) j = (j + 1) & (ncap - 1);
+        ne[j] = m->e[i];
+    }
+    free(m->e);
+    m->e = ne;
+    m->cap = ncap;
+    return 1;
+}
+
+static int lmap_put(nv_lmap_t *m, uintptr_t base, size_t size) {
+    if ((m->count + 1) * 2 > m->cap && !lmap_grow(m)) return 0;
+    size_t j = lmap_slot(base, m->cap);
+    while (m->e[j].base) j = (j + 1) & (m->cap - 1);
+    m->e[j].base = base;
+    m->e[j].size = size;
+    m->count++;
+    return 1;
+}
+
+static nv_lentry_t *lmap_find(nv_lmap_t *m, uintptr_t base) {
+    if (!m->cap) return NULL;
+    for (size_t j = lmap_slot(base, m->cap); m->e[j].base; j = (j + 1) & (m->cap - 1))
+        if (m->e[j].base == base) return &m->e[j];
+    return NULL;
+}
+
+/* Remove base; its size, or 0. Linear probing with backward-shift deletion
+ * (Knuth, TAOCP vol. 3, 6.4, Algorithm R): no tombstones. */
+static size_t lmap_take(nv_lmap_t *m, uintptr_t base) {
+    nv_lentry_t *e = lmap_find(m, base);
+    if (!e) return 0;
+    size_t size = e->size, i = (size_t)(e - m->e), mask = m->cap - 1;
+    for (size_t j = (i + 1) & mask; m->e[j].base; j = (j + 1) & mask) {
+        size_t h = lmap_slot(m->e[j].base, m->cap);
+        if (((j - h) & mask) >= ((j - i) & mask)) {
+            m->e[i] = m->e[j];
+            i = j;
+        }
+    }
+    m->e[i].base = 0;
+    m->e[i].size = 0;
+    m->count--;
+    return size;
+}
+
+/* Bytes kept (retained slabs + cached large ranges) may grow by n? */
+static int kept_fits(nv_pool_t *nv, size_t n) {
+    size_t kept = atomic_load_explicit(&nv->kept, memory_order_relaxed);
+    return nv->retained_max == SIZE_MAX || (kept <= nv->retained_max && n <= nv->retained_max - kept);
+}
+
+static void purge_range(nv_pool_t *nv, uintptr_t base, size_t size) {
+    if (nv->can_purge_force || nv->can_purge_lazy)
+        hm_pool_provider_purge(nv->pool, (void *)base, size, nv->can_purge_force);
+}
+
+static hm_result_t large_alloc(nv_pool_t *nv, size_t size, size_t align, void **out) {
+    size_t rsize = size <= nv->large_threshold ? scale_round(size) : size;
+    if (rsize) rsize = hm_align_up(rsize, nv->page);
+    if (!rsize) return HM_ERROR_OUT_OF_MEMORY;
+    size_t a = align > nv->page ? align : nv->page;
+    uintptr_t base = 0;
+    size_t got = rsize;
+    if (rsize <= nv->large_threshold || !nv->can_free) {
+        hm__mutex_lock(&nv->large_lock);
+        size_t best = SIZE_MAX;
+        for (size_t i = 0; i < nv->lcache_len; i++) {
+            nv_lentry_t *e = &nv->lcache[i];
+            if (e->size < rsize || (e->base & (a - 1))) continue;
+            /* Exact fit for providers that free; the smallest fit otherwise. */
+            if (nv->can_free && e->size != rsize) continue;
+            if (best == SIZE_MAX || e->size < nv->lcache[best].size) best = i;
+            if (e->size == rsize) break;
+        }
+        if (best != SIZE_MAX) {
+            base = nv->lcache[best].base;
+            got = nv->lcache[best].size;
+            nv->lcache[best] = nv->lcache[--nv->lcache_len];
+            atomic_fetch_sub_explicit(&nv->kept, got, memory_order_relaxed);
+        }
+        hm__mutex_unlock(&nv->large_lock);
+    }
+    if (!base) {
+        void *p = NULL;
+        hm_result_t r = hm_pool_provider_alloc(nv->pool, rsize, align > nv->page ? align : 0, &p);
+        if (r != HM_SUCCESS) return r;
+        base = (uintptr_t)p;
+        atomic_fetch_add_explicit(&nv->held, rsize, memory_order_relaxed);
+        atomic_fetch_add_explicit(&nv->nranges, 1, memory_order_relaxed);
+    }
+    hm__mutex_lock(&nv->large_lock);
+    int ok = lmap_put(&nv->live, base, got);
+    hm__mutex_unlock(&nv->large_lock);
+    if (!ok) {
+        if (nv->can_free && hm_pool_provider_free(nv->pool, (void *)base, got) == HM_SUCCESS) {
+            atomic_fetch_sub_explicit(&nv->held, got, memory_order_relaxed);
+            atomic_fetch_sub_explicit(&nv->nranges, 1, memory_order_relaxed);
+        } else {
+            HM_LOG_WARN("native pool: out of host memory; %zu bytes at %p lost for reuse", got,
+                        (void *)base);
+        }
+        return HM_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    atomic_fetch_add_explicit(&nv->large_live, got, memory_order_relaxed);
+    *out = (void *)base;
+    return HM_SUCCESS;
+}
+
+/* Keep [base, +size) in the cache (large_lock held). 0: no room. */
+static int lcache_push(nv_pool_t *nv, uintptr_t base, size_t size) {
+    if (nv->lcache_len == nv->lcache_cap) {
+        size_t ncap = nv->lcache_cap ? nv->lcache_cap * 2 : 16;
+        nv_lentry_t *n = realloc(nv->lcache, ncap * sizeof(*n));
+        if (!n) return 0;
+        nv->lcache = n;
+        nv->lcache_cap = ncap;
+    }
+    nv->lcache[nv->lcache_len].base = base;
+    nv->lcache[nv->lcache_len].size = size;
+    nv->lcache_len++;
+    atomic_fetch_add_explicit(&nv->kept, size, memory_order_relaxed);
+    return 1;
+}
+
+static hm_result_t large_free(nv_pool_t *nv, void *p) {
+    hm__mutex_lock(&nv->large_lock);
+    size_t size = lmap_take(&nv->live, (uintptr_t)p);
+    if (!size) {
+        hm__mutex_unlock(&nv->large_lock);
+        return HM_ERROR_NOT_FOUND;
+    }
+    atomic_fetch_sub_explicit(&nv->large_live, size, memory_order_relaxed);
+    if (!nv->can_free || (size <= nv->large_threshold && kept_fits(nv, size))) {
+        int ok = lcache_push(nv, (uintptr_t)p, size);
+        hm__mutex_unlock(&nv->large_lock);
+        if (ok) return HM_SUCCESS;
+        if (!nv->can_free) {
+            HM_LOG_WARN("native pool: out of host memory; %zu bytes at %p lost for reuse", size,
+                        p);
+            return HM_SUCCESS;
+        }
+    } else {
+        hm__mutex_unlock(&nv->large_lock);
+    }
+    hm_result_t r = hm_pool_provider_free(nv->pool, p, size);
+    if (r != HM_SUCCESS) { /* keep it rather than lose it */
+        hm__mutex_lock(&nv->large_lock);
+        if (!lcache_push(nv, (uintptr_t)p, size))
+            HM_LOG_WARN("native pool: %zu bytes at %p lost for reuse", size, p);
+        hm__mutex_unlock(&nv->large_lock);
+        return HM_SUCCESS;
+    }
+    atomic_fetch_sub_explicit(&nv->held, size, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&nv->nranges, 1, memory_order_relaxed);
+    return HM_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Slabs                                                                    */
+
+static size_t slab_desc_size(size_t span) {
+    size_t words = (span / 8 + 63) / 64; /* enough for the 8-byte class */
+    return sizeof(nv_slab_t) + words * sizeof(uint64_t);
+}
+
+/* Carve s for class c of heap h and publish it in the page map. */
+static int slab_carve(nv_pool_t *nv, nv_slab_t *s, nv_heap_t *h, unsigned c) {
+    uint32_t bsize = hm__nv_cls_size[c];
+    s->owner = h;
+    s->cls = c;
+    s->bsize = bsize;
+    s->nblocks = (uint32_t)(s->span / bsize);
+    s->magic = ((uint64_t)1 << 32) / bsize + (((uint64_t)1 << 32) % bsize != 0);
+    s->nwords = (s->nblocks + 63) / 64;
+    for (uint32_t i = 0; i < s->nwords; i++) s->bits[i] = ~(uint64_t)0;
+    if (s->nblocks & 63) s->bits[s->nwords - 1] = ((uint64_t)1 << (s->nblocks & 63)) - 1;
+    s->nfree = s->nblocks;
+    s->scan = 0;
+    s->in_partial = 0;
+    s->prev = s->next = NULL;
+    if (!map_set(nv, s->base, s->span, s)) {
+        map_set(nv, s->base, s->span, NULL);
+        return 0;
+    }
+    return 1;
+}
+
+/* Return an empty slab (not current, in no list) to the pool. */
+static void slab_release(nv_pool_t *nv, nv_slab_t *s) {
+    map_set(nv, s->base, s->span, NULL);
+    s->owner = NULL;
+    hm__mutex_lock(&nv->lock);
+    if (!nv->can_free || kept_fits(nv, s->span)) {
+        s->next = nv->retained;
+        nv->retained = s;
+        atomic_fetch_add_explicit(&nv->kept, s->span, memory_order_relaxed);
+        hm__mutex_unlock(&nv->lock);
+        return;
+    }
+    /* Unlink from the all-slabs list and free it. */
+    if (s->all_prev) s->all_prev->all_next = s->all_next;
+    else nv->all_slabs = s->all_next;
+    if (s->all_next) s->all_next->all_prev = s->all_prev;
+    hm__mutex_unlock(&nv->lock);
+    if (hm_pool_provider_free(nv->pool, (void *)s->base, s->span) == HM_SUCCESS) {
+        atomic_fetch_sub_explicit(&nv->held, s->span, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&nv->nranges, 1, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&nv->nslabs, 1, memory_order_relaxed);
+        free(s);
+        return;
+    }
+    hm__mutex_lock(&nv->lock); /* could not free: keep it */
+    s->all_prev = NULL;
+    s->all_next = nv->all_slabs;
+    if (nv->all_slabs) nv->all_slabs->all_prev = s;
+    nv->all_slabs = s;
+    s->next = nv->retained;
+    nv->retained = s;
+    atomic_fetch_add_explicit(&nv->kept, s->span, memory_order_relaxed);
+    hm__mutex_unlock(&nv->lock);
+}
+
+/* A slab for class c of heap h: a retained one of the same span, or a new
+ * provider range. */
+static hm_result_t slab_acquire(nv_pool_t *nv, nv_heap_t *h, unsigned c, nv_slab_t **out) {
+    size_t span = nv->cls_span[c];
+    nv_slab_t *s = NULL;
+    hm__mutex_lock(&nv->lock);
+    for (nv_slab_t **sp = &nv->retained; *sp; sp = &(*sp)->next) {
+        if ((*sp)->span == span) {
+            s = *sp;
+            *sp = s->next;
+            atomic_fetch_sub_explicit(&nv->kept, span, memory_order_relaxed);
+            break;
+        }
+    }
+    hm__mutex_unlock(&nv->lock);
+    if (!s) {
+        void *p = NULL;
+        hm_result_t r = hm_pool_provider_alloc(nv->pool, span, nv->slab_size, &p);
+        if (r != HM_SUCCESS) return r;
+        s = calloc(1, slab_desc_size(span));
+        if (!s) {
+            if (hm_pool_provider_free(nv->pool, p, span) != HM_SUCCESS)
+                HM_LOG_WARN("native pool: out of host memory; %zu bytes at %p lost", span, p);
+            return HM_ERROR_OUT_OF_HOST_MEMORY;
+        }
+        s->base = (uintptr_t)p;
+        s->span = span;
+        if (s->base >> NV_ADDR_BITS) {
+            HM_LOG_ERROR("native pool: provider address %p is beyond the page map's %d bits", p,
+                         NV_ADDR_BITS);
+            hm_pool_provider_free(nv->pool, p, span);
+            free(s);
+            return HM_ERROR_NOT_SUPPORTED;
+        }
+        atomic_fetch_add_explicit(&nv->held, span, memory_order_relaxed);
+        atomic_fetch_add_explicit(&nv->nranges, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&nv->nslabs, 1, memory_order_relaxed);
+        hm__mutex_lock(&nv->lock);
+        s->all_prev = NULL;
+        s->all_next = nv->all_slabs;
+        if (nv->all_slabs) nv->all_slabs->all_prev = s;
+        nv->all_slabs = s;
+        hm__mutex_unlock(&nv->lock);
+    }
+    if (!slab_carve(nv, s, h, c)) {
+        s->owner = NULL;
+        hm__mutex_lock(&nv->lock);
+        s->next = nv->retained;
+        nv->retained = s;
+        atomic_fetch_add_explicit(&nv->kept, s->span, memory_order_relaxed);
+        hm__mutex_unlock(&nv->lock);
+        return HM_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    *out = s;
+    return HM_SUCCESS;
+}
+
+static void partial_push(nv_cls_t *cl, nv_slab_t *s) {
+    s->prev = NULL;
+    s->next = cl->partial;
+    if (cl->partial) cl->partial->prev = s;
+    cl->partial = s;
+    s->in_partial = 1;
+}
+
+static void partial_unlink(nv_cls_t *cl, nv_slab_t *s) {
+    if (s->prev) s->prev->next = s->next;
+    else cl->partial = s->next;
+    if (s->next) s->next->prev = s->prev;
+    s->prev = s->next = NULL;
+    s->in_partial = 0;
+}
+
+/* Move the next word with free blocks of cl->cur into cl->bits. */
+static void take_word(nv_cls_t *cl, nv_slab_t *s) {
+    uint32_t i = s->scan;
+    while (!s->bits[i]) i = i + 1 == s->nwords ? 0 : i + 1;
+    uint64_t w = s->bits[i];
+    s->bits[i] = 0;
+    s->nfree -= (uint32_t)__builtin_popcountll(w);
+    s->scan = i + 1 == s->nwords ? 0 : i + 1;
+    cl->bits = w;
+    cl->word = i;
+    cl->wbase = s->base + (uintptr_t)i * 64u * s->bsize;
+}
+
+/* Give cl's current slab back to the lists (its word's free bits too). */
+static void cls_retire_cur(nv_pool_t *nv, nv_cls_t *cl) {
+    nv_slab_t *s = cl->cur;
+    if (!s) return;
+    if (cl->bits) {
+        s->bits[cl->word] |= cl->bits;
+        s->nfree += (uint32_t)__builtin_popcountll(cl->bits);
+    }
+    cl->bits = 0;
+    cl->cur = NULL;
+    cl->word = UINT32_MAX;
+    if (s->nfree == s->nblocks) slab_release(nv, s);
+    else if (s->nfree) partial_push(cl, s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Local free (owner of the slab)                                           */
+
+static hm_result_t double_free(const nv_slab_t *s, uint32_t idx) {
+    HM_LOG_ERROR("native pool: double free of %p (block %u of the %u-byte slab at %p)",
+                 (void *)(s->base + (uintptr_t)idx * s->bsize), idx, s->bsize, (void *)s->base);
+    return HM_ERROR_DOUBLE_FREE;
+}
+
+static hm_result_t free_local(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
+    nv_cls_t *cl = &h->cls[s->cls];
+    uint32_t w = idx >> 6;
+    uint64_t bit = (uint64_t)1 << (idx & 63);
+    if (s == cl->cur && w == cl->word) {
+        if (cl->bits & bit) return double_free(s, idx);
+        cl->bits |= bit;
+        return HM_SUCCESS;
+    }
+    if (s->bits[w] & bit) return double_free(s, idx);
+    s->bits[w] |= bit;
+    s->nfree++;
+    if (s != cl->cur) {
+        if (s->nfree == s->nblocks) {
+            if (s->in_partial) partial_unlink(cl, s);
+            slab_release(h->nv, s);
+        } else if (!s->in_partial) {
+            partial_push(cl, s);
+        }
+    }
+    return HM_SUCCESS;
+}
+
+/* Index of the block p of s; 0 if p is not the start of a block. */
+static inline int block_index(const nv_slab_t *s, const void *p, uint32_t *idx) {
+    uintptr_t off = (uintptr_t)p - s->base;
+    uint32_t i = (uint32_t)((off * s->magic) >> 32);
+    *idx = i;
+    return (uintptr_t)i * s->bsize == off && i < s->nblocks;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Remote frees                                                             */
+
+static nv_batch_t *batch_get(nv_heap_t *h) {
+    nv_batch_t *b = h->stock;
+    if (!b) {
+        nv_pool_t *nv = h->nv;
+        hm__mutex_lock(&nv->depot_lock);
+        for (unsigned n = 0; n < NV_STOCK_MOVE && nv->depot; n++) {
+            b = nv->depot;
+            nv->depot = b->link;
+            nv->ndepot--;
+            b->link = h->stock;
+            h->stock = b;
+            h->nstock++;
+        }
+        hm__mutex_unlock(&nv->depot_lock);
+        b = h->stock;
+        if (!b) {
+            b = malloc(sizeof(*b));
+            if (!b) return NULL;
+            b->link = NULL;
+            h->stock = b;
+            h->nstock++;
+        }
+    }
+    h->stock = b->link;
+    h->nstock--;
+    cds_wfcq_node_init(&b->node);
+    b->count = 0;
+    return b;
+}
+
+static void batch_put(nv_heap_t *h, nv_batch_t *b) {
+    b->link = h->stock;
+    h->stock = b;
+    if (++h->nstock < NV_STOCK_MAX) return;
+    nv_pool_t *nv = h->nv;
+    hm__mutex_lock(&nv->depot_lock);
+    while (h->nstock > NV_STOCK_MAX - NV_STOCK_MOVE) {
+        b = h->stock;
+        h->stock = b->link;
+        h->nstock--;
+        b->link = nv->depot;
+        nv->depot = b;
+        nv->ndepot++;
+    }
+    hm__mutex_unlock(&nv->depot_lock);
+}
+
+static void publish(nv_heap_t *h, nv_out_t *o) {
+    nv_batch_t *b = o->b;
+    nv_heap_t *dest = o->dest;
+    o->b = NULL;
+    stat_add_u(&h->st_published, b->count);
+    if (h->nv->queue == HM_NATIVE_QUEUE_WFCQ) {
+        NV_TSAN_RELEASE(b);
+        cds_wfcq_enqueue(&dest->rq_head, &dest->rq_tail, &b->node);
+    } else {
+        hm__mutex_lock(&dest->mq_lock);
+        b->link = atomic_load_explicit(&dest->mq_list, memory_order_relaxed);
+        atomic_store_explicit(&dest->mq_list, b, memory_order_relaxed);
+        hm__mutex_unlock(&dest->mq_lock);
+    }
+}
+
+static void flush_all(nv_heap_t *h) {
+    for (unsigned i = 0; i < NV_OUT_SLOTS; i++)
+        if (h->out[i].b) publish(h, &h->out[i]);
+    h->out_pending = 0;
+}
+
+static hm_result_t remote_push(nv_heap_t *h, nv_heap_t *dest, void *p) {
+    uintptr_t k = (uintptr_t)dest * 0x9E3779B97F4A7C15ull;
+    nv_out_t *o = &h->out[(k >> 58) & (NV_OUT_SLOTS - 1)];
+    if (o->b && o->dest != dest) publish(h, o);
+    if (!o->b) {
+        o->b = batch_get(h);
+        if (hm_unlikely(!o->b)) {
+            HM_LOG_ERROR("native pool: out of host memory for a remote free of %p", p);
+            return HM_ERROR_OUT_OF_HOST_MEMORY;
+        }
+        o->dest = dest;
+    }
+    o->b->ptrs[o->b->count++] = p;
+    if (o->b->count >= h->nv->batch_cap) publish(h, o);
+    else if (++h->out_pending >= NV_FLUSH_EVERY) flush_all(h);
+    return HM_SUCCESS;
+}
+
+/* Free the blocks of one drained batch into h. */
+static void drain_batch(nv_heap_t *h, nv_batch_t *b) {
+    nv_pool_t *nv = h->nv;
+    NV_TSAN_ACQUIRE(b);
+    for (uint32_t i = 0; i < b->count; i++) {
+        void *p = b->ptrs[i];
+        nv_slab_t *s = map_get(nv, p);
+        uint32_t idx;
+        if (hm_unlikely(!s || s->owner != h || !block_index(s, p, &idx))) {
+            HM_LOG_ERROR("native pool: remote free of %p reached a heap that does not own it "
+                         "(double free?)", p);
+            continue;
+        }
+        free_local(h, s, idx); /* a double free is logged there */
+    }
+    stat_add_u(&h->st_drained, b->count);
+    batch_put(h, b);
+}
+
+/* Drain h's remote queue (owner only). Returns the blocks freed. */
+static size_t drain(nv_heap_t *h) {
+    size_t n = 0;
+    if (h->nv->queue == HM_NATIVE_QUEUE_WFCQ) {
+        /* A cheap look first: head.next is set once a first node is linked. */
+        if (__atomic_load_n(&h->rq_head.node.next, __ATOMIC_RELAXED) != NULL)
+            __cds_wfcq_splice_nonblocking(&h->priv_head, &h->priv_tail, &h->rq_head,
+                                          &h->rq_tail);
+        for (;;) {
+            struct cds_wfcq_node *node =
+                __cds_wfcq_dequeue_nonblocking(&h->priv_head, &h->priv_tail);
+            if (!node || node == CDS_WFCQ_WOULDBLOCK) break; /* in flight: next time */
+            nv_batch_t *b = hm_container_of(node, nv_batch_t, node);
+            n += b->count;
+            drain_batch(h, b);
+        }
+    } else if (atomic_load_explicit(&h->mq_list, memory_order_relaxed)) {
+        hm__mutex_lock(&h->mq_lock);
+        nv_batch_t *b = atomic_load_explicit(&h->mq_list, memory_order_relaxed);
+        atomic_store_explicit(&h->mq_list, NULL, memory_order_relaxed);
+        hm__mutex_unlock(&h->mq_lock);
+        while (b) {
+            nv_batch_t *next = b->link;
+            n += b->count;
+            drain_batch(h, b);
+            b = next;
+        }
+    }
+    return n;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Heaps and thread bindings                                                */
+
+static nv_heap_t *heap_new(nv_pool_t *nv) {
+    size_t size = hm_align_up(sizeof(nv_heap_t) + nv->ncls * sizeof(nv_cls_t), HM_CACHE_LINE);
+    nv_heap_t *h = aligned_alloc(HM_CACHE_LINE, size);
+    if (!h) return NULL;
+    memset(h, 0, size);
+    h->nv = nv;
+    __cds_wfcq_init(&h->rq_head, &h->rq_tail);
+    __cds_wfcq_init(&h->priv_head, &h->priv_tail);
+    pthread_mutex_init(&h->mq_lock, NULL);
+    for (unsigned c = 0; c < nv->ncls; c++) {
+        h->cls[c].bsize = hm__nv_cls_size[c];
+        h->cls[c].word = UINT32_MAX;
+    }
+    hm__mutex_lock(&nv->lock);
+    h->all_next = nv->heaps;
+    nv->heaps = h;
+    hm__mutex_unlock(&nv->lock);
+    return h;
+}
+
+/* Publish what h holds for others and hand it to the pool (g_lock held). */
+static void heap_abandon(nv_heap_t *h) {
+    nv_pool_t *nv = h->nv;
+    flush_all(h);
+    hm__mutex_lock(&nv->lock);
+    h->aband_next = nv->abandoned;
+    nv->abandoned = h;
+    hm__mutex_unlock(&nv->lock);
+}
+
+static HM_NOINLINE nv_heap_t *heap_get_slow(nv_pool_t *nv) {
+    if (tl_dead) return NULL;
+    for (nv_binding_t **bp = &tl_bindings; *bp;) {
+        nv_binding_t *b = *bp;
+        nv_heap_t *h = atomic_load_explicit(&b->heap, memory_order_acquire);
+        if (!h) { /* its pool was destroyed */
+            *bp = b->next;
+            free(b);
+            continue;
+        }
+        if (b->pool_id == nv->id) {
+            tl_id = nv->id;
+            tl_heap = h;
+            return h;
+        }
+        bp = &b->next;
+    }
+    nv_binding_t *b = malloc(sizeof(*b));
+    if (!b) return NULL;
+    hm__mutex_lock(&nv->lock);
+    nv_heap_t *h = nv->abandoned;
+    if (h) nv->abandoned = h->aband_next;
+    hm__mutex_unlock(&nv->lock);
+    if (!h) h = heap_new(nv);
+    if (!h) {
+        free(b);
+        return NULL;
+    }
+    b->pool_id = nv->id;
+    atomic_store_explicit(&b->heap, h, memory_order_relaxed);
+    hm__mutex_lock(&g_lock);
+    h->binding = b;
+    hm__mutex_unlock(&g_lock);
+    b->next = tl_bindings;
+    tl_bindings = b;
+    pthread_setspecific(g_key, (void *)&tl_bindings);
+    tl_id = nv->id;
+    tl_heap = h;
+    return h;
+}
+
+HM_INLINE nv_heap_t *heap_get(nv_pool_t *nv) {
+    if (hm_likely(tl_id == nv->id)) return tl_heap;
+    return heap_get_slow(nv);
+}
+
+/* pthread key destructor: abandon every heap of the exiting thread. */
+static void tl_destructor(void *arg) {
+    (void)arg;
+    hm__mutex_lock(&g_lock);
+    for (nv_binding_t *b = tl_bindings, *next; b; b = next) {
+        next = b->next;
+        nv_heap_t *h = atomic_load_explicit(&b->heap, memory_order_acquire);
+        if (h) {
+            h->binding = NULL;
+            heap_abandon(h);
+        }
+        free(b);
+    }
+    tl_bindings = NULL;
+    tl_id = 0;
+    tl_heap = NULL;
+    tl_dead = 1;
+    hm__mutex_unlock(&g_lock);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Allocation                                                               */
+
+/* The size class for size/align, or -1 for a large allocation. */
+static int class_for(const nv_pool_t *nv, size_t size, size_t align) {
+    if (align <= 8) return size <= nv->class_limit ? (int)cls_of(size) : -1;
+    if (align > nv->slab_size) return -1;
+    size_t sz = size > align ? size : align;
+    if (sz > nv->class_limit) return -1;
+    unsigned c = cls_of(sz);
+    while (c < nv->ncls && hm__nv_cls_size[c] % align) c++;
+    return c < nv->ncls ? (int)c : -1;
+}
+
+/* Refill cl->bits (bits is empty). */
+static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
+    nv_pool_t *nv = h->nv;
+    nv_cls_t *cl = &h->cls[c];
+    if (h->out_pending) flush_all(h);
+    nv_slab_t *s = cl->cur;
+    if (s && s->nfree) {
+        take_word(cl, s);
+        return HM_SUCCESS;
+    }
+    if (drain(h)) {
+        if (cl->bits) return HM_SUCCESS; /* frees landed in the current word */
+        s = cl->cur;
+        if (s && s->nfree) {
+            take_word(cl, s);
+            return HM_SUCCESS;
+        }
+    }
+    if (s) { /* full: it leaves the lists until a block comes back */
+        cl->cur = NULL;
+        cl->word = UINT32_MAX;
+    }
+    s = cl->partial;
+    if (s) {
+        partial_unlink(cl, s);
+    } else {
+        hm_result_t r = slab_acquire(nv, h, c, &s);
+        if (r != HM_SUCCESS) return r;
+    }
+    cl->cur = s;
+    take_word(cl, s);
+    return HM_SUCCESS;
+}
+
+static hm_result_t alloc_small(nv_heap_t *h, unsigned c, void **out) {
+    nv_cls_t *cl = &h->cls[c];
+    if (!cl->bits) {
+        hm_result_t r = cls_refill(h, c);
+        if (r != HM_SUCCESS) return r;
+    }
+    uint64_t b = cl->bits;
+    cl->bits = b & (b - 1);
+    *out = (void *)(cl->wbase + (uintptr_t)__builtin_ctzll(b) * cl->bsize);
+    stat_add_i(&h->st_bytes, (int64_t)cl->bsize);
+    return HM_SUCCESS;
+}
+
+static HM_NOINLINE hm_result_t alloc_slow(nv_pool_t *nv, size_t size, size_t align,
+                                          void **out) {
+    int c = class_for(nv, size, align);
+    if (c < 0) return large_alloc(nv, size, align, out);
+    nv_heap_t *h = heap_get(nv);
+    hm_result_t r;
+    if (hm_likely(h)) {
+        r = alloc_small(h, (unsigned)c, out);
+    } else {
+        hm__mutex_lock(&nv->orphan_lock);
+        r = alloc_small(nv->orphan, (unsigned)c, out);
+        flush_all(nv->orphan);
+        hm__mutex_unlock(&nv->orphan_lock);
+    }
+    /* No room for a whole slab (a provider of bounded capacity): a range of
+     * its own, page-granular, may still fit. */
+    if (hm_unlikely(r == HM_ERROR_OUT_OF_MEMORY))
+        r = large_alloc(nv, size, align > 16 ? align : 16, out);
+    return r;
+}
+
+static hm_result_t nv_alloc(void *state, size_t size, size_t align, void **out) {
+    nv_pool_t *nv = state;
+    if (hm_likely(size <= nv->fast_max && align <= 8 && tl_id == nv->id)) {
+        nv_cls_t *cl = &tl_heap->cls[hm__nv_cls_of8[(size + 7) >> 3]];
+        uint64_t b = cl->bits;
+        if (hm_likely(b)) {
+            cl->bits = b & (b - 1);
+            *out = (void *)(cl->wbase + (uintptr_t)__builtin_ctzll(b) * cl->bsize);
+            stat_add_i(&tl_heap->st_bytes, (int64_t)cl->bsize);
+            return HM_SUCCESS;
+        }
+    }
+    return alloc_slow(nv, size, align, out);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Free                                                                     */
+
+static hm_result_t free_block(nv_heap_t *h, nv_slab_t *s, uint32_t idx, void *p) {
+    uint32_t bsize = s->bsize;
+    nv_heap_t *owner = s->owner;
+    hm_result_t r = owner == h ? free_local(h, s, idx) : remote_push(h, owner, p);
+    if (r == HM_SUCCESS) stat_add_i(&h->st_bytes, -(int64_t)bsize);
+    return r;
+}
+
+static HM_NOINLINE hm_result_t free_slow(nv_pool_t *nv, void *p) {
+    nv_slab_t *s = map_get(nv, p);
+    if (!s) {
+        hm_result_t r = large_free(nv, p);
+        if (r == HM_ERROR_NOT_FOUND) {
+            HM_LOG_ERROR("native pool: free(%p): not an allocation of this pool", p);
+            return HM_ERROR_INVALID_ARGUMENT;
+        }
+        return r;
+    }
+    uint32_t idx;
+    if (!block_index(s, p, &idx)) {
+        HM_LOG_ERROR("native pool: free(%p): not the start of a block (interior pointer?)", p);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    nv_heap_t *h = heap_get(nv);
+    if (hm_likely(h)) return free_block(h, s, idx, p);
+    hm__mutex_lock(&nv->orphan_lock);
+    hm_result_t r = free_block(nv->orphan, s, idx, p);
+    flush_all(nv->orphan);
+    hm__mutex_unlock(&nv->orphan_lock);
+    return r;
+}
+
+static hm_result_t nv_free(void *state, void *p) {
+    nv_pool_t *nv = state;
+    nv_slab_t *s = map_get(nv, p);
+    if (hm_likely(s && tl_id == nv->id && s->owner == tl_heap)) {
+        nv_heap_t *h = tl_heap;
+        nv_cls_t *cl = &h->cls[s->cls];
+        uintptr_t off = (uintptr_t)p - s->base;
+        uint32_t idx = (uint32_t)((off * s->magic) >> 32);
+        uint64_t bit = (uint64_t)1 << (idx & 63);
+        /* Into the word being handed out: set its bit back. */
+        if (hm_likely(s == cl->cur && (idx >> 6) == cl->word && (uintptr_t)idx * s->bsize == off &&
+                      !(cl->bits & bit))) {
+            cl->bits |= bit;
+            stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
+            return HM_SUCCESS;
+        }
+    }
+    return free_slow(nv, p);
+}
+
+static size_t nv_usable_size(void *state, const void *p) {
+    nv_pool_t *nv = state;
+    nv_slab_t *s = map_get(nv, p);
+    uint32_t idx;
+    if (s) return block_index(s, p, &idx) ? s->bsize : 0;
+    hm__mutex_lock(&nv->large_lock);
+    nv_lentry_t *e = lmap_find(&nv->live, (uintptr_t)p);
+    size_t size = e ? e->size : 0;
+    hm__mutex_unlock(&nv->large_lock);
+    return size;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Trim and statistics                                                      */
+
+/* Give back what heap h (owned by the caller) holds without need. */
+static void heap_tidy(nv_heap_t *h) {
+    flush_all(h);
+    drain(h);
+    for (unsigned c = 0; c < h->nv->ncls; c++) cls_retire_cur(h->nv, &h->cls[c]);
+}
+
+static hm_result_t nv_trim(void *state) {
+    nv_pool_t *nv = state;
+    if (!tl_dead && tl_id == nv->id) heap_tidy(tl_heap);
+    /* Heaps whose thread exited: take them off the list while tidying. */
+    hm__mutex_lock(&nv->lock);
+    nv_heap_t *ab = nv->abandoned;
+    nv->abandoned = NULL;
+    hm__mutex_unlock(&nv->lock);
+    nv_heap_t *last = NULL;
+    for (nv_heap_t *h = ab; h; h = h->aband_next) {
+        heap_tidy(h);
+        last = h;
+    }
+    hm__mutex_lock(&nv->orphan_lock);
+    heap_tidy(nv->orphan);
+    hm__mutex_unlock(&nv->orphan_lock);
+    hm__mutex_lock(&nv->lock);
+    if (last) {
+        last->aband_next = nv->abandoned;
+        nv->abandoned = ab;
+    }
+    nv_slab_t *ret = nv->retained;
+    nv->retained = NULL;
+    if (nv->can_free) { /* unlink them all from the all-slabs list */
+        for (nv_slab_t *s = ret; s; s = s->next) {
+            if (s->all_prev) s->all_prev->all_next = s->all_next;
+            else nv->all_slabs = s->all_next;
+            if (s->all_next) s->all_next->all_prev = s->all_prev;
+            atomic_fetch_sub_explicit(&nv->kept, s->span, memory_order_relaxed);
+        }
+    }
+    hm__mutex_unlock(&nv->lock);
+    hm_result_t result = HM_SUCCESS;
+    if (nv->can_free) {
+        nv_slab_t *keep = NULL;
+        for (nv_slab_t *s = ret, *next; s; s = next) {
+            next = s->next;
+            if (hm_pool_provider_free(nv->pool, (void *)s->base, s->span) == HM_SUCCESS) {
+                atomic_fetch_sub_explicit(&nv->held, s->span, memory_order_relaxed);
+                atomic_fetch_sub_explicit(&nv->nranges, 1, memory_order_relaxed);
+                atomic_fetch_sub_explicit(&nv->nslabs, 1, memory_order_relaxed);
+                free(s);
+            } else {
+                s->next = keep;
+                keep = s;
+                result = HM_ERROR_DRIVER;
+            }
+        }
+        hm__mutex_lock(&nv->lock);
+        for (nv_slab_t *s = keep, *next; s; s = next) {
+            next = s->next;
+            s->all_prev = NULL;
+            s->all_next = nv->all_slabs;
+            if (nv->all_slabs) nv->all_slabs->all_prev = s;
+            nv->all_slabs = s;
+            s->next = nv->retained;
+            nv->retained = s;
+            atomic_fetch_add_explicit(&nv->kept, s->span, memory_order_relaxed);
+        }
+        hm__mutex_unlock(&nv->lock);
+    } else {
+        /* Cannot free: purge (the provider's own choice of force or lazy). */
+        for (nv_slab_t *s = ret; s; s = s->next) purge_range(nv, s->base, s->span);
+        hm__mutex_lock(&nv->lock);
+        if (ret) {
+            nv_slab_t *tail = ret;
+            while (tail->next) tail = tail->next;
+            tail->next = nv->retained;
+            nv->retained = ret;
+        }
+        hm__mutex_unlock(&nv->lock);
+    }
+    /* The large cache. */
+    hm__mutex_lock(&nv->large_lock);
+    nv_lentry_t *cache = nv->lcache;
+    size_t n = nv->lcache_len;
+    if (nv->can_free) {
+        nv->lcache = NULL;
+        nv->lcache_len = nv->lcache_cap = 0;
+        for (size_t i = 0; i < n; i++)
+            atomic_fetch_sub_explicit(&nv->kept, cache[i].size, memory_order_relaxed);
+    } else {
+        for (size_t i = 0; i < n; i++) purge_range(nv, cache[i].base, cache[i].size);
+    }
+    hm__mutex_unlock(&nv->large_lock);
+    if (nv->can_free) {
+        for (size_t i = 0; i < n; i++) {
+            if (hm_pool_provider_free(nv->pool, (void *)cache[i].base, cache[i].size) ==
+                HM_SUCCESS) {
+                atomic_fetch_sub_explicit(&nv->held, cache[i].size, memory_order_relaxed);
+                atomic_fetch_sub_explicit(&nv->nranges, 1, memory_order_relaxed);
+            } else {
+                hm__mutex_lock(&nv->large_lock);
+                lcache_push(nv, cache[i].base, cache[i].size);
+                hm__mutex_unlock(&nv->large_lock);
+                result = HM_ERROR_DRIVER;
+            }
+        }
+        free(cache);
+    }
+    return result;
+}
+
+static hm_result_t nv_get_stats(void *state, hm_pool_stats_t *st) {
+    nv_pool_t *nv = state;
+    int64_t bytes = 0;
+    uint64_t pub = 0, drained = 0;
+    hm__mutex_lock(&nv->lock);
+    for (nv_heap_t *h = nv->heaps; h; h = h->all_next) {
+        bytes += atomic_load_explicit(&h->st_bytes, memory_order_relaxed);
+        pub += atomic_load_explicit(&h->st_published, memory_order_relaxed);
+        drained += atomic_load_explicit(&h->st_drained, memory_order_relaxed);
+    }
+    hm__mutex_unlock(&nv->lock);
+    bytes += (int64_t)atomic_load_explicit(&nv->large_live, memory_order_relaxed);
+    st->bytes_requested = bytes > 0 ? (size_t)bytes : 0;
+    st->bytes_from_provider = atomic_load_explicit(&nv->held, memory_order_relaxed);
+    st->provider_allocs = atomic_load_explicit(&nv->nranges, memory_order_relaxed);
+    st->slabs = atomic_load_explicit(&nv->nslabs, memory_order_relaxed);
+    st->remote_frees_published = pub;
+    st->remote_frees_drained = drained;
+    return HM_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Init and fini                                                            */
+
+static hm_result_t resolve_params(nv_pool_t *nv, hm_provider_t *prov,
+                                  const hm_native_params_t *p) {
+    hm_native_params_t dflt = {.magic = NV_PARAMS_MAGIC, .batch = NV_BATCH_CAP};
+    if (!p) p = &dflt;
+    if (p->magic != NV_PARAMS_MAGIC) {
+        HM_LOG_ERROR("native pool: params is not a hm_native_params_t");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    uint32_t caps = hm_provider_caps(prov);
+    size_t page = hm_provider_min_page_size(prov);
+    if (!page) page = 1;
+    if (!hm_is_pow2(page)) {
+        HM_LOG_ERROR("native pool: provider '%s' page size %zu is not a power of two",
+                     hm_provider_name(prov), page);
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    hm_native_defaults_t d = p->defaults;
+    if (d == HM_NATIVE_DEFAULTS_AUTO)
+        d = (hm_provider_memory_kind(prov) == HM_MEMORY_DEVICE ||
+             !(caps & HM_PROVIDER_CAP_CPU_ACCESS))
+                ? HM_NATIVE_DEFAULTS_DEVICE
+                : HM_NATIVE_DEFAULTS_HOST;
+    int dev = d == HM_NATIVE_DEFAULTS_DEVICE;
+    /* Host: 64 KiB slabs. Device: the provider's recommended page (its
+     * mapping granularity, e.g. 2 MiB on GPUs), at least 64 KiB. */
+    size_t slab = (size_t)64 << 10;
+    if (p->set & SET_SLAB) {
+        slab = p->slab_size;
+        if (slab < page) {
+            HM_LOG_ERROR("native pool: slab size %zu is below provider '%s' page size %zu", slab,
+                         hm_provider_name(prov), page);
+            return HM_ERROR_INVALID_ARGUMENT;
+        }
+    } else {
+        if (slab < page) slab = page;
+        size_t rec = hm_provider_recommended_page_size(prov);
+        if (dev && hm_is_pow2(rec) && rec > slab && rec <= NV_SLAB_MAX) slab = rec;
+    }
+    if (slab > NV_SLAB_MAX) {
+        HM_LOG_ERROR("native pool: slab size %zu exceeds 64 MiB", slab);
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    size_t limit = (size_t)32 << 10;
+    if (dev && slab / 8 > limit) limit = slab / 8 < NV_CLASS_LIMIT_MAX ? slab / 8 : NV_CLASS_LIMIT_MAX;
+    if (p->set & SET_LIMIT) limit = p->class_limit;
+    nv->ncls = cls_of(limit) + 1;
+    nv->class_limit = hm__nv_cls_size[nv->ncls - 1];
+    nv->fast_max = nv->class_limit < NV_FAST_MAX ? (uint32_t)nv->class_limit : NV_FAST_MAX;
+    size_t large = (p->set & SET_LARGE) ? p->large_threshold
+                                        : dev ? ((size_t)256 << 20) : ((size_t)32 << 20);
+    if (large < nv->class_limit) {
+        HM_LOG_ERROR("native pool: large threshold %zu is below the size-class limit %zu", large,
+                     nv->class_limit);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    nv->page = page;
+    nv->slab_size = slab;
+    nv->shift = (unsigned)__builtin_ctzll(slab);
+    nv->large_threshold = large;
+    nv->retained_max = (p->set & SET_RETAINED) ? p->retained
+                                                : dev ? ((size_t)64 << 20) : ((size_t)8 << 20);
+    nv->queue = p->queue;
+    nv->batch_cap = p->batch ? p->batch : NV_BATCH_CAP;
+    nv->can_free = caps & HM_PROVIDER_CAP_FREE;
+    nv->can_purge_lazy = caps & HM_PROVIDER_CAP_PURGE_LAZY;
+    nv->can_purge_force = caps & HM_PROVIDER_CAP_PURGE_FORCE;
+    for (unsigned c = 0; c < nv->ncls; c++) {
+        size_t want = (size_t)hm__nv_cls_size[c] * NV_MIN_BLOCKS;
+        nv->cls_span[c] = want <= slab ? slab : hm_align_up(want, slab);
+    }
+    return HM_SUCCESS;
+}
+
+static void heap_free_batches(nv_heap_t *h) {
+    for (unsigned i = 0; i < NV_OUT_SLOTS; i++) free(h->out[i].b);
+    for (nv_batch_t *b = h->stock, *n; b; b = n) {
+        n = b->link;
+        free(b);
+    }
+    /* No thread runs on the pool now, so no enqueue is in flight. */
+    struct cds_wfcq_node *node;
+    __cds_wfcq_splice_blocking(&h->priv_head, &h->priv_tail, &h->rq_head, &h->rq_tail);
+    while ((node = __cds_wfcq_dequeue_blocking(&h->priv_head, &h->priv_tail)))
+        free(hm_container_of(node, nv_batch_t, node));
+    for (nv_batch_t *b = atomic_load_explicit(&h->mq_list, memory_order_relaxed), *n; b; b = n) {
+        n = b->link;
+        free(b);
+    }
+    pthread_mutex_destroy(&h->mq_lock);
+}
+
+static void nv_fini(void *state) {
+    nv_pool_t *nv = state;
+    hm__mutex_lock(&g_lock);
+    for (nv_heap_t *h = nv->heaps; h; h = h->all_next) {
+        if (h->binding) atomic_store_explicit(&h->binding->heap, NULL, memory_order_release);
+        h->binding = NULL;
+    }
+    for (nv_pool_t **pp = &g_pools; *pp; pp = &(*pp)->g_next) {
+        if (*pp == nv) {
+            *pp = nv->g_next;
+            break;
+        }
+    }
+    hm__mutex_unlock(&g_lock);
+    if (tl_id == nv->id) {
+        tl_id = 0;
+        tl_heap = NULL;
+    }
+
+    hm_pool_stats_t st;
+    nv_get_stats(nv, &st);
+    if (st.bytes_requested)
+        HM_LOG_WARN("native pool destroyed with %zu bytes still allocated; %s",
+                    st.bytes_requested,
+                    nv->can_free ? "returned to the provider" : "kept by the provider");
+    for (nv_heap_t *h = nv->heaps, *n; h; h = n) {
+        n = h->all_next;
+        heap_free_batches(h);
+        free(h);
+    }
+    for (nv_batch_t *b = nv->depot, *n; b; b = n) {
+        n = b->link;
+        free(b);
+    }
+    for (nv_slab_t *s = nv->all_slabs, *n; s; s = n) {
+        n = s->all_next;
+        if (nv->can_free) hm_pool_provider_free(nv->pool, (void *)s->base, s->span);
+        free(s);
+    }
+    if (nv->can_free) {
+        for (size_t i = 0; i < nv->live.cap; i++)
+            if (nv->live.e[i].base)
+                hm_pool_provider_free(nv->pool, (void *)nv->live.e[i].base, nv->live.e[i].size);
+        for (size_t i = 0; i < nv->lcache_len; i++)
+            hm_pool_provider_free(nv->pool, (void *)nv->lcache[i].base, nv->lcache[i].size);
+    }
+    free(nv->live.e);
+    free(nv->lcache);
+    map_fini(nv);
+    pthread_mutex_destroy(&nv->lock);
+    pthread_mutex_destroy(&nv->large_lock);
+    pthread_mutex_destroy(&nv->depot_lock);
+    pthread_mutex_destroy(&nv->orphan_lock);
+    free(nv);
+}
+
+static hm_result_t nv_init(hm_pool_t *pool, const void *params, void **state) {
+    pthread_once(&g_once, global_init);
+    hm_provider_t *prov = hm_pool_get_provider(pool);
+    nv_pool_t *nv = aligned_alloc(HM_CACHE_LINE, hm_align_up(sizeof(*nv), HM_CACHE_LINE));
+    if (!nv) return HM_ERROR_OUT_OF_HOST_MEMORY;
+    memset(nv, 0, sizeof(*nv));
+    nv->pool = pool;
+    hm_result_t r = resolve_params(nv, prov, params);
+    if (r != HM_SUCCESS) {
+        free(nv);
+        return r;
+    }
+    nv->id = atomic_fetch_add_explicit(&g_next_id, 1, memory_order_relaxed);
+    pthread_mutex_init(&nv->lock, NULL);
+    pthread_mutex_init(&nv->large_lock, NULL);
+    pthread_mutex_init(&nv->depot_lock, NULL);
+    pthread_mutex_init(&nv->orphan_lock, NULL);
+    if (map_init(nv) != HM_SUCCESS || !(nv->orphan = heap_new(nv))) {
+        map_fini(nv);
+        pthread_mutex_destroy(&nv->lock);
+        pthread_mutex_destroy(&nv->large_lock);
+        pthread_mutex_destroy(&nv->depot_lock);
+        pthread_mutex_destroy(&nv->orphan_lock);
+        free(nv);
+        return HM_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    hm__mutex_lock(&g_lock);
+    nv->g_next = g_pools;
+    g_pools = nv;
+    hm__mutex_unlock(&g_lock);
+    HM_LOG_DEBUG("native pool over '%s': slab %zu, classes up to %zu, large threshold %zu, "
+                 "retained %zu, %s queue, batch %u",
+                 hm_provider_name(prov), nv->slab_size, nv->class_limit, nv->large_threshold,
+                 nv->retained_max, nv->queue == HM_NATIVE_QUEUE_WFCQ ? "wfcq" : "mutex",
+                 nv->batch_cap);
+    *state = nv;
+    return HM_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Fork: hold every lock across fork(); in the child, re-make them and       */
+/* abandon the heaps of threads that do not exist there.                     */
+
+static void atfork_prepare(void) {
+    hm__mutex_lock(&g_lock);
+    for (nv_pool_t *nv = g_pools; nv; nv = nv->g_next) {
+        hm__mutex_lock(&nv->orphan_lock);
+        hm__mutex_lock(&nv->lock);
+        hm__mutex_lock(&nv->large_lock);
+        hm__mutex_lock(&nv->depot_lock);
+        for (nv_heap_t *h = nv->heaps; h; h = h->all_next) hm__mutex_lock(&h->mq_lock);
+    }
+}
+
+static void atfork_parent(void) {
+    for (nv_pool_t *nv = g_pools; nv; nv = nv->g_next) {
+        for (nv_heap_t *h = nv->heaps; h; h = h->all_next) hm__mutex_unlock(&h->mq_lock);
+        hm__mutex_unlock(&nv->depot_lock);
+        hm__mutex_unlock(&nv->large_lock);
+        hm__mutex_unlock(&nv->lock);
+        hm__mutex_unlock(&nv->orphan_lock);
+    }
+    hm__mutex_unlock(&g_lock);
+}
+
+static void atfork_child(void) {
+    for (nv_pool_t *nv = g_pools; nv; nv = nv->g_next) {
+        pthread_mutex_init(&nv->orphan_lock, NULL);
+        pthread_mutex_init(&nv->lock, NULL);
+        pthread_mutex_init(&nv->large_lock, NULL);
+        pthread_mutex_init(&nv->depot_lock, NULL);
+        for (nv_heap_t *h = nv->heaps; h; h = h->all_next) {
+            pthread_mutex_init(&h->mq_lock, NULL);
+            if (!h->binding) continue;
+            int mine = 0;
+            for (nv_binding_t *b = tl_bindings; b; b = b->next) mine |= b == h->binding;
+            if (mine) continue;
+            /* Its thread is gone: the binding stays unreachable (a small,
+             * deliberate leak); the heap is adopted like any other. (A
+             * thread caught inside an allocation at fork() leaves its heap
+             * as it was; blocks in its outgoing batches stay there until the
+             * heap is adopted and flushes them.) */
+            h->binding = NULL;
+            h->aband_next = nv->abandoned;
+            nv->abandoned = h;
+        }
+    }
+    pthread_mutex_init(&g_lock, NULL);
+}
+
+/* ------------------------------------------------------------------------ */
+
+static const hm_pool_ops_t native_ops = {
+    .version = HM_POOL_OPS_VERSION,
+    .name = "native",
+    .init = nv_init,
+    .fini = nv_fini,
+    .alloc = nv_alloc,
+    .free = nv_free,
+    .usable_size = nv_usable_size,
+    .trim = nv_trim,
+    .get_stats = nv_get_stats,
+};
+
+const hm_pool_ops_t *hm_native_pool_ops(void) { return &native_ops; }
+
+hm_result_t hm_native_pool_create(hm_provider_t *provider, const hm_native_params_t *params,
+                                  uint32_t flags, hm_pool_t **pool) {
+    return hm_pool_create(&native_ops, provider, params, flags, pool);
+}

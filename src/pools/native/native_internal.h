@@ -1,0 +1,192 @@
+/* hetmem — the native pool's internal structures. Never installed.
+ * SPDX-License-Identifier: MIT */
+#ifndef HM_NATIVE_INTERNAL_H
+#define HM_NATIVE_INTERNAL_H
+
+#include "internal.h"
+
+#include <hetmem/pools/native.h>
+#include <urcu/wfcqueue.h>
+
+#define NV_NCLS_MAX 113          /* classes up to 1 MiB */
+#define NV_FAST_MAX 1024         /* sizes classed by table lookup */
+#define NV_SLAB_MIN ((size_t)4 << 10)
+#define NV_SLAB_MAX ((size_t)64 << 20)
+#define NV_CLASS_LIMIT_MAX ((size_t)1 << 20)
+#define NV_MIN_BLOCKS 8          /* a slab holds at least this many blocks */
+#define NV_ADDR_BITS 48          /* addresses the page map covers */
+#define NV_OUT_SLOTS 8           /* outgoing remote-free batches per heap */
+#define NV_BATCH_CAP 126         /* pointers per batch: the batch is 1 KiB */
+#define NV_FLUSH_EVERY 1024      /* remote frees between forced flushes */
+#define NV_STOCK_MAX 32          /* spare batches a heap keeps */
+#define NV_STOCK_MOVE 16         /* batches moved to/from the depot at once */
+
+extern uint32_t hm__nv_cls_size[NV_NCLS_MAX];
+extern uint8_t hm__nv_cls_of8[NV_FAST_MAX / 8 + 1];
+
+typedef struct nv_heap nv_heap_t;
+typedef struct nv_pool nv_pool_t;
+
+/* A slab: `span` bytes of provider memory at `base` (aligned to the slab
+ * size), cut into nblocks blocks of bsize bytes. Host memory only.
+ * Invariants: bit i of bits[] is set iff block i is free and not held in the
+ * owner's cls word; nfree == popcount(bits). base, span never change;
+ * owner, cls, bsize, nblocks, magic change only while the slab is empty and
+ * unmapped (retained), so a thread freeing a live block may read them
+ * without a lock. Everything else is the owner heap's (or, when retained,
+ * the pool lock's). */
+typedef struct nv_slab {
+    uintptr_t base;
+    nv_heap_t *owner;
+    uint64_t magic; /* ceil(2^32 / bsize) */
+    uint32_t bsize;
+    uint32_t nblocks;
+    uint32_t cls;
+    uint32_t nfree;
+    uint32_t nwords;
+    uint32_t scan; /* next word take_word looks at */
+    uint32_t in_partial;
+    size_t span;
+    struct nv_slab *prev, *next;         /* owner's partial list | pool's retained list */
+    struct nv_slab *all_prev, *all_next; /* pool's list of every slab (pool lock) */
+    uint64_t bits[];
+} nv_slab_t;
+
+/* Per heap and size class. `bits` are free blocks of word `word` of `cur`
+ * taken out of cur->bits; the fast path hands them out. */
+typedef struct nv_cls {
+    uint64_t bits;
+    uintptr_t wbase; /* address of the first block of that word */
+    uint32_t bsize;
+    uint32_t word;   /* UINT32_MAX: none */
+    nv_slab_t *cur;
+    nv_slab_t *partial; /* other slabs of this heap with free blocks */
+} nv_cls_t;
+
+/* A batch of remote frees: host memory, one queue node for up to
+ * NV_BATCH_CAP pointers. */
+typedef struct nv_batch {
+    struct cds_wfcq_node node;
+    struct nv_batch *link; /* stock/depot list, or the mutex-queue list */
+    uint32_t count;
+    void *ptrs[NV_BATCH_CAP];
+} nv_batch_t;
+
+typedef struct nv_out {
+    nv_heap_t *dest;
+    nv_batch_t *b;
+} nv_out_t;
+
+/* A thread's tie to a heap (thread-local list). heap becomes NULL when the
+ * pool is destroyed (under g_lock). */
+typedef struct nv_binding {
+    struct nv_binding *next;
+    uint64_t pool_id;
+    _Atomic(nv_heap_t *) heap;
+} nv_binding_t;
+
+/* One pool's state for one thread. Everything above rq_head belongs to the
+ * thread the heap is bound to (or to whoever holds it while abandoned:
+ * pool lock, trim, or the orphan lock for the orphan heap), except the
+ * all_next/aband_next links (pool lock), binding (g_lock) and the st_
+ * counters, which others read relaxed. rq_head and rq_tail sit on their own
+ * cache lines: enqueuers write the tail, the owner the head. */
+struct nv_heap {
+    nv_pool_t *nv;
+    _Atomic int64_t st_bytes; /* class bytes allocated minus freed by this heap */
+    _Atomic uint64_t st_published, st_drained;
+    uint32_t out_pending; /* remote frees since the last flush */
+    uint32_t nstock;
+    nv_batch_t *stock;
+    nv_out_t out[NV_OUT_SLOTS];
+    struct __cds_wfcq_head priv_head; /* spliced from rq, owner only */
+    struct cds_wfcq_tail priv_tail;
+    nv_heap_t *all_next;
+    nv_heap_t *aband_next;
+    nv_binding_t *binding;
+    struct __cds_wfcq_head rq_head HM_CACHE_ALIGNED;
+    struct cds_wfcq_tail rq_tail HM_CACHE_ALIGNED;
+    /* HM_NATIVE_QUEUE_MUTEX */
+    pthread_mutex_t mq_lock HM_CACHE_ALIGNED;
+    _Atomic(nv_batch_t *) mq_list;
+    nv_cls_t cls[] HM_CACHE_ALIGNED;
+};
+
+typedef struct nv_lentry {
+    uintptr_t base;
+    size_t size;
+} nv_lentry_t;
+
+typedef struct nv_lmap {
+    nv_lentry_t *e;
+    size_t cap, count;
+} nv_lmap_t;
+
+struct nv_pool {
+    /* Immutable after init. */
+    hm_pool_t *pool;
+    uint64_t id; /* unique in the process: thread-local caches key on it */
+    uint32_t fast_max;
+    uint32_t ncls;
+    size_t class_limit;
+    size_t slab_size;
+    unsigned shift; /* log2(slab_size) */
+    unsigned leaf_bits;
+    size_t root_len;
+    _Atomic uintptr_t *root; /* page map: root[k >> leaf_bits][k & mask] */
+    size_t page;
+    size_t large_threshold;
+    size_t retained_max;
+    hm_native_remote_queue_t queue;
+    uint32_t batch_cap;
+    bool can_free, can_purge_lazy, can_purge_force;
+    size_t cls_span[NV_NCLS_MAX];
+
+    pthread_mutex_t lock; /* heaps, abandoned, retained, all_slabs */
+    nv_heap_t *heaps;
+    nv_heap_t *abandoned;
+    nv_slab_t *retained;
+    nv_slab_t *all_slabs;
+
+    pthread_mutex_t orphan_lock; /* the heap of threads without one */
+    nv_heap_t *orphan;
+
+    pthread_mutex_t depot_lock;
+    nv_batch_t *depot;
+    size_t ndepot;
+
+    pthread_mutex_t large_lock;
+    nv_lmap_t live;
+    nv_lentry_t *lcache;
+    size_t lcache_len, lcache_cap;
+
+    /* Slow-path counters. */
+    _Atomic size_t kept; /* retained slab bytes + cached large bytes */
+    _Atomic size_t held, nranges, nslabs, large_live;
+
+    nv_pool_t *g_next; /* live native pools (g_lock) */
+};
+
+/* Lock-free page-map lookup. */
+HM_INLINE nv_slab_t *map_get(const nv_pool_t *nv, const void *p) {
+    uintptr_t k = (uintptr_t)p >> nv->shift;
+    size_t ri = k >> nv->leaf_bits;
+    if (hm_unlikely(ri >= nv->root_len)) return NULL;
+    _Atomic uintptr_t *leaf =
+        (_Atomic uintptr_t *)atomic_load_explicit(&nv->root[ri], memory_order_acquire);
+    if (hm_unlikely(!leaf)) return NULL;
+    return (nv_slab_t *)atomic_load_explicit(&leaf[k & (((size_t)1 << nv->leaf_bits) - 1)],
+                                             memory_order_acquire);
+}
+
+/* Counters with one writer: a relaxed load and store, no RMW. */
+HM_INLINE void stat_add_i(_Atomic int64_t *x, int64_t d) {
+    atomic_store_explicit(x, atomic_load_explicit(x, memory_order_relaxed) + d,
+                          memory_order_relaxed);
+}
+HM_INLINE void stat_add_u(_Atomic uint64_t *x, uint64_t d) {
+    atomic_store_explicit(x, atomic_load_explicit(x, memory_order_relaxed) + d,
+                          memory_order_relaxed);
+}
+
+#endif

@@ -1,0 +1,445 @@
+/* hetmem tests — the native pool: the pool suite over every provider kind
+ * (OS private, shared, untracked, PROT_NONE; fixed host and device-kind, which
+ * cannot free; fault-wrapped OS), and the native pool's own contract: size
+ * classes, alignment, refused frees, statistics, trim, retained memory,
+ * params, remote frees, abandoned heaps and provider failures.
+ * SPDX-License-Identifier: MIT */
+#include "conformance.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/mman.h>
+
+#define KIB ((size_t)1 << 10)
+#define MIB ((size_t)1 << 20)
+#define FIXED_SIZE (96 * MIB)
+
+/* ---- factories ---- */
+
+typedef struct os_factory {
+    hm_os_visibility_t visibility;
+    unsigned prot;
+    uint32_t flags;
+    hm_native_remote_queue_t queue;
+} os_factory_t;
+
+static hm_result_t make_os_provider(hm_os_visibility_t vis, unsigned prot, hm_provider_t **out) {
+    hm_os_params_t *params;
+    hm_result_t r = hm_os_params_create(&params);
+    if (r != HM_SUCCESS) return r;
+    r = hm_os_params_set_visibility(params, vis);
+    if (r == HM_SUCCESS) r = hm_os_params_set_protection(params, prot);
+    if (r == HM_SUCCESS) r = hm_os_provider_create(params, out);
+    hm_os_params_destroy(params);
+    return r;
+}
+
+static hm_result_t make_native(hm_provider_t *prov, hm_native_remote_queue_t queue,
+                               uint32_t flags, hm_pool_t **out) {
+    hm_native_params_t *np;
+    hm_result_t r = hm_native_params_create(&np);
+    if (r != HM_SUCCESS) return r;
+    r = hm_native_params_set_remote_queue(np, queue);
+    if (r == HM_SUCCESS) r = hm_native_pool_create(prov, np, flags, out);
+    hm_native_params_destroy(np);
+    return r;
+}
+
+static hm_result_t make_native_os(void *arg, hm_pool_t **out) {
+    const os_factory_t *f = arg;
+    hm_provider_t *prov;
+    hm_result_t r = make_os_provider(f->visibility, f->prot, &prov);
+    if (r != HM_SUCCESS) return r;
+    r = make_native(prov, f->queue, HM_POOL_FLAG_OWN_PROVIDER | f->flags, out);
+    if (r != HM_SUCCESS) hm_provider_destroy(prov);
+    return r;
+}
+
+typedef struct fixed_factory {
+    void *buffer;
+    hm_memory_kind_t kind;
+    bool cpu;
+} fixed_factory_t;
+
+static hm_result_t make_native_fixed(void *arg, hm_pool_t **out) {
+    const fixed_factory_t *f = arg;
+    hm_fixed_params_t *params;
+    hm_result_t r = hm_fixed_params_create(f->buffer, FIXED_SIZE, &params);
+    if (r != HM_SUCCESS) return r;
+    r = hm_fixed_params_set_memory_kind(params, f->kind, f->cpu);
+    hm_provider_t *prov = NULL;
+    if (r == HM_SUCCESS) r = hm_provider_create(hm_fixed_provider_ops(), params, &prov);
+    hm_fixed_params_destroy(params);
+    if (r != HM_SUCCESS) return r;
+    r = hm_native_pool_create(prov, NULL, HM_POOL_FLAG_OWN_PROVIDER, out);
+    if (r != HM_SUCCESS) hm_provider_destroy(prov);
+    return r;
+}
+
+static hm_result_t make_native_fault(void *arg, hm_pool_t **out) {
+    (void)arg;
+    hm_provider_t *os, *fault;
+    hm_result_t r = make_os_provider(HM_OS_PRIVATE, HM_OS_PROT_READ | HM_OS_PROT_WRITE, &os);
+    if (r != HM_SUCCESS) return r;
+    hm_fault_params_t fp = {.inner = os, .own_inner = 1};
+    r = hm_provider_create(hm_fault_provider_ops(), &fp, &fault);
+    if (r != HM_SUCCESS) {
+        hm_provider_destroy(os);
+        return r;
+    }
+    r = hm_native_pool_create(fault, NULL, HM_POOL_FLAG_OWN_PROVIDER, out);
+    if (r != HM_SUCCESS) hm_provider_destroy(fault);
+    return r;
+}
+
+/* ---- the native pool's own cases ---- */
+
+#define RW (HM_OS_PROT_READ | HM_OS_PROT_WRITE)
+
+static hm_pool_t *os_pool(hm_native_params_t *params, uint32_t flags, unsigned prot) {
+    hm_provider_t *prov;
+    REQUIRE_OK(make_os_provider(HM_OS_PRIVATE, prot, &prov));
+    hm_pool_t *pool = NULL;
+    REQUIRE_OK(hm_native_pool_create(prov, params, HM_POOL_FLAG_OWN_PROVIDER | flags, &pool));
+    return pool;
+}
+
+static void test_size_classes(void) {
+    hm_test_set_context("size classes");
+    hm_pool_t *pool = os_pool(NULL, 0, RW);
+    for (size_t size = 1; size <= 40000; size += size < 300 ? 1 : 37) {
+        void *p = hm_pool_malloc(pool, size);
+        REQUIRE(p != NULL);
+        size_t us = hm_pool_malloc_usable_size(pool, p);
+        CHECK_MSG(us >= size, "usable %zu < %zu", us, size);
+        /* Internal fragmentation: <= 12.5% of the block above 128 B, the
+         * 16-byte floor in (64, 128]. */
+        if (size > 128)
+            CHECK_MSG((us - size) * 8 <= us, "size %zu -> block %zu: %.1f%% waste", size, us,
+                      100.0 * (double)(us - size) / (double)us);
+        else if (size > 64)
+            CHECK_MSG(us - size < 16, "size %zu -> block %zu", size, us);
+        CHECK_MSG(((uintptr_t)p & (size > 8 ? 15 : 7)) == 0, "%p misaligned for %zu", p, size);
+        memset(p, 0xab, size);
+        CHECK_OK(hm_pool_free(pool, p));
+    }
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
+static void test_alignment(void) {
+    hm_test_set_context("alignment");
+    hm_pool_t *pool = os_pool(NULL, 0, RW);
+    for (size_t a = 1; a <= 4 * MIB; a <<= 1) {
+        const size_t sizes[] = {1, 24, 100, 1000, 5000, 70000};
+        for (size_t i = 0; i < 6; i++) {
+            void *p[5];
+            for (int k = 0; k < 5; k++) {
+                p[k] = hm_pool_aligned_malloc(pool, sizes[i], a);
+                REQUIRE(p[k] != NULL);
+                CHECK_MSG(((uintptr_t)p[k] & (a - 1)) == 0, "%p not aligned to %zu", p[k], a);
+                memset(p[k], 1, sizes[i]);
+            }
+            for (int k = 0; k < 5; k++) CHECK_OK(hm_pool_free(pool, p[k]));
+        }
+    }
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
+static void test_bad_frees(void) {
+    hm_test_set_context("refused frees");
+    /* Untracked, so that the pool itself (not the tracker) must refuse. */
+    hm_pool_t *pool = os_pool(NULL, HM_POOL_FLAG_NO_TRACKING, RW);
+    char *p = hm_pool_malloc(pool, 100);
+    char *q = hm_pool_malloc(pool, 100);
+    REQUIRE(p && q);
+    CHECK_RES(hm_pool_free(pool, p + 8), HM_ERROR_INVALID_ARGUMENT); /* interior */
+    CHECK_OK(hm_pool_free(pool, p));
+    CHECK_RES(hm_pool_free(pool, p), HM_ERROR_DOUBLE_FREE);
+    char *big = hm_pool_malloc(pool, 4 * MIB);
+    REQUIRE(big);
+    CHECK_RES(hm_pool_free(pool, big + 4096), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(hm_pool_free(pool, big));
+    CHECK_RES(hm_pool_free(pool, big), HM_ERROR_INVALID_ARGUMENT);
+    int local;
+    CHECK_RES(hm_pool_free(pool, &local), HM_ERROR_INVALID_ARGUMENT);
+    /* A second pool's block is foreign to the first. */
+    hm_pool_t *other = os_pool(NULL, HM_POOL_FLAG_NO_TRACKING, RW);
+    void *o = hm_pool_malloc(other, 100);
+    REQUIRE(o);
+    CHECK_RES(hm_pool_free(pool, o), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(hm_pool_free(other, o));
+    CHECK_OK(hm_pool_free(pool, q));
+    /* Still healthy. */
+    void *r = hm_pool_malloc(pool, 100);
+    CHECK(r != NULL);
+    CHECK_OK(hm_pool_free(pool, r));
+    CHECK_OK(hm_pool_destroy(other));
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
+static void test_stats_and_trim(void) {
+    hm_test_set_context("statistics and trim");
+    hm_native_params_t *np;
+    REQUIRE_OK(hm_native_params_create(&np));
+    REQUIRE_OK(hm_native_params_set_retained_bytes(np, 1 * MIB));
+    hm_pool_t *pool = os_pool(np, 0, RW);
+    hm_native_params_destroy(np);
+    enum { N = 20000 };
+    static void *ptr[N];
+    for (int i = 0; i < N; i++) {
+        ptr[i] = hm_pool_malloc(pool, 100);
+        REQUIRE(ptr[i]);
+    }
+    void *big = hm_pool_malloc(pool, 100 * KIB);
+    REQUIRE(big);
+    hm_pool_stats_t st;
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, N * 112 + hm_pool_malloc_usable_size(pool, big));
+    CHECK(st.bytes_from_provider >= (size_t)N * 112);
+    CHECK(st.slabs >= (size_t)N * 112 / (64 * KIB));
+    size_t held = st.bytes_from_provider;
+    for (int i = 0; i < N; i++) CHECK_OK(hm_pool_free(pool, ptr[i]));
+    CHECK_OK(hm_pool_free(pool, big));
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, 0);
+    /* Past the retained 1 MiB, empty slabs went back. */
+    CHECK_MSG(st.bytes_from_provider <= 1 * MIB + 128 * KIB + 256 * KIB,
+              "held %zu after freeing everything (was %zu)", st.bytes_from_provider, held);
+    CHECK_OK(hm_pool_trim(pool));
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_MSG(st.bytes_from_provider == 0, "held %zu after trim", st.bytes_from_provider);
+    CHECK_EQ(st.provider_allocs, 0);
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
+static void test_params(void) {
+    hm_test_set_context("params");
+    hm_native_params_t *np;
+    CHECK_RES(hm_native_params_create(NULL), HM_ERROR_INVALID_ARGUMENT);
+    REQUIRE_OK(hm_native_params_create(&np));
+    CHECK_RES(hm_native_params_set_slab_size(np, 3000), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_native_params_set_slab_size(np, 1024), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_native_params_set_slab_size(np, (size_t)1 << 30), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_native_params_set_size_class_limit(np, 8), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_native_params_set_size_class_limit(np, 4 * MIB), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_native_params_set_remote_batch(np, 0), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_native_params_set_remote_batch(np, 1000), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_native_params_set_remote_queue(np, (hm_native_remote_queue_t)7),
+              HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_native_params_set_defaults(np, (hm_native_defaults_t)9),
+              HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_native_params_set_slab_size(NULL, 4096), HM_ERROR_INVALID_ARGUMENT);
+    /* Large threshold below the size-class limit: refused at creation. */
+    REQUIRE_OK(hm_native_params_set_size_class_limit(np, 64 * KIB));
+    REQUIRE_OK(hm_native_params_set_large_threshold(np, 16 * KIB));
+    hm_provider_t *prov;
+    REQUIRE_OK(make_os_provider(HM_OS_PRIVATE, RW, &prov));
+    hm_pool_t *pool = NULL;
+    CHECK_RES(hm_native_pool_create(prov, np, 0, &pool), HM_ERROR_INVALID_ARGUMENT);
+    CHECK(pool == NULL);
+    /* A params object of another kind is refused, not misread. */
+    hm_os_params_t *osp;
+    REQUIRE_OK(hm_os_params_create(&osp));
+    CHECK_RES(hm_native_pool_create(prov, (const hm_native_params_t *)osp, 0, &pool),
+              HM_ERROR_INVALID_ARGUMENT);
+    hm_os_params_destroy(osp);
+    /* A valid custom set works. */
+    REQUIRE_OK(hm_native_params_set_large_threshold(np, 1 * MIB));
+    REQUIRE_OK(hm_native_params_set_slab_size(np, 256 * KIB));
+    REQUIRE_OK(hm_native_params_set_remote_batch(np, 1));
+    REQUIRE_OK(hm_native_params_set_defaults(np, HM_NATIVE_DEFAULTS_DEVICE));
+    CHECK_OK(hm_native_pool_create(prov, np, 0, &pool));
+    if (pool) {
+        void *p = hm_pool_malloc(pool, 60 * KIB);
+        CHECK(p && ((uintptr_t)p & 15) == 0);
+        CHECK_EQ(hm_pool_malloc_usable_size(pool, p), 60 * KIB); /* a class of its own */
+        CHECK_OK(hm_pool_free(pool, p));
+        CHECK_OK(hm_pool_destroy(pool));
+    }
+    CHECK_OK(hm_native_params_destroy(np));
+    CHECK_OK(hm_provider_destroy(prov));
+}
+
+/* PROT_NONE: any touch by the pool faults, so surviving is the proof. */
+static void test_prot_none(void) {
+    hm_test_set_context("PROT_NONE provider");
+    hm_pool_t *pool = os_pool(NULL, 0, HM_OS_PROT_NONE);
+    CHECK(!hm_provider_cpu_accessible(hm_pool_get_provider(pool)));
+    enum { N = 5000 };
+    static void *p[N];
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < N; i++) {
+            size_t size = (size_t)1 << (i % 23);
+            p[i] = hm_pool_malloc(pool, size);
+            REQUIRE(p[i]);
+        }
+        for (int i = 0; i < N; i += 2) CHECK_OK(hm_pool_free(pool, p[i]));
+        for (int i = 1; i < N; i += 2) CHECK_OK(hm_pool_free(pool, p[i]));
+    }
+    errno = 0;
+    CHECK(hm_pool_calloc(pool, 1, 64) == NULL);
+    CHECK_OK(hm_pool_trim(pool));
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
+/* ---- threads: remote frees, abandoned heaps ---- */
+
+typedef struct handoff {
+    hm_pool_t *pool;
+    void **ptrs;
+    int n;
+    size_t size;
+} handoff_t;
+
+static void *alloc_thread(void *arg) {
+    handoff_t *h = arg;
+    for (int i = 0; i < h->n; i++) {
+        h->ptrs[i] = hm_pool_malloc(h->pool, h->size);
+        if (h->ptrs[i]) memset(h->ptrs[i], (int)(i & 0xff), h->size);
+    }
+    return NULL; /* exits: its heap is abandoned with every block live */
+}
+
+static int free_all(handoff_t *h) {
+    for (int i = 0; i < h->n; i++) {
+        unsigned char *c = h->ptrs[i];
+        if (c[0] != (unsigned char)(i & 0xff) || c[h->size - 1] != (unsigned char)(i & 0xff))
+            return 1;
+        if (hm_pool_free(h->pool, c) != HM_SUCCESS) return 2;
+    }
+    return 0;
+}
+
+static void test_remote_and_abandoned(hm_native_remote_queue_t queue, const char *label) {
+    hm_test_set_context(label);
+    hm_native_params_t *np;
+    REQUIRE_OK(hm_native_params_create(&np));
+    REQUIRE_OK(hm_native_params_set_remote_queue(np, queue));
+    hm_pool_t *pool = os_pool(np, 0, RW);
+    hm_native_params_destroy(np);
+    /* The main thread gets a heap of its own first. */
+    void *mine = hm_pool_malloc(pool, 64);
+    REQUIRE(mine);
+    enum { N = 30000 };
+    void **ptrs = calloc(N, sizeof(void *));
+    REQUIRE(ptrs);
+    for (int round = 0; round < 4; round++) {
+        handoff_t h = {pool, ptrs, N, (size_t)(16 << (round % 3))};
+        pthread_t t;
+        REQUIRE(pthread_create(&t, NULL, alloc_thread, &h) == 0);
+        pthread_join(t, NULL);
+        for (int i = 0; i < N; i++) REQUIRE(ptrs[i]);
+        /* Remote frees into the abandoned heap (the next round's thread
+         * adopts it and drains them). */
+        CHECK_EQ(free_all(&h), 0);
+    }
+    CHECK_OK(hm_pool_free(pool, mine));
+    hm_pool_stats_t st;
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, 0);
+    CHECK(st.remote_frees_drained >= 3 * N - 126);
+    /* Trim publishes this thread's last batch and drains the last round's frees from the abandoned heap. */
+    CHECK_OK(hm_pool_trim(pool));
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.remote_frees_published, 4 * N);
+    CHECK_EQ(st.remote_frees_drained, st.remote_frees_published);
+    CHECK_MSG(st.bytes_from_provider == 0, "held %zu after trim", st.bytes_from_provider);
+    free(ptrs);
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
+/* Provider failures: a failing alloc reports OUT_OF_MEMORY (a failed slab
+ * falls back to a range of its own, so only nth = every call must fail);
+ * nothing leaks, nothing is misused, failed frees are retried later. */
+static void test_faults(void) {
+    hm_test_set_context("provider faults");
+    for (long nth = -1; nth <= 8; nth++) {
+        if (nth == 0) continue;
+        hm_provider_t *os, *fault;
+        REQUIRE_OK(make_os_provider(HM_OS_PRIVATE, RW, &os));
+        hm_fault_params_t fp = {.inner = os, .own_inner = 1};
+        fp.fail_nth[HM_FAULT_ALLOC] = nth;
+        fp.fail_nth[HM_FAULT_FREE] = nth > 0 ? nth : 0;
+        REQUIRE_OK(hm_provider_create(hm_fault_provider_ops(), &fp, &fault));
+        hm_native_params_t *np;
+        REQUIRE_OK(hm_native_params_create(&np));
+        REQUIRE_OK(hm_native_params_set_retained_bytes(np, 0));
+        hm_pool_t *pool;
+        REQUIRE_OK(hm_native_pool_create(fault, np, 0, &pool));
+        hm_native_params_destroy(np);
+        void *p[64];
+        int failed = 0;
+        for (int i = 0; i < 64; i++) {
+            size_t size = (i % 4 == 3) ? 300 * KIB : (size_t)64 << (i % 8);
+            errno = 0;
+            p[i] = hm_pool_malloc(pool, size);
+            if (!p[i]) {
+                failed++;
+                CHECK_EQ(errno, ENOMEM);
+            } else {
+                memset(p[i], 0x5a, size);
+            }
+        }
+        if (nth < 0) CHECK_EQ(failed, 64);
+        for (int i = 0; i < 64; i++)
+            if (p[i]) CHECK_OK(hm_pool_free(pool, p[i]));
+        hm_pool_trim(pool);
+        CHECK_OK(hm_pool_destroy(pool));
+        CHECK_MSG(hm_fault_provider_live(fault) == 0, "nth %ld: %ld provider ranges leaked", nth,
+                  hm_fault_provider_live(fault));
+        CHECK_EQ(hm_fault_provider_misuse(fault), 0);
+        CHECK_OK(hm_provider_destroy(fault));
+    }
+}
+
+static void test_many_pools(void) {
+    hm_test_set_context("many pools, one thread");
+    /* Thread-local caches must never confuse a new pool with a dead one. */
+    for (int i = 0; i < 300; i++) {
+        hm_pool_t *pool = os_pool(NULL, 0, RW);
+        void *p = hm_pool_malloc(pool, 48);
+        REQUIRE(p);
+        CHECK(hm_pool_by_ptr(p) == pool);
+        CHECK_OK(hm_pool_free(pool, p));
+        CHECK_OK(hm_pool_destroy(pool));
+    }
+}
+
+int main(void) {
+    os_factory_t os_private = {HM_OS_PRIVATE, RW, 0, HM_NATIVE_QUEUE_WFCQ};
+    os_factory_t os_shared = {HM_OS_SHARED, RW, 0, HM_NATIVE_QUEUE_WFCQ};
+    os_factory_t os_untracked = {HM_OS_PRIVATE, RW, HM_POOL_FLAG_NO_TRACKING,
+                                 HM_NATIVE_QUEUE_WFCQ};
+    os_factory_t os_none = {HM_OS_PRIVATE, HM_OS_PROT_NONE, 0, HM_NATIVE_QUEUE_WFCQ};
+    os_factory_t os_mutex = {HM_OS_PRIVATE, RW, 0, HM_NATIVE_QUEUE_MUTEX};
+    hm_test_suite_opts_t opts = {.can_free = 1};
+    hm_test_pool_suite("native/os-private", make_native_os, &os_private, &opts);
+    hm_test_pool_suite("native/os-shared", make_native_os, &os_shared, &opts);
+    hm_test_pool_suite("native/os-untracked", make_native_os, &os_untracked, &opts);
+    hm_test_pool_suite("native/os-prot-none", make_native_os, &os_none, &opts);
+    hm_test_pool_suite("native/os-mutex-queue", make_native_os, &os_mutex, &opts);
+    hm_test_pool_suite("native/fault(os)", make_native_fault, NULL, &opts);
+
+    void *buf = mmap(NULL, FIXED_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(buf != MAP_FAILED);
+    hm_test_suite_opts_t fopts = {.max_alloc = 16 * MIB, .max_alignment = 2 * MIB,
+                                  .capacity = FIXED_SIZE};
+    fixed_factory_t fixed_host = {buf, HM_MEMORY_HOST, true};
+    hm_test_pool_suite("native/fixed-host", make_native_fixed, &fixed_host, &fopts);
+    fixed_factory_t fixed_dev = {buf, HM_MEMORY_DEVICE, false};
+    hm_test_pool_suite("native/fixed-device", make_native_fixed, &fixed_dev, &fopts);
+    munmap(buf, FIXED_SIZE);
+
+    test_size_classes();
+    test_alignment();
+    test_bad_frees();
+    test_stats_and_trim();
+    test_params();
+    test_prot_none();
+    test_remote_and_abandoned(HM_NATIVE_QUEUE_WFCQ, "remote frees, abandoned heaps (wfcq)");
+    test_remote_and_abandoned(HM_NATIVE_QUEUE_MUTEX, "remote frees, abandoned heaps (mutex)");
+    test_faults();
+    test_many_pools();
+    return hm_test_finish();
+}
