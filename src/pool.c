@@ -2,6 +2,7 @@
  * where provider memory is recorded in the tracker.
  * SPDX-License-Identifier: MIT */
 #include "pool_internal.h"
+#include "ipc/ipc_internal.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -88,6 +89,7 @@ hm_result_t hm_pool_destroy(hm_pool_t *pool) {
         HM_LOG_ERROR("hm_pool_destroy(%p): not a live pool (double destroy?)", (void *)pool);
         return HM_ERROR_INVALID_ARGUMENT;
     }
+    hm__ipc_pool_destroy(pool); /* its cached exports and opened mappings */
     pool->ops.fini(pool->state);
     /* Whatever the pool did not give back is a leak: forget it, report it
      * once, and return it to the provider where it can free. */
@@ -215,6 +217,8 @@ hm_result_t hm_pool_free(hm_pool_t *pool, void *ptr) {
                      "double free)", pool->ops.name, ptr);
         return HM_ERROR_INVALID_ARGUMENT;
     }
+    if (hm_unlikely(atomic_load_explicit(&pool->ipc, memory_order_relaxed) != NULL))
+        return hm_free(ptr); /* the pool has IPC mappings: check what ptr is */
     return pool->ops.free(pool->state, ptr);
 }
 
@@ -255,13 +259,14 @@ uint32_t hm_pool_flags(const hm_pool_t *pool) { return pool ? pool->flags : 0; }
 
 hm_result_t hm_free(void *ptr) {
     if (!ptr) return HM_SUCCESS;
-    hm_pool_t *pool = hm__tracker_lookup_pool(ptr);
-    if (hm_unlikely(!pool)) {
+    hm_tracker_entry_t e;
+    if (hm_unlikely(!hm__tracker_lookup(ptr, &e))) {
         HM_LOG_ERROR("hm_free(%p): not memory hetmem knows (foreign pointer, untracked pool, or "
                      "already freed)", ptr);
         return HM_ERROR_INVALID_ARGUMENT;
     }
-    return pool->ops.free(pool->state, ptr);
+    if (hm_unlikely(e.flags & HM_TRACK_IMPORTED)) return hm__ipc_refuse_free(ptr);
+    return e.pool->ops.free(e.pool->state, ptr);
 }
 
 hm_pool_t *hm_pool_by_ptr(const void *ptr) {
@@ -309,6 +314,7 @@ hm_result_t hm_pool_provider_free(hm_pool_t *pool, void *ptr, size_t size) {
     if (hm_unlikely(!pool || !ptr || !size)) return HM_ERROR_INVALID_ARGUMENT;
     hm_provider_t *prov = pool->provider;
     if (!prov->ops.free) return HM_ERROR_NOT_SUPPORTED;
+    hm__ipc_range_release(pool, ptr); /* a cached, unused export of it */
     if (pool->tracked) {
         hm_result_t r = hm__tracker_remove((uintptr_t)ptr, size);
         if (r != HM_SUCCESS) {
@@ -329,6 +335,7 @@ hm_result_t hm_pool_provider_free(hm_pool_t *pool, void *ptr, size_t size) {
 
 hm_result_t hm_pool_provider_split(hm_pool_t *pool, void *ptr, size_t total, size_t first) {
     if (hm_unlikely(!pool)) return HM_ERROR_INVALID_ARGUMENT;
+    hm__ipc_range_release(pool, ptr);
     hm_result_t r = hm_provider_split(pool->provider, ptr, total, first);
     if (r != HM_SUCCESS || !pool->tracked) return r;
     r = hm__tracker_split((uintptr_t)ptr, total, first);
@@ -342,6 +349,8 @@ hm_result_t hm_pool_provider_split(hm_pool_t *pool, void *ptr, size_t total, siz
 
 hm_result_t hm_pool_provider_merge(hm_pool_t *pool, void *lo, void *hi, size_t total) {
     if (hm_unlikely(!pool)) return HM_ERROR_INVALID_ARGUMENT;
+    hm__ipc_range_release(pool, lo);
+    hm__ipc_range_release(pool, hi);
     hm_result_t r = hm_provider_merge(pool->provider, lo, hi, total);
     if (r != HM_SUCCESS || !pool->tracked) return r;
     r = hm__tracker_merge((uintptr_t)lo, (uintptr_t)hi, total);

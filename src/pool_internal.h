@@ -17,6 +17,7 @@ struct hm_pool {
     bool tracked;
     bool cpu_accessible;
     hm_tracker_index_t index;
+    struct hm_ipc_pool *_Atomic ipc; /* IPC exports/imports (src/ipc), made on first use */
 };
 
 #endif

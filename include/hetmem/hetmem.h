@@ -11,6 +11,7 @@
 #include <hetmem/providers/file.h>
 #include <hetmem/providers/devdax.h>
 #include <hetmem/pools/proxy.h>
+#include <hetmem/ipc.h>
 #include <hetmem/pools/native.h>
 
 #endif

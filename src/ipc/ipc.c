@@ -1,0 +1,1170 @@
+/* hetmem — IPC: export cache, opened-handle cache, open/close.
+ * SPDX-License-Identifier: MIT
+ *
+ * EXPORT CACHE (producer side). One entry per exported provider allocation
+ * (tracker record), keyed by its base in one process-wide hash and
+ * validated by the tracker's allocation id (a new allocation at the same
+ * address is a different entry). The entry holds the provider's export
+ * (ipc.get once; ipc.put when the entry goes) and one encoded handle per
+ * exported offset ("views"). hm_ipc_get on a cached allocation is a tracker
+ * lookup (lock-free) and a hash probe under `gx.lock`: no system call (the
+ * exporter identity is cached and refreshed only after fork). Bounded by
+ * HM_IPC_EXPORT_CACHE_MAX entries; CLOCK eviction of unused entries. An
+ * entry whose allocation is freed (hm__ipc_range_release, from the pool
+ * front-end) is released at once if unused, else at its last put. All of
+ * it is guarded by gx.lock (short sections, no system call; the provider's
+ * ipc.get/put run under it so that a pool destroy can never race a put into
+ * a destroyed provider).
+ *
+ * OPENED-HANDLE CACHE (consumer side). One entry per opened mapping:
+ *   key   (exporter pid, exporter nonce, remote base) in the importing
+ *         pool's hash; validated by the exporter's allocation id and size.
+ *   also  by local base in the same pool's second hash (for close).
+ *   ring  a process-wide CLOCK ring of every cached mapping (F. J. Corbato,
+ *         "A paging experiment with the Multics system", 1968: second-chance
+ *         approximation of LRU), for the count/byte bound.
+ * Each pool's index lives in its own struct hm_ipc_pool with its own lock,
+ * so destroying pool A touches only A's entries (O(A's entries), no global
+ * scan) and never blocks an open through pool B except for the few
+ * nanoseconds of one ring unlink at a time; every unmap runs with no lock
+ * held.
+ *
+ *  Lock order: pool lock (pi->lock) -> ring lock (gc.lock). gx.lock and
+ *  pilist_lock nest with nothing.
+ *
+ *  Entry fields and who guards them:
+ *   refs, in_key, in_local, hash links       pi->lock (refs also read
+ *                                            racily, atomically, as a hint)
+ *   ring links, in_ring, claimed, dead       gc.lock
+ *   used (CLOCK reference bit)               atomic, no lock
+ *
+ *  Lifecycle: an entry is "owned for closing" by whoever removes it from
+ *  its pool's local-address hash (close of the last user of a stale entry,
+ *  open replacing an unused stale entry, the evictor, the pool destroy).
+ *  The evictor first claims an entry under gc.lock (removing it from the
+ *  ring) and only then takes the pool lock; if someone else became the
+ *  closer meanwhile, the last of the two to let go frees the memory
+ *  (`dead`). A destroy waits for the pool's in-flight evictors
+ *  (pi->evictors) before freeing the pool's IPC state.
+ *
+ *  Stale entries (a newer allocation opened at the same remote base) leave
+ *  the key hash at once (later opens miss) and are closed when their last
+ *  user closes them — never while in use (UMF replaces them regardless).
+ *  A failed open leaves no entry behind (entries are inserted only after
+ *  the mapping and its tracker record exist). */
+#include "ipc/ipc_internal.h"
+#include "platform/prim.h"
+#include "pool_internal.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------------ */
+/* configuration, identity                                                  */
+
+static struct {
+    pthread_once_t once;
+    size_t export_max;
+} cfg = {.once = PTHREAD_ONCE_INIT, .export_max = 1024};
+
+static size_t env_size(const char *name, size_t dflt) {
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 0);
+    if (errno || *end) {
+        HM_LOG_WARN("%s=%s is not a number; using %zu", name, v, dflt);
+        return dflt;
+    }
+    return (size_t)x;
+}
+
+typedef struct ident {
+    uint64_t pid, nonce, start;
+} ident_t;
+static ident_t ident;
+static _Atomic unsigned ident_epoch; /* fork epoch + 1 the identity is valid for */
+static _Atomic unsigned ptrace_epoch;
+static pthread_mutex_t ident_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void ipc_lazy_init(void);
+
+static HM_NOINLINE const ident_t *ident_refresh(unsigned epoch) {
+    ipc_lazy_init();
+    hm__mutex_lock(&ident_lock);
+    if (atomic_load_explicit(&ident_epoch, memory_order_relaxed) != epoch + 1) {
+        ident.pid = (uint64_t)getpid();
+        ident.nonce = hm__prim_process_nonce();
+        uint64_t t = 0;
+        if (hm__prim_process_start_time(0, &t) != HM_SUCCESS) t = 0;
+        ident.start = t;
+        atomic_store_explicit(&ident_epoch, epoch + 1, memory_order_release);
+    }
+    hm__mutex_unlock(&ident_lock);
+    return &ident;
+}
+
+/* The exporter identity, cached: one atomic load and a compare per call. */
+static inline const ident_t *self_ident(void) {
+    unsigned epoch = hm__prim_fork_epoch();
+    if (hm_likely(atomic_load_explicit(&ident_epoch, memory_order_acquire) == epoch + 1))
+        return &ident;
+    return ident_refresh(epoch);
+}
+
+/* splitmix64's finaliser (G. Steele, D. Lea, C. Flood, "Fast splittable
+ * pseudorandom number generators", OOPSLA 2014) as a 64-bit mixer. */
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* ------------------------------------------------------------------------ */
+/* data structures                                                          */
+
+typedef struct imp {
+    struct imp *knext, *lnext; /* pool hashes (pi->lock) */
+    struct imp *rprev, *rnext; /* CLOCK ring (gc.lock) */
+    struct hm_ipc_pool *pi;
+    uint64_t pid, nonce, rbase, alloc_id, rsize;
+    uintptr_t local;
+    size_t size;
+    _Atomic uint32_t refs;
+    bool in_key, in_local; /* pi->lock */
+    bool in_ring, claimed, dead; /* gc.lock */
+    _Atomic uint8_t used;
+} imp_t;
+
+typedef struct xview {
+    struct xview *next;
+    uint64_t offset;
+    uint32_t refs;
+    uint32_t len;
+    unsigned char wire[]; /* the handle given to the user */
+} xview_t;
+
+typedef struct xent {
+    struct xent *hnext;        /* gx hash (live entries) */
+    struct xent *lprev, *lnext; /* pool's list (while pi is set) */
+    struct xent *oprev, *onext; /* gx.orphans: detached, still used */
+    struct xent *rprev, *rnext; /* CLOCK ring (live entries) */
+    struct hm_ipc_pool *pi;    /* NULL once orphaned (pool destroyed) */
+    hm_provider_t *prov;
+    uintptr_t base;
+    size_t size;
+    uint64_t id;
+    int fd;
+    uint32_t refs; /* sum of views' refs */
+    bool live, put_done;
+    uint8_t used;
+    xview_t *views;
+    uint32_t payload_len;
+    unsigned char payload[]; /* the provider's native handle, for put */
+} xent_t;
+
+struct hm_ipc_pool {
+    pthread_mutex_t lock;
+    hm_pool_t *pool;
+    imp_t **kb, **lb; /* key hash, local-address hash; cap buckets each */
+    size_t cap, n;
+    _Atomic int evictors;
+    xent_t *xhead; /* this pool's export entries (gx.lock) */
+    struct hm_ipc_pool *gprev, *gnext; /* pilist (fork handling) */
+};
+typedef struct hm_ipc_pool hm_ipc_pool_t;
+
+static pthread_mutex_t pilist_lock = PTHREAD_MUTEX_INITIALIZER;
+static hm_ipc_pool_t *pilist;
+
+/* The opened-handle cache's global part. */
+static struct {
+    pthread_mutex_t lock;
+    imp_t *hand; /* CLOCK ring, NULL when empty */
+    size_t count, bytes;
+    _Atomic size_t a_count, a_bytes, in_use;
+    _Atomic size_t max_entries, max_bytes;
+    _Atomic uint64_t hits, misses, evictions, stale;
+} gc = {.lock = PTHREAD_MUTEX_INITIALIZER, .max_entries = 4096};
+
+/* The export cache. */
+static struct {
+    pthread_mutex_t lock;
+    xent_t **b;
+    size_t cap, n;
+    xent_t *hand;
+    xent_t *orphans;
+    _Atomic size_t count;
+} gx = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* ------------------------------------------------------------------------ */
+/* fork                                                                     */
+
+static void ipc_atfork_prepare(void) {
+    hm__mutex_lock(&pilist_lock);
+    for (hm_ipc_pool_t *pi = pilist; pi; pi = pi->gnext) hm__mutex_lock(&pi->lock);
+    hm__mutex_lock(&gc.lock);
+    hm__mutex_lock(&gx.lock);
+}
+static void ipc_atfork_parent(void) {
+    hm__mutex_unlock(&gx.lock);
+    hm__mutex_unlock(&gc.lock);
+    for (hm_ipc_pool_t *pi = pilist; pi; pi = pi->gnext) hm__mutex_unlock(&pi->lock);
+    hm__mutex_unlock(&pilist_lock);
+}
+static void xent_free(xent_t *x);
+static void ipc_atfork_child(void) {
+    /* The export cache names the parent: drop it (no provider put: the
+     * exports are the parent's). Opened mappings are inherited and stay. */
+    for (size_t i = 0; i < gx.cap; i++) {
+        for (xent_t *x = gx.b[i], *nx; x; x = nx) {
+            nx = x->hnext;
+            xent_free(x);
+        }
+        gx.b[i] = NULL;
+    }
+    for (xent_t *x = gx.orphans, *nx; x; x = nx) {
+        nx = x->onext;
+        xent_free(x);
+    }
+    for (hm_ipc_pool_t *pi = pilist; pi; pi = pi->gnext) {
+        pi->xhead = NULL;
+        pthread_mutex_init(&pi->lock, NULL);
+    }
+    gx.n = 0;
+    gx.hand = NULL;
+    gx.orphans = NULL;
+    atomic_store(&gx.count, 0);
+    pthread_mutex_init(&gx.lock, NULL);
+    pthread_mutex_init(&gc.lock, NULL);
+    pthread_mutex_init(&pilist_lock, NULL);
+    pthread_mutex_init(&ident_lock, NULL);
+}
+
+static void ipc_init_once(void) {
+    cfg.export_max = env_size("HM_IPC_EXPORT_CACHE_MAX", 1024);
+    if (!cfg.export_max) cfg.export_max = 1;
+    atomic_store(&gc.max_entries, env_size("HM_IPC_CACHE_MAX_ENTRIES", 4096));
+    atomic_store(&gc.max_bytes, env_size("HM_IPC_CACHE_MAX_BYTES", 0));
+    if (pthread_atfork(ipc_atfork_prepare, ipc_atfork_parent, ipc_atfork_child))
+        HM_DIE("pthread_atfork failed");
+}
+static void ipc_lazy_init(void) {
+    hm__init();
+    pthread_once(&cfg.once, ipc_init_once);
+}
+
+/* ------------------------------------------------------------------------ */
+/* per-pool state                                                           */
+
+static hm_ipc_pool_t *pool_ipc(hm_pool_t *pool) {
+    return atomic_load_explicit(&pool->ipc, memory_order_acquire);
+}
+
+static hm_ipc_pool_t *pool_ipc_make(hm_pool_t *pool) {
+    hm_ipc_pool_t *pi = pool_ipc(pool);
+    if (hm_likely(pi)) return pi;
+    hm_ipc_pool_t *fresh = calloc(1, sizeof(*fresh));
+    if (!fresh) return NULL;
+    fresh->cap = 64;
+    fresh->kb = calloc(fresh->cap, sizeof(imp_t *));
+    fresh->lb = calloc(fresh->cap, sizeof(imp_t *));
+    if (!fresh->kb || !fresh->lb) {
+        free(fresh->kb);
+        free(fresh->lb);
+        free(fresh);
+        return NULL;
+    }
+    pthread_mutex_init(&fresh->lock, NULL);
+    fresh->pool = pool;
+    hm__mutex_lock(&pilist_lock);
+    pi = pool_ipc(pool);
+    if (!pi) {
+        fresh->gnext = pilist;
+        if (pilist) pilist->gprev = fresh;
+        pilist = fresh;
+        atomic_store_explicit(&pool->ipc, fresh, memory_order_release);
+        pi = fresh;
+        fresh = NULL;
+    }
+    hm__mutex_unlock(&pilist_lock);
+    if (fresh) {
+        pthread_mutex_destroy(&fresh->lock);
+        free(fresh->kb);
+        free(fresh->lb);
+        free(fresh);
+    }
+    return pi;
+}
+
+static inline uint64_t key_hash(uint64_t pid, uint64_t nonce, uint64_t rbase) {
+    return mix64(rbase ^ mix64(nonce ^ (pid << 40)));
+}
+
+static imp_t *kfind(hm_ipc_pool_t *pi, uint64_t h, const hm_wire_t *w) {
+    for (imp_t *e = pi->kb[h & (pi->cap - 1)]; e; e = e->knext)
+        if (e->rbase == w->base && e->nonce == w->nonce && e->pid == w->pid) return e;
+    return NULL;
+}
+static imp_t *lfind(hm_ipc_pool_t *pi, uintptr_t local) {
+    for (imp_t *e = pi->lb[mix64(local) & (pi->cap - 1)]; e; e = e->lnext)
+        if (e->local == local) return e;
+    return NULL;
+}
+static void kunlink(hm_ipc_pool_t *pi, imp_t *e) {
+    imp_t **p = &pi->kb[key_hash(e->pid, e->nonce, e->rbase) & (pi->cap - 1)];
+    while (*p != e) p = &(*p)->knext;
+    *p = e->knext;
+    e->in_key = false;
+}
+static void lunlink(hm_ipc_pool_t *pi, imp_t *e) {
+    imp_t **p = &pi->lb[mix64(e->local) & (pi->cap - 1)];
+    while (*p != e) p = &(*p)->lnext;
+    *p = e->lnext;
+    e->in_local = false;
+    pi->n--;
+}
+/* Double both hashes when the load passes 1 (best effort: without memory
+ * the chains just grow). */
+static void grow(hm_ipc_pool_t *pi) {
+    if (pi->n < pi->cap) return;
+    size_t cap = pi->cap * 2;
+    imp_t **kb = calloc(cap, sizeof(*kb)), **lb = calloc(cap, sizeof(*lb));
+    if (!kb || !lb) {
+        free(kb);
+        free(lb);
+        return;
+    }
+    for (size_t i = 0; i < pi->cap; i++) {
+        for (imp_t *e = pi->lb[i], *nx; e; e = nx) {
+            nx = e->lnext;
+            size_t b = mix64(e->local) & (cap - 1);
+            e->lnext = lb[b];
+            lb[b] = e;
+        }
+        for (imp_t *e = pi->kb[i], *nx; e; e = nx) {
+            nx = e->knext;
+            size_t b = key_hash(e->pid, e->nonce, e->rbase) & (cap - 1);
+            e->knext = kb[b];
+            kb[b] = e;
+        }
+    }
+    free(pi->kb);
+    free(pi->lb);
+    pi->kb = kb;
+    pi->lb = lb;
+    pi->cap = cap;
+}
+
+/* ---- the CLOCK ring (gc.lock held) ---- */
+static void ring_insert(imp_t *e) {
+    if (!gc.hand) {
+        e->rnext = e->rprev = e;
+        gc.hand = e;
+    } else { /* just behind the hand: visited last */
+        e->rnext = gc.hand;
+        e->rprev = gc.hand->rprev;
+        e->rprev->rnext = e;
+        gc.hand->rprev = e;
+    }
+    e->in_ring = true;
+    gc.count++;
+    gc.bytes += e->size;
+    atomic_store_explicit(&gc.a_count, gc.count, memory_order_relaxed);
+    atomic_store_explicit(&gc.a_bytes, gc.bytes, memory_order_relaxed);
+}
+static void ring_unlink(imp_t *e) {
+    if (e->rnext == e) {
+        gc.hand = NULL;
+    } else {
+        if (gc.hand == e) gc.hand = e->rnext;
+        e->rprev->rnext = e->rnext;
+        e->rnext->rprev = e->rprev;
+    }
+    e->in_ring = false;
+    gc.count--;
+    gc.bytes -= e->size;
+    atomic_store_explicit(&gc.a_count, gc.count, memory_order_relaxed);
+    atomic_store_explicit(&gc.a_bytes, gc.bytes, memory_order_relaxed);
+}
+
+static inline bool over_bound(void) {
+    size_t me = atomic_load_explicit(&gc.max_entries, memory_order_relaxed);
+    size_t mb = atomic_load_explicit(&gc.max_bytes, memory_order_relaxed);
+    return (me && atomic_load_explicit(&gc.a_count, memory_order_relaxed) > me) ||
+           (mb && atomic_load_explicit(&gc.a_bytes, memory_order_relaxed) > mb);
+}
+
+/* Forget the tracker record and unmap (no lock held). */
+static void close_mapping(hm_pool_t *pool, uintptr_t local, size_t size) {
+    if (hm__tracker_remove(local, size) != HM_SUCCESS)
+        HM_LOG_ERROR("IPC: the opened mapping [%p, +%zu) was not tracked any more", (void *)local,
+                     size);
+    hm_provider_t *prov = pool->provider;
+    hm_result_t r = prov->ops.ipc.close(prov->state, (void *)local, size);
+    if (r != HM_SUCCESS)
+        HM_LOG_ERROR("IPC: provider '%s' failed to close [%p, +%zu): %s", prov->info.name,
+                     (void *)local, size, hm_result_string(r));
+}
+
+/* e is out of both pool hashes and unused; the caller is its closer. */
+static void retire(imp_t *e) {
+    hm_pool_t *pool = e->pi->pool;
+    uintptr_t local = e->local;
+    size_t size = e->size;
+    bool free_it = true;
+    hm__mutex_lock(&gc.lock);
+    if (e->in_ring) ring_unlink(e);
+    if (e->claimed) { /* an evictor holds it: it frees it */
+        e->dead = true;
+        free_it = false;
+    }
+    hm__mutex_unlock(&gc.lock);
+    close_mapping(pool, local, size);
+    if (free_it) free(e);
+}
+
+/* Close unused mappings, least recently used first, until the cache is
+ * within its bound or nothing unused is left. */
+static void evict_over_bound(void) {
+    for (;;) {
+        hm__mutex_lock(&gc.lock);
+        size_t me = atomic_load_explicit(&gc.max_entries, memory_order_relaxed);
+        size_t mb = atomic_load_explicit(&gc.max_bytes, memory_order_relaxed);
+        if ((!me || gc.count <= me) && (!mb || gc.bytes <= mb)) {
+            hm__mutex_unlock(&gc.lock);
+            return;
+        }
+        imp_t *v = NULL;
+        for (size_t steps = 2 * gc.count + 1; steps && gc.hand; steps--) {
+            imp_t *e = gc.hand;
+            gc.hand = e->rnext;
+            if (atomic_load_explicit(&e->refs, memory_order_relaxed)) continue;
+            if (atomic_exchange_explicit(&e->used, 0, memory_order_relaxed)) continue;
+            v = e;
+            break;
+        }
+        if (!v) { /* everything is in use */
+            hm__mutex_unlock(&gc.lock);
+            return;
+        }
+        ring_unlink(v);
+        v->claimed = true;
+        hm_ipc_pool_t *pi = v->pi;
+        atomic_fetch_add_explicit(&pi->evictors, 1, memory_order_relaxed);
+        hm__mutex_unlock(&gc.lock);
+
+        int outcome; /* 0: we close it, 1: back in use, 2: someone else closes */
+        hm__mutex_lock(&pi->lock);
+        if (v->in_local && atomic_load_explicit(&v->refs, memory_order_relaxed) == 0) {
+            if (v->in_key) kunlink(pi, v);
+            lunlink(pi, v);
+            outcome = 0;
+        } else if (v->in_local) {
+            hm__mutex_lock(&gc.lock);
+            ring_insert(v);
+            v->claimed = false;
+            hm__mutex_unlock(&gc.lock);
+            outcome = 1;
+        } else {
+            outcome = 2;
+        }
+        hm__mutex_unlock(&pi->lock);
+        if (outcome == 0) {
+            close_mapping(pi->pool, v->local, v->size);
+            free(v);
+            atomic_fetch_add_explicit(&gc.evictions, 1, memory_order_relaxed);
+        } else if (outcome == 2) {
+            hm__mutex_lock(&gc.lock);
+            v->claimed = false;
+            bool free_it = v->dead;
+            hm__mutex_unlock(&gc.lock);
+            if (free_it) free(v);
+        }
+        atomic_fetch_sub_explicit(&pi->evictors, 1, memory_order_release);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* open / close                                                             */
+
+static const char *family_name(uint32_t f) {
+    switch (f) {
+    case HM_PROVIDER_FAMILY_OS: return "os";
+    case HM_PROVIDER_FAMILY_FIXED: return "fixed";
+    case HM_PROVIDER_FAMILY_FILE: return "file";
+    case HM_PROVIDER_FAMILY_DEVDAX: return "devdax";
+    case HM_PROVIDER_FAMILY_LEVEL_ZERO: return "level_zero";
+    case HM_PROVIDER_FAMILY_CUDA: return "cuda";
+    default: return f >= HM_PROVIDER_FAMILY_USER ? "user" : "unknown";
+    }
+}
+
+/* An entry at the same key with another allocation id: unlink it from the
+ * key hash; if unused it is returned for the caller to retire after
+ * unlocking. pi->lock held. */
+static imp_t *unlink_stale(hm_ipc_pool_t *pi, imp_t *e) {
+    kunlink(pi, e);
+    atomic_fetch_add_explicit(&gc.stale, 1, memory_order_relaxed);
+    if (atomic_load_explicit(&e->refs, memory_order_relaxed)) return NULL; /* closed at its last close */
+    lunlink(pi, e);
+    return e;
+}
+
+static inline void take_ref(imp_t *e) {
+    if (atomic_fetch_add_explicit(&e->refs, 1, memory_order_relaxed) == 0)
+        atomic_fetch_add_explicit(&gc.in_use, 1, memory_order_relaxed);
+    atomic_store_explicit(&e->used, 1, memory_order_relaxed);
+}
+
+static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, const hm_wire_t *w,
+                                         uint64_t kh, int fd_in, void **ptr) {
+    hm_provider_t *prov = pool->provider;
+    if (!hm__handle_is_live(pool, HM_HANDLE_POOL)) {
+        HM_LOG_ERROR("hm_ipc_open: %p is not a live pool", (void *)pool);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    int fd = -1, own_fd = -1;
+    hm_result_t r;
+    if (w->flags & HM__WIRE_HAS_FD) {
+        if (fd_in >= 0) {
+            fd = fd_in;
+        } else {
+            r = hm__ipc_fetch_fd(w, &own_fd);
+            if (r != HM_SUCCESS) return r;
+            fd = own_fd;
+        }
+    }
+    void *local = NULL;
+    r = prov->ops.ipc.open(prov->state, w->payload, fd, (size_t)w->size, &local);
+    if (own_fd >= 0) (void)hm__prim_close(own_fd);
+    if (r != HM_SUCCESS) {
+        HM_LOG_ERROR("hm_ipc_open: provider '%s' could not open the handle (pid %llu, base "
+                     "0x%llx, %llu bytes): %s", prov->info.name, (unsigned long long)w->pid,
+                     (unsigned long long)w->base, (unsigned long long)w->size,
+                     hm_result_string(r));
+        return r;
+    }
+    if (!local) {
+        HM_LOG_ERROR("hm_ipc_open: provider '%s' returned success and NULL", prov->info.name);
+        return HM_ERROR_UNKNOWN;
+    }
+    imp_t *e = calloc(1, sizeof(*e));
+    if (!e) {
+        r = HM_ERROR_OUT_OF_HOST_MEMORY;
+        goto fail_entry;
+    }
+    uint32_t tflags = HM_TRACK_IMPORTED | (pool->cpu_accessible ? HM_TRACK_HOST_ACCESSIBLE : 0);
+    r = hm__tracker_insert(&pool->index, pool, prov, (uintptr_t)local, (size_t)w->size, tflags,
+                           NULL);
+    if (r != HM_SUCCESS) goto fail_track;
+    e->pi = pi;
+    e->pid = w->pid;
+    e->nonce = w->nonce;
+    e->rbase = w->base;
+    e->rsize = w->size;
+    e->alloc_id = w->alloc_id;
+    e->local = (uintptr_t)local;
+    e->size = (size_t)w->size;
+
+    imp_t *victim = NULL;
+    hm__mutex_lock(&pi->lock);
+    imp_t *o = kfind(pi, kh, w);
+    if (o && o->alloc_id == w->alloc_id && o->rsize == w->size) {
+        /* Another thread opened it meanwhile: share theirs, undo ours. */
+        take_ref(o);
+        uintptr_t theirs = o->local;
+        hm__mutex_unlock(&pi->lock);
+        close_mapping(pool, (uintptr_t)local, (size_t)w->size);
+        free(e);
+        *ptr = (void *)(theirs + w->offset);
+        return HM_SUCCESS;
+    }
+    if (o) victim = unlink_stale(pi, o);
+    grow(pi);
+    size_t kb = kh & (pi->cap - 1), lb = mix64(e->local) & (pi->cap - 1);
+    e->knext = pi->kb[kb];
+    pi->kb[kb] = e;
+    e->lnext = pi->lb[lb];
+    pi->lb[lb] = e;
+    e->in_key = e->in_local = true;
+    pi->n++;
+    take_ref(e);
+    hm__mutex_lock(&gc.lock);
+    ring_insert(e);
+    hm__mutex_unlock(&gc.lock);
+    hm__mutex_unlock(&pi->lock);
+    if (victim) retire(victim);
+    if (over_bound()) evict_over_bound();
+    *ptr = (char *)local + w->offset;
+    return HM_SUCCESS;
+
+fail_track:
+    free(e);
+fail_entry:
+    (void)prov->ops.ipc.close(prov->state, local, (size_t)w->size);
+    return r;
+}
+
+hm_result_t hm_ipc_open_fd(hm_pool_t *pool, const hm_ipc_handle_t *handle, size_t size, int fd,
+                           void **ptr) {
+    if (hm_unlikely(!ptr || !pool || !handle)) {
+        HM_LOG_ERROR("hm_ipc_open: %s is NULL", !ptr ? "ptr" : !pool ? "pool" : "handle");
+        if (ptr) *ptr = NULL;
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    *ptr = NULL;
+    hm_wire_t w;
+    hm_result_t r = hm__wire_decode(handle, size, &w);
+    if (hm_unlikely(r != HM_SUCCESS)) {
+        HM_LOG_ERROR("hm_ipc_open: handle rejected: %s", hm_result_string(r));
+        return r;
+    }
+    const ident_t *me = self_ident();
+    if (hm_unlikely(w.pid == me->pid && w.nonce == me->nonce)) {
+        HM_LOG_ERROR("hm_ipc_open: the handle was made by this process (use the pointer "
+                     "itself: 0x%llx)", (unsigned long long)(w.base + w.offset));
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    hm_provider_t *prov = pool->provider;
+    if (hm_unlikely(!pool->tracked || !(prov->info.caps & HM_PROVIDER_CAP_IPC) ||
+                    prov->info.family != (hm_provider_family_t)w.family)) {
+        if (!pool->tracked)
+            HM_LOG_ERROR("hm_ipc_open: pool '%s' was created with HM_POOL_FLAG_NO_TRACKING",
+                         pool->ops.name);
+        else if (!(prov->info.caps & HM_PROVIDER_CAP_IPC))
+            HM_LOG_ERROR("hm_ipc_open: provider '%s' of pool '%s' cannot open IPC handles",
+                         prov->info.name, pool->ops.name);
+        else
+            HM_LOG_ERROR("hm_ipc_open: the handle comes from a '%s'-family provider; pool '%s' "
+                         "has a '%s' provider", family_name(w.family), pool->ops.name,
+                         family_name(prov->info.family));
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    hm_ipc_pool_t *pi = pool_ipc_make(pool);
+    if (hm_unlikely(!pi)) return HM_ERROR_OUT_OF_HOST_MEMORY;
+    uint64_t kh = key_hash(w.pid, w.nonce, w.base);
+    imp_t *victim = NULL;
+    hm__mutex_lock(&pi->lock);
+    imp_t *e = kfind(pi, kh, &w);
+    if (hm_likely(e != NULL)) {
+        if (hm_likely(e->alloc_id == w.alloc_id && e->rsize == w.size)) {
+            take_ref(e);
+            uintptr_t local = e->local;
+            hm__mutex_unlock(&pi->lock);
+            atomic_fetch_add_explicit(&gc.hits, 1, memory_order_relaxed);
+            *ptr = (void *)(local + w.offset);
+            return HM_SUCCESS;
+        }
+        victim = unlink_stale(pi, e);
+    }
+    hm__mutex_unlock(&pi->lock);
+    if (victim) retire(victim);
+    atomic_fetch_add_explicit(&gc.misses, 1, memory_order_relaxed);
+    if (hm_unlikely(prov->ops.ipc.handle_size(prov->state) != w.payload_len)) {
+        HM_LOG_ERROR("hm_ipc_open: payload of %u bytes; provider '%s' reads %zu", w.payload_len,
+                     prov->info.name, prov->ops.ipc.handle_size(prov->state));
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    return open_miss(pool, pi, &w, kh, fd, ptr);
+}
+
+hm_result_t hm_ipc_open(hm_pool_t *pool, const hm_ipc_handle_t *handle, size_t size, void **ptr) {
+    return hm_ipc_open_fd(pool, handle, size, -1, ptr);
+}
+
+hm_result_t hm_ipc_close(void *ptr) {
+    hm_tracker_entry_t te;
+    if (hm_unlikely(!ptr || !hm__tracker_lookup(ptr, &te))) {
+        HM_LOG_ERROR("hm_ipc_close(%p): not memory hetmem knows", ptr);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (hm_unlikely(!(te.flags & HM_TRACK_IMPORTED))) {
+        HM_LOG_ERROR("hm_ipc_close(%p): not a mapping opened through IPC", ptr);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    hm_ipc_pool_t *pi = pool_ipc(te.pool);
+    if (hm_unlikely(!pi)) {
+        HM_LOG_ERROR("hm_ipc_close(%p): the pool has no IPC state", ptr);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    hm__mutex_lock(&pi->lock);
+    imp_t *e = lfind(pi, te.base);
+    if (hm_unlikely(!e)) {
+        hm__mutex_unlock(&pi->lock);
+        HM_LOG_ERROR("hm_ipc_close(%p): no open mapping there (closed concurrently?)", ptr);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    uint32_t refs = atomic_load_explicit(&e->refs, memory_order_relaxed);
+    if (hm_unlikely(!refs)) {
+        hm__mutex_unlock(&pi->lock);
+        HM_LOG_ERROR("hm_ipc_close(%p): closed more times than opened", ptr);
+        return HM_ERROR_DOUBLE_FREE;
+    }
+    atomic_store_explicit(&e->refs, refs - 1, memory_order_relaxed);
+    bool retire_now = false;
+    if (refs == 1) {
+        atomic_fetch_sub_explicit(&gc.in_use, 1, memory_order_relaxed);
+        if (!e->in_key) { /* stale: its last user is gone */
+            lunlink(pi, e);
+            retire_now = true;
+        }
+    }
+    hm__mutex_unlock(&pi->lock);
+    if (retire_now) retire(e);
+    else if (refs == 1 && over_bound()) evict_over_bound();
+    return HM_SUCCESS;
+}
+
+hm_result_t hm__ipc_refuse_free(const void *ptr) {
+    HM_LOG_ERROR("%p is a mapping opened through IPC: close it with hm_ipc_close(), not "
+                 "hm_free()/hm_pool_free()", ptr);
+    return HM_ERROR_INVALID_ARGUMENT;
+}
+
+/* ------------------------------------------------------------------------ */
+/* export cache                                                             */
+
+static inline size_t xbucket(uintptr_t base) { return mix64(base) & (gx.cap - 1); }
+
+static xent_t *xfind(uintptr_t base) {
+    if (!gx.cap) return NULL;
+    for (xent_t *x = gx.b[xbucket(base)]; x; x = x->hnext)
+        if (x->base == base) return x;
+    return NULL;
+}
+
+static void xent_free(xent_t *x) {
+    for (xview_t *v = x->views, *nv; v; v = nv) {
+        nv = v->next;
+        free(v);
+    }
+    free(x);
+}
+
+static void olist_unlink(xent_t *x) {
+    if (x->oprev) x->oprev->onext = x->onext;
+    else gx.orphans = x->onext;
+    if (x->onext) x->onext->oprev = x->oprev;
+    x->oprev = x->onext = NULL;
+}
+static void olist_push(xent_t *x) {
+    x->oprev = NULL;
+    x->onext = gx.orphans;
+    if (gx.orphans) gx.orphans->oprev = x;
+    gx.orphans = x;
+}
+
+static void xlist_unlink(xent_t **head, xent_t *x) {
+    if (x->lprev) x->lprev->lnext = x->lnext;
+    else *head = x->lnext;
+    if (x->lnext) x->lnext->lprev = x->lprev;
+    x->lprev = x->lnext = NULL;
+}
+static void xlist_push(xent_t **head, xent_t *x) {
+    x->lprev = NULL;
+    x->lnext = *head;
+    if (*head) (*head)->lprev = x;
+    *head = x;
+}
+
+static void xprovider_put(xent_t *x) {
+    if (x->put_done) return;
+    x->put_done = true;
+    hm_result_t r = x->prov->ops.ipc.put(x->prov->state, x->payload);
+    if (r != HM_SUCCESS)
+        HM_LOG_WARN("IPC: provider '%s' put of the export at %p failed: %s", x->prov->info.name,
+                    (void *)x->base, hm_result_string(r));
+}
+
+/* Take x out of the hash and ring (gx.lock held). Unused: released now.
+ * Used: moved to gx.orphans and released at its last put; it also stays in
+ * its pool's list so that a pool destroy releases the provider export
+ * before the provider goes. */
+static void xdetach(xent_t *x) {
+    xent_t **p = &gx.b[xbucket(x->base)];
+    while (*p != x) p = &(*p)->hnext;
+    *p = x->hnext;
+    if (x->rnext == x) gx.hand = NULL;
+    else {
+        if (gx.hand == x) gx.hand = x->rnext;
+        x->rprev->rnext = x->rnext;
+        x->rnext->rprev = x->rprev;
+    }
+    x->live = false;
+    gx.n--;
+    atomic_store_explicit(&gx.count, gx.n, memory_order_relaxed);
+    if (!x->refs) {
+        xprovider_put(x);
+        xlist_unlink(&x->pi->xhead, x);
+        xent_free(x);
+    } else {
+        olist_push(x);
+    }
+}
+
+static hm_result_t xgrow(void) {
+    if (gx.n < gx.cap) return HM_SUCCESS;
+    size_t cap = gx.cap ? gx.cap * 2 : 64;
+    xent_t **b = calloc(cap, sizeof(*b));
+    if (!b) return HM_ERROR_OUT_OF_HOST_MEMORY;
+    for (size_t i = 0; i < gx.cap; i++)
+        for (xent_t *x = gx.b[i], *nx; x; x = nx) {
+            nx = x->hnext;
+            size_t k = mix64(x->base) & (cap - 1);
+            x->hnext = b[k];
+            b[k] = x;
+        }
+    free(gx.b);
+    gx.b = b;
+    gx.cap = cap;
+    return HM_SUCCESS;
+}
+
+/* Bound the export cache: CLOCK over live entries, skipping used ones. */
+static void xevict(void) {
+    size_t steps = 2 * gx.n + 1;
+    while (gx.n >= cfg.export_max && gx.hand && steps--) {
+        xent_t *x = gx.hand;
+        gx.hand = x->rnext;
+        if (x->refs) continue;
+        if (x->used) {
+            x->used = 0;
+            continue;
+        }
+        xdetach(x);
+    }
+}
+
+static hm_result_t xcreate(const hm_tracker_entry_t *te, hm_ipc_pool_t *pi, xent_t **out) {
+    hm_provider_t *prov = te->provider;
+    size_t plen = prov->ops.ipc.handle_size(prov->state);
+    if (plen > HM_IPC_PAYLOAD_MAX) {
+        HM_LOG_ERROR("hm_ipc_get: provider '%s' has a %zu-byte payload (at most %u)",
+                     prov->info.name, plen, HM_IPC_PAYLOAD_MAX);
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    hm_result_t r = xgrow();
+    if (r) return r;
+    xevict();
+    xent_t *x = calloc(1, sizeof(*x) + plen);
+    if (!x) return HM_ERROR_OUT_OF_HOST_MEMORY;
+    int fd = -1;
+    r = prov->ops.ipc.get(prov->state, (void *)te->base, te->size, x->payload, &fd);
+    if (r != HM_SUCCESS) {
+        HM_LOG_ERROR("hm_ipc_get: provider '%s' could not export [%p, +%zu): %s",
+                     prov->info.name, (void *)te->base, te->size, hm_result_string(r));
+        free(x);
+        return r;
+    }
+    x->pi = pi;
+    x->prov = prov;
+    x->base = te->base;
+    x->size = te->size;
+    x->id = te->id;
+    x->fd = fd;
+    x->payload_len = (uint32_t)plen;
+    x->live = true;
+    size_t k = xbucket(x->base);
+    x->hnext = gx.b[k];
+    gx.b[k] = x;
+    if (!gx.hand) {
+        x->rnext = x->rprev = x;
+        gx.hand = x;
+    } else {
+        x->rnext = gx.hand;
+        x->rprev = gx.hand->rprev;
+        x->rprev->rnext = x;
+        gx.hand->rprev = x;
+    }
+    xlist_push(&pi->xhead, x);
+    gx.n++;
+    atomic_store_explicit(&gx.count, gx.n, memory_order_relaxed);
+    *out = x;
+    return HM_SUCCESS;
+}
+
+static xview_t *xview_make(xent_t *x, uint64_t offset, const ident_t *me) {
+    uint32_t len = HM_IPC_HEADER_SIZE + x->payload_len;
+    xview_t *v = calloc(1, sizeof(*v) + len);
+    if (!v) return NULL;
+    v->offset = offset;
+    v->len = len;
+    hm_wire_t w = {
+        .family = (uint32_t)x->prov->info.family,
+        .flags = x->fd >= 0 ? HM__WIRE_HAS_FD : 0,
+        .payload_len = x->payload_len,
+        .kind = (uint32_t)x->prov->info.kind,
+        .fd = x->fd >= 0 ? x->fd : -1,
+        .pid = me->pid,
+        .nonce = me->nonce,
+        .start_time = me->start,
+        .alloc_id = x->id,
+        .base = x->base,
+        .size = x->size,
+        .offset = offset,
+    };
+    memcpy(v->wire + HM_IPC_HEADER_SIZE, x->payload, x->payload_len);
+    hm__wire_encode(&w, v->wire);
+    v->next = x->views;
+    x->views = v;
+    return v;
+}
+
+hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size) {
+    if (hm_unlikely(!ptr || !handle || !size)) {
+        HM_LOG_ERROR("hm_ipc_get: %s is NULL", !ptr ? "ptr" : !handle ? "handle" : "size");
+        if (handle) *handle = NULL;
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    *handle = NULL;
+    *size = 0;
+    const ident_t *me = self_ident();
+    hm_tracker_entry_t te;
+    if (hm_unlikely(!hm__tracker_lookup(ptr, &te))) {
+        HM_LOG_ERROR("hm_ipc_get(%p): not memory of a tracked hetmem pool", ptr);
+        return HM_ERROR_NOT_FOUND;
+    }
+    if (hm_unlikely(te.flags & HM_TRACK_IMPORTED)) {
+        HM_LOG_ERROR("hm_ipc_get(%p): a mapping opened through IPC cannot be re-exported", ptr);
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    if (hm_unlikely(!te.provider || !(te.provider->info.caps & HM_PROVIDER_CAP_IPC))) {
+        HM_LOG_ERROR("hm_ipc_get(%p): provider '%s' cannot export (for the OS provider: "
+                     "HM_OS_SHARED)", ptr, te.provider ? te.provider->info.name : "?");
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    uint64_t offset = (uintptr_t)ptr - te.base;
+    hm_ipc_pool_t *pi = pool_ipc_make(te.pool);
+    if (hm_unlikely(!pi)) return HM_ERROR_OUT_OF_HOST_MEMORY;
+    hm_result_t r = HM_SUCCESS;
+    hm__mutex_lock(&gx.lock);
+    xent_t *x = xfind(te.base);
+    if (hm_unlikely(x && (x->id != te.id || x->size != te.size))) {
+        xdetach(x); /* freed and reallocated at the same address */
+        x = NULL;
+    }
+    if (hm_unlikely(!x)) {
+        r = xcreate(&te, pi, &x);
+        if (r != HM_SUCCESS) goto out;
+        if (x->fd >= 0 && atomic_load_explicit(&ptrace_epoch, memory_order_relaxed) !=
+                              hm__prim_fork_epoch() + 1) {
+            hm__ipc_allow_ptrace();
+            atomic_store_explicit(&ptrace_epoch, hm__prim_fork_epoch() + 1,
+                                  memory_order_relaxed);
+        }
+    }
+    xview_t *v = x->views;
+    while (v && v->offset != offset) v = v->next;
+    if (hm_unlikely(!v) && !(v = xview_make(x, offset, me))) {
+        r = HM_ERROR_OUT_OF_HOST_MEMORY;
+        goto out;
+    }
+    v->refs++;
+    x->refs++;
+    x->used = 1;
+    *handle = (hm_ipc_handle_t *)v->wire;
+    *size = v->len;
+out:
+    hm__mutex_unlock(&gx.lock);
+    return r;
+}
+
+/* The view whose wire is `handle` in x, or NULL. */
+static xview_t *xview_of(xent_t *x, const void *handle) {
+    for (xview_t *v = x ? x->views : NULL; v; v = v->next)
+        if ((const void *)v->wire == handle) return v;
+    return NULL;
+}
+
+hm_result_t hm_ipc_put(hm_ipc_handle_t *handle) {
+    if (hm_unlikely(!handle)) {
+        HM_LOG_ERROR("hm_ipc_put(NULL)");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    size_t total;
+    hm_wire_t w;
+    hm_result_t r = hm__wire_length(handle, HM_IPC_HEADER_SIZE, &total);
+    if (r == HM_SUCCESS) r = hm__wire_decode(handle, total, &w);
+    if (hm_unlikely(r != HM_SUCCESS)) {
+        HM_LOG_ERROR("hm_ipc_put: not a valid handle");
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    const ident_t *me = self_ident();
+    if (hm_unlikely(w.pid != me->pid || w.nonce != me->nonce)) {
+        HM_LOG_ERROR("hm_ipc_put: the handle was not made by this process");
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    hm__mutex_lock(&gx.lock);
+    xent_t *x = xfind((uintptr_t)w.base);
+    xview_t *v = xview_of(x, handle);
+    if (!v) { /* detached (freed, or its pool destroyed) while outstanding */
+        x = NULL;
+        for (xent_t *o = gx.orphans; o && !v; o = o->onext)
+            if ((v = xview_of(o, handle))) x = o;
+    }
+    if (hm_unlikely(!v || !v->refs)) {
+        hm__mutex_unlock(&gx.lock);
+        HM_LOG_ERROR("hm_ipc_put(%p): not an outstanding handle from hm_ipc_get (put twice?)",
+                     (void *)handle);
+        return v ? HM_ERROR_DOUBLE_FREE : HM_ERROR_INVALID_HANDLE;
+    }
+    v->refs--;
+    x->refs--;
+    if (!x->refs && !x->live) { /* the last user of a detached export */
+        xprovider_put(x);
+        olist_unlink(x);
+        if (x->pi) xlist_unlink(&x->pi->xhead, x);
+        xent_free(x);
+    }
+    hm__mutex_unlock(&gx.lock);
+    return HM_SUCCESS;
+}
+
+void hm__ipc_range_release(hm_pool_t *pool, void *base) {
+    if (hm_likely(!atomic_load_explicit(&gx.count, memory_order_relaxed))) return;
+    hm__mutex_lock(&gx.lock);
+    xent_t *x = xfind((uintptr_t)base);
+    if (x && x->pi && x->pi->pool == pool) xdetach(x);
+    hm__mutex_unlock(&gx.lock);
+}
+
+/* ------------------------------------------------------------------------ */
+/* pool destroy                                                             */
+
+static void exports_pool_destroy(hm_ipc_pool_t *pi) {
+    size_t outstanding = 0;
+    hm__mutex_lock(&gx.lock);
+    for (xent_t *x = pi->xhead, *nx; x; x = nx) {
+        nx = x->lnext;
+        if (x->live) {
+            bool used = x->refs != 0;
+            xdetach(x); /* unused: freed here; used: now an orphan */
+            if (!used) continue;
+        }
+        /* Used: the provider export goes now (the provider may be destroyed
+         * with the pool); the handle memory goes at the last put. */
+        outstanding++;
+        xprovider_put(x);
+        x->pi = NULL;
+        x->lprev = x->lnext = NULL;
+    }
+    pi->xhead = NULL;
+    hm__mutex_unlock(&gx.lock);
+    if (outstanding)
+        HM_LOG_WARN("pool '%s' destroyed with %zu exported allocations whose handles were not "
+                    "put; their provider exports are released now", pi->pool->ops.name,
+                    outstanding);
+}
+
+void hm__ipc_pool_destroy(hm_pool_t *pool) {
+    hm_ipc_pool_t *pi = pool_ipc(pool);
+    if (!pi) return;
+    exports_pool_destroy(pi);
+
+    /* Detach every mapping from the pool's hashes (only this pool's lock). */
+    imp_t *list = NULL;
+    size_t open_count = 0, n = 0;
+    hm__mutex_lock(&pi->lock);
+    for (size_t i = 0; i < pi->cap; i++) {
+        for (imp_t *e = pi->lb[i], *nx; e; e = nx) {
+            nx = e->lnext;
+            if (atomic_load_explicit(&e->refs, memory_order_relaxed)) {
+                open_count++;
+                atomic_store_explicit(&e->refs, 0, memory_order_relaxed);
+                atomic_fetch_sub_explicit(&gc.in_use, 1, memory_order_relaxed);
+            }
+            e->in_key = e->in_local = false;
+            e->lnext = list;
+            list = e;
+            n++;
+        }
+        pi->lb[i] = pi->kb[i] = NULL;
+    }
+    pi->n = 0;
+    hm__mutex_unlock(&pi->lock);
+    if (open_count)
+        HM_LOG_WARN("pool '%s' destroyed with %zu IPC mappings still open (of %zu cached); "
+                    "closing them", pool->ops.name, open_count, n);
+    /* Close them one by one: each takes the ring lock for one unlink. */
+    for (imp_t *e = list, *nx; e; e = nx) {
+        nx = e->lnext;
+        retire(e);
+    }
+    /* An evictor may still hold a claim on one of ours. */
+    while (atomic_load_explicit(&pi->evictors, memory_order_acquire)) sched_yield();
+
+    hm__mutex_lock(&pilist_lock);
+    if (pi->gprev) pi->gprev->gnext = pi->gnext;
+    else pilist = pi->gnext;
+    if (pi->gnext) pi->gnext->gprev = pi->gprev;
+    atomic_store_explicit(&pool->ipc, NULL, memory_order_release);
+    hm__mutex_unlock(&pilist_lock);
+    pthread_mutex_destroy(&pi->lock);
+    free(pi->kb);
+    free(pi->lb);
+    free(pi);
+}
+
+/* ------------------------------------------------------------------------ */
+/* small public calls                                                       */
+
+size_t hm_ipc_handle_size(void) { return HM_IPC_HEADER_SIZE + HM_IPC_PAYLOAD_MAX; }
+
+hm_result_t hm_ipc_handle_length(const void *bytes, size_t avail, size_t *length) {
+    if (!bytes || !length) {
+        HM_LOG_ERROR("hm_ipc_handle_length: NULL argument");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    return hm__wire_length(bytes, avail, length);
+}
+
+hm_result_t hm_ipc_handle_info(const hm_ipc_handle_t *handle, size_t size,
+                               hm_ipc_handle_info_t *info) {
+    if (!handle || !info) {
+        HM_LOG_ERROR("hm_ipc_handle_info: NULL argument");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    hm_wire_t w;
+    hm_result_t r = hm__wire_decode(handle, size, &w);
+    if (r) return r;
+    info->family = (hm_provider_family_t)w.family;
+    info->kind = (hm_memory_kind_t)w.kind;
+    info->exporter_pid = w.pid;
+    info->exporter_nonce = w.nonce;
+    info->allocation_id = w.alloc_id;
+    info->base = w.base;
+    info->size = w.size;
+    info->offset = w.offset;
+    info->payload_size = w.payload_len;
+    info->has_fd = (w.flags & HM__WIRE_HAS_FD) != 0;
+    return HM_SUCCESS;
+}
+
+hm_result_t hm_ipc_set_cache_limits(size_t max_entries, size_t max_bytes) {
+    ipc_lazy_init();
+    atomic_store(&gc.max_entries, max_entries);
+    atomic_store(&gc.max_bytes, max_bytes);
+    if (over_bound()) evict_over_bound();
+    return HM_SUCCESS;
+}
+
+hm_result_t hm_ipc_get_cache_stats(hm_ipc_cache_stats_t *st) {
+    if (!st) return HM_ERROR_INVALID_ARGUMENT;
+    ipc_lazy_init();
+    hm__mutex_lock(&gc.lock);
+    st->entries = gc.count;
+    st->bytes = gc.bytes;
+    hm__mutex_unlock(&gc.lock);
+    st->in_use = atomic_load(&gc.in_use);
+    st->hits = atomic_load(&gc.hits);
+    st->misses = atomic_load(&gc.misses);
+    st->evictions = atomic_load(&gc.evictions);
+    st->stale = atomic_load(&gc.stale);
+    st->exports = atomic_load(&gx.count);
+    return HM_SUCCESS;
+}

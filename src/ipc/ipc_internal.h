@@ -1,0 +1,39 @@
+/* hetmem — IPC layer hooks for the pool front-end, transports. Never installed.
+ * SPDX-License-Identifier: MIT */
+#ifndef HM_IPC_INTERNAL_H
+#define HM_IPC_INTERNAL_H
+
+#include "internal.h"
+#include "ipc/wire.h"
+
+struct hm_ipc_pool; /* per-pool IPC state, made at a pool's first export or open */
+
+/* hm_pool_destroy(), before the pool's tracker index is drained: release
+ * the pool's cached exports and close every mapping opened through it
+ * (those still open are logged). Takes no lock other pools' opens need for
+ * longer than one entry's unlink; unmaps with no lock held. */
+void hm__ipc_pool_destroy(hm_pool_t *pool);
+
+/* The pool is about to free, split or merge the provider range at base:
+ * drop an unused cached export of it (a used one is released at its last
+ * put). One relaxed load when nothing is exported. */
+void hm__ipc_range_release(hm_pool_t *pool, void *base);
+
+/* hm_free()/hm_pool_free() of an opened mapping: logs and returns
+ * HM_ERROR_INVALID_ARGUMENT (use hm_ipc_close). */
+hm_result_t hm__ipc_refuse_free(const void *ptr);
+
+/* ---- transports (channel.c) ---- */
+/* HM_IPC_PIDFD is not "0". */
+int hm__ipc_pidfd_enabled(void);
+/* Exporter: let same-user importers use pidfd_getfd on us where Yama
+ * restricts ptrace (PR_SET_PTRACER_ANY; EINVAL = no Yama, ignored). Once per
+ * process (again in a forked child). */
+void hm__ipc_allow_ptrace(void);
+/* Importer: a copy of the exporter's descriptor w->fd through pidfd_open +
+ * pidfd_getfd, after checking that w->pid is still the exporting process
+ * (start time). STALE_HANDLE: dead/reused pid or descriptor gone;
+ * PERMISSION / NOT_SUPPORTED: use the channel. */
+hm_result_t hm__ipc_fetch_fd(const hm_wire_t *w, int *fd);
+
+#endif

@@ -1,0 +1,72 @@
+/* hetmem — IPC handle wire format: encode, decode, CRC32C. Never installed.
+ * SPDX-License-Identifier: MIT
+ *
+ * Layout (all integers little-endian, whatever the host; offsets in bytes):
+ *
+ *   off size field
+ *     0   4  magic          "HMIP" = 0x50494d48
+ *     4   2  version        HM__WIRE_VERSION (a reader refuses any other)
+ *     6   2  header_size    HM_IPC_HEADER_SIZE (104)
+ *     8   4  total_size     header_size + payload_len
+ *    12   4  family         hm_provider_family_t of the exporting provider
+ *    16   4  flags          HM__WIRE_HAS_FD; other bits must be 0
+ *    20   4  payload_len    <= HM_IPC_PAYLOAD_MAX
+ *    24   4  kind           hm_memory_kind_t
+ *    28   4  fd             exporter's descriptor number (HAS_FD), else -1
+ *    32   8  pid            exporter's pid (1 .. 2^31-1)
+ *    40   8  nonce          exporter's per-process random nonce (!= 0)
+ *    48   8  start_time     exporter's start time, clock ticks since boot
+ *    56   8  alloc_id       exporter's tracker id of the allocation (!= 0)
+ *    64   8  base           exporter's address of the allocation (!= 0)
+ *    72   8  size           allocation size (> 0, base + size no overflow)
+ *    80   8  offset         exported pointer - base (< size)
+ *    88  12  reserved       0
+ *   100   4  crc32c         over bytes [0, 100) and the payload
+ *   104   .. payload        the provider's native handle
+ *
+ * The checksum catches corruption and truncation, not forgery: a forged
+ * handle with a valid checksum is still stopped by the identity check
+ * (pidfd + start time), the provider's own payload validation, and the fd's
+ * size check in the provider. */
+#ifndef HM_IPC_WIRE_H
+#define HM_IPC_WIRE_H
+
+#include "internal.h"
+
+#define HM__WIRE_MAGIC 0x50494d48u
+#define HM__WIRE_VERSION 1u
+#define HM__WIRE_CRC_OFF 100u
+
+enum { HM__WIRE_HAS_FD = 1u << 0 };
+
+/* A decoded header; payload points into the caller's bytes. */
+typedef struct hm_wire {
+    uint32_t family;
+    uint32_t flags;
+    uint32_t payload_len;
+    uint32_t kind;
+    int32_t fd;
+    uint64_t pid, nonce, start_time;
+    uint64_t alloc_id, base, size, offset;
+    const unsigned char *payload;
+    uint32_t total_size;
+} hm_wire_t;
+
+/* CRC32C (Castagnoli) of buf, continuing from crc (start with 0). */
+uint32_t hm__crc32c(uint32_t crc, const void *buf, size_t len);
+
+/* Write the header for w (payload_len bytes of payload already at
+ * out + HM_IPC_HEADER_SIZE) and the checksum. out holds total bytes. */
+void hm__wire_encode(const hm_wire_t *w, unsigned char *out);
+
+/* Validate bytes completely and fill *w. Pure: no allocation, no system
+ * call; logs the reason of a rejection at WARN and returns
+ *   HM_ERROR_INVALID_HANDLE (truncated, magic, lengths, checksum, fields),
+ *   HM_ERROR_NOT_SUPPORTED (another version). */
+hm_result_t hm__wire_decode(const void *bytes, size_t len, hm_wire_t *w);
+
+/* Only magic/version/header_size/total_size: the length of a handle whose
+ * header has arrived. */
+hm_result_t hm__wire_length(const void *bytes, size_t len, size_t *total);
+
+#endif

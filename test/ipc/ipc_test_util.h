@@ -1,0 +1,102 @@
+/* hetmem IPC tests — driving an ipc_peer process. SPDX-License-Identifier: MIT */
+#ifndef HM_TEST_IPC_UTIL_H
+#define HM_TEST_IPC_UTIL_H
+
+#include "harness.h"
+#include "ipc_proto.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef struct peer {
+    hm_ipc_channel_t *ch;
+    pid_t pid;
+    int scm; /* handles travel with their fd (SCM_RIGHTS) */
+} peer_t;
+
+/* fork + exec ipc_peer with one end of a SOCK_SEQPACKET socketpair. */
+static inline void peer_start(peer_t *p, const char *mode) {
+    int sv[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0);
+    p->scm = !strcmp(mode, "scm");
+    p->pid = fork();
+    REQUIRE(p->pid >= 0);
+    if (p->pid == 0) {
+        close(sv[0]);
+        char fdarg[16];
+        snprintf(fdarg, sizeof(fdarg), "%d", sv[1]);
+        if (p->scm) setenv("HM_IPC_PIDFD", "0", 1); /* prove the channel alone works */
+        execl(IPC_PEER_PATH, "ipc_peer", fdarg, mode, (char *)NULL);
+        _exit(127);
+    }
+    close(sv[1]);
+    REQUIRE_OK(hm_ipc_channel_from_fd(sv[0], &p->ch));
+}
+
+static inline peer_reply_t peer_cmd(peer_t *p, int op, int pool, int slot, uint64_t a,
+                                    uint64_t b, uint64_t c) {
+    peer_msg_t m = {.op = op, .pool = pool, .slot = slot, .a = a, .b = b, .c = c};
+    peer_reply_t r;
+    memset(&r, 0, sizeof(r));
+    REQUIRE_OK(hm_ipc_channel_send_bytes(p->ch, &m, sizeof(m)));
+    size_t n = 0;
+    REQUIRE_OK(hm_ipc_channel_recv_bytes(p->ch, &r, sizeof(r), &n));
+    REQUIRE(n == sizeof(r));
+    return r;
+}
+
+/* Send OPEN (or OPEN_CHECK) and the handle: with its fd in scm mode (when
+ * the handle is ours), as plain bytes otherwise. */
+static inline peer_reply_t peer_open(peer_t *p, int op, int pool, int slot, const void *h,
+                                     size_t len, int with_fd) {
+    peer_msg_t m = {.op = op, .pool = pool, .slot = slot};
+    REQUIRE_OK(hm_ipc_channel_send_bytes(p->ch, &m, sizeof(m)));
+    if (with_fd) REQUIRE_OK(hm_ipc_channel_send(p->ch, (const hm_ipc_handle_t *)h, len));
+    else REQUIRE_OK(hm_ipc_channel_send_bytes(p->ch, h, len));
+    peer_reply_t r;
+    size_t n = 0;
+    REQUIRE_OK(hm_ipc_channel_recv_bytes(p->ch, &r, sizeof(r), &n));
+    REQUIRE(n == sizeof(r));
+    return r;
+}
+
+static inline int peer_stop(peer_t *p) {
+    peer_cmd(p, PEER_EXIT, 0, 0, 0, 0, 0);
+    hm_ipc_channel_destroy(p->ch);
+    int st = 0;
+    waitpid(p->pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static inline hm_pool_t *shared_pool(void) {
+    hm_os_params_t *prm;
+    hm_provider_t *prov;
+    hm_pool_t *pool;
+    REQUIRE_OK(hm_os_params_create(&prm));
+    REQUIRE_OK(hm_os_params_set_visibility(prm, HM_OS_SHARED));
+    REQUIRE_OK(hm_os_provider_create(prm, &prov));
+    hm_os_params_destroy(prm);
+    REQUIRE_OK(hm_proxy_pool_create(prov, HM_POOL_FLAG_OWN_PROVIDER, &pool));
+    return pool;
+}
+
+/* Does pidfd_getfd work here at all (kernel, seccomp)? */
+static inline int pidfd_getfd_works(void) {
+#ifdef SYS_pidfd_getfd
+    int pfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+    if (pfd < 0) return 0;
+    int fd = (int)syscall(SYS_pidfd_getfd, pfd, 0, 0);
+    close(pfd);
+    if (fd < 0) return 0;
+    close(fd);
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#endif
