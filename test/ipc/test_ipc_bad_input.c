@@ -1,0 +1,263 @@
+/* hetmem IPC — bad input: truncated, bit-flipped, wrong-version,
+ * wrong-provider and forged handles, a dead exporter, a handle opened by its
+ * own exporter. Each gets a clear error, maps nothing, leaks nothing (file
+ * descriptors, mappings, cache entries counted before and after).
+ * SPDX-License-Identifier: MIT */
+#include "harness.h"
+#include "ipc/wire.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static unsigned char good[4096];
+static size_t good_len;
+static hm_pool_t *pool;
+
+static int count_fds(void) {
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    if (!d) return -1;
+    while (readdir(d)) n++;
+    closedir(d);
+    return n;
+}
+static int count_maps(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    int n = 0, c;
+    if (!f) return -1;
+    while ((c = fgetc(f)) != EOF) n += c == '\n';
+    fclose(f);
+    return n;
+}
+static size_t cache_entries(void) {
+    hm_ipc_cache_stats_t st;
+    hm_ipc_get_cache_stats(&st);
+    return st.entries;
+}
+
+/* Rewrite the checksum so that only the field we changed is wrong. */
+static void fix_crc(unsigned char *b, size_t len) {
+    uint32_t c = hm__crc32c(0, b, HM__WIRE_CRC_OFF);
+    c = hm__crc32c(c, b + HM_IPC_HEADER_SIZE, len - HM_IPC_HEADER_SIZE);
+    for (int i = 0; i < 4; i++) b[HM__WIRE_CRC_OFF + i] = (unsigned char)(c >> (8 * i));
+}
+static void put_le(unsigned char *p, uint64_t v, int n) {
+    for (int i = 0; i < n; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static hm_result_t try_open(const unsigned char *b, size_t len) {
+    void *p = (void *)1;
+    hm_result_t r = hm_ipc_open(pool, (const hm_ipc_handle_t *)b, len, &p);
+    if (r == HM_SUCCESS) hm_ipc_close(p);
+    else CHECK(p == NULL);
+    return r;
+}
+
+/* Open a copy of the good handle with `n` bytes at `off` set to v (and the
+ * checksum fixed) -> expected result. */
+static void forged(const char *what, unsigned off, int n, uint64_t v, hm_result_t expected) {
+    unsigned char b[sizeof(good)];
+    memcpy(b, good, good_len);
+    put_le(b + off, v, n);
+    fix_crc(b, good_len);
+    hm_result_t r = try_open(b, good_len);
+    CHECK_MSG(r == expected, "forged %s: %s, expected %s", what, hm_result_string(r),
+              hm_result_string(expected));
+}
+
+int main(void) {
+    /* CRC32C check value (RFC 3720 appendix B.4). */
+    CHECK_EQ(hm__crc32c(0, "123456789", 9), 0xE3069283u);
+    CHECK_EQ(hm_ipc_handle_size(), HM_IPC_HEADER_SIZE + HM_IPC_PAYLOAD_MAX);
+
+    /* An exporter process that stays alive until told. */
+    int hp[2], go[2];
+    REQUIRE(pipe(hp) == 0 && pipe(go) == 0);
+    pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        close(hp[0]);
+        close(go[1]);
+        hm_os_params_t *prm;
+        hm_provider_t *prov;
+        hm_pool_t *cp;
+        hm_os_params_create(&prm);
+        hm_os_params_set_visibility(prm, HM_OS_SHARED);
+        if (hm_os_provider_create(prm, &prov) || hm_proxy_pool_create(prov, 0, &cp)) _exit(2);
+        void *m = hm_pool_malloc(cp, 65536);
+        hm_ipc_handle_t *h;
+        size_t len;
+        if (!m || hm_ipc_get(m, &h, &len)) _exit(3);
+        if (write(hp[1], h, len) != (ssize_t)len) _exit(4);
+        char c;
+        (void)!read(go[0], &c, 1);
+        _exit(0);
+    }
+    close(hp[1]);
+    close(go[0]);
+    ssize_t n = read(hp[0], good, sizeof(good));
+    REQUIRE(n > (ssize_t)HM_IPC_HEADER_SIZE);
+    good_len = (size_t)n;
+
+    hm_os_params_t *prm;
+    hm_provider_t *prov;
+    REQUIRE_OK(hm_os_params_create(&prm));
+    REQUIRE_OK(hm_os_params_set_visibility(prm, HM_OS_SHARED));
+    REQUIRE_OK(hm_os_provider_create(prm, &prov));
+    REQUIRE_OK(hm_proxy_pool_create(prov, HM_POOL_FLAG_OWN_PROVIDER, &pool));
+    hm_os_params_destroy(prm);
+
+    hm_ipc_handle_info_t info;
+    REQUIRE_OK(hm_ipc_handle_info((const hm_ipc_handle_t *)good, good_len, &info));
+    CHECK_EQ(info.exporter_pid, (uint64_t)child);
+    CHECK(info.has_fd && info.family == HM_PROVIDER_FAMILY_OS && info.size == 65536);
+    size_t total = 0;
+    CHECK_OK(hm_ipc_handle_length(good, HM_IPC_HEADER_SIZE, &total));
+    CHECK_EQ(total, good_len);
+    CHECK_EQ(hm_ipc_handle_length(good, HM_IPC_HEADER_SIZE - 1, &total), HM_ERROR_INVALID_HANDLE);
+
+    int fds0 = count_fds(), maps0 = count_maps();
+    size_t ent0 = cache_entries();
+
+    /* NULLs */
+    void *p;
+    CHECK_EQ(hm_ipc_open(NULL, (const hm_ipc_handle_t *)good, good_len, &p),
+             HM_ERROR_INVALID_ARGUMENT);
+    CHECK_EQ(hm_ipc_open(pool, NULL, good_len, &p), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_EQ(hm_ipc_open(pool, (const hm_ipc_handle_t *)good, good_len, NULL),
+             HM_ERROR_INVALID_ARGUMENT);
+    CHECK_EQ(hm_ipc_get(NULL, NULL, NULL), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_EQ(hm_ipc_put(NULL), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_EQ(hm_ipc_close(NULL), HM_ERROR_INVALID_ARGUMENT);
+
+    /* Truncated: every shorter length. */
+    int bad = 0;
+    for (size_t len = 0; len < good_len; len++) bad += try_open(good, len) != HM_ERROR_INVALID_HANDLE;
+    CHECK_MSG(!bad, "%d truncations not refused as INVALID_HANDLE", bad);
+
+    /* Every single bit flipped. */
+    bad = 0;
+    for (size_t bit = 0; bit < good_len * 8; bit++) {
+        unsigned char b[sizeof(good)];
+        memcpy(b, good, good_len);
+        b[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+        hm_result_t r = try_open(b, good_len);
+        bad += r != HM_ERROR_INVALID_HANDLE && r != HM_ERROR_NOT_SUPPORTED;
+    }
+    CHECK_MSG(!bad, "%d bit flips not refused", bad);
+
+    /* Wrong version, wrong provider family (checksums made valid). */
+    forged("version 2", 4, 2, 2, HM_ERROR_NOT_SUPPORTED);
+    forged("file family", 12, 4, HM_PROVIDER_FAMILY_FILE, HM_ERROR_NOT_SUPPORTED);
+    forged("user family", 12, 4, HM_PROVIDER_FAMILY_USER + 7, HM_ERROR_NOT_SUPPORTED);
+    /* Forged fields. */
+    forged("unknown flag", 16, 4, 3, HM_ERROR_INVALID_HANDLE);
+    forged("reserved byte", 90, 1, 1, HM_ERROR_INVALID_HANDLE);
+    forged("offset past the end", 80, 8, 65536, HM_ERROR_INVALID_HANDLE);
+    forged("zero size", 72, 8, 0, HM_ERROR_INVALID_HANDLE);
+    forged("wrapping base", 64, 8, UINT64_MAX - 4096, HM_ERROR_INVALID_HANDLE);
+    forged("zero nonce", 40, 8, 0, HM_ERROR_INVALID_HANDLE);
+    forged("pid 0", 32, 8, 0, HM_ERROR_INVALID_HANDLE);
+    forged("nonexistent pid", 32, 8, 0x3ffffff0, HM_ERROR_STALE_HANDLE);
+    forged("our own parent's pid (wrong start time)", 32, 8, (uint64_t)getppid(),
+           HM_ERROR_STALE_HANDLE);
+    forged("exporter start time", 48, 8, info.exporter_nonce, HM_ERROR_STALE_HANDLE);
+    forged("payload length", 20, 4, 8, HM_ERROR_INVALID_HANDLE);
+    forged("payload magic", HM_IPC_HEADER_SIZE, 4, 0x12345678, HM_ERROR_INVALID_HANDLE);
+    int pidfd_ok = 0;
+    {
+        int pfd = (int)syscall(SYS_pidfd_open, getpid(), 0), f = -1;
+        if (pfd >= 0) f = (int)syscall(SYS_pidfd_getfd, pfd, 0, 0);
+        pidfd_ok = f >= 0;
+        if (f >= 0) close(f);
+        if (pfd >= 0) close(pfd);
+    }
+    if (pidfd_ok) {
+        /* Descriptor numbers that name something else in the exporter. */
+        forged("fd = the exporter's stdin", 28, 4, 0, HM_ERROR_STALE_HANDLE); /* too short */
+        forged("fd = a closed number", 28, 4, 999, HM_ERROR_STALE_HANDLE);
+        forged("size beyond the export", 72, 8, 1u << 20, HM_ERROR_INVALID_HANDLE);
+    }
+    CHECK_EQ(count_maps(), maps0);
+    /* Wrong provider: a private OS pool cannot open, a fixed-family handle
+     * would not match either. */
+    {
+        hm_provider_t *priv;
+        hm_pool_t *pp;
+        REQUIRE_OK(hm_os_provider_create(NULL, &priv));
+        REQUIRE_OK(hm_proxy_pool_create(priv, HM_POOL_FLAG_OWN_PROVIDER, &pp));
+        CHECK_EQ(hm_ipc_open(pp, (const hm_ipc_handle_t *)good, good_len, &p),
+                 HM_ERROR_NOT_SUPPORTED);
+        void *m = hm_pool_malloc(pp, 4096);
+        hm_ipc_handle_t *h;
+        size_t hl;
+        CHECK_EQ(hm_ipc_get(m, &h, &hl), HM_ERROR_NOT_SUPPORTED); /* private memory */
+        hm_pool_free(pp, m);
+        CHECK_OK(hm_pool_destroy(pp));
+    }
+    /* Memory hetmem does not know; put of foreign or copied handles. */
+    {
+        char local[64];
+        hm_ipc_handle_t *h;
+        size_t hl;
+        CHECK_EQ(hm_ipc_get(local, &h, &hl), HM_ERROR_NOT_FOUND);
+        CHECK_EQ(hm_ipc_close(local), HM_ERROR_INVALID_ARGUMENT);
+        unsigned char copy[sizeof(good)];
+        memcpy(copy, good, good_len);
+        CHECK_EQ(hm_ipc_put((hm_ipc_handle_t *)copy), HM_ERROR_INVALID_HANDLE);
+    }
+    /* The private provider's own munmap may split a neighbouring anonymous
+     * mapping: count again from here. */
+    maps0 = count_maps();
+    /* A handle opened in its own exporting process. */
+    {
+        void *m = hm_pool_malloc(pool, 8192);
+        REQUIRE(m);
+        hm_ipc_handle_t *h;
+        size_t hl;
+        REQUIRE_OK(hm_ipc_get(m, &h, &hl));
+        CHECK_EQ(hm_ipc_open(pool, h, hl, &p), HM_ERROR_INVALID_ARGUMENT);
+        CHECK(p == NULL);
+        unsigned char copy[sizeof(good)];
+        memcpy(copy, h, hl); /* a copy is bytes, not the handle: put refuses it */
+        CHECK_EQ(hm_ipc_put((hm_ipc_handle_t *)copy), HM_ERROR_INVALID_HANDLE);
+        CHECK_OK(hm_ipc_put(h));
+        CHECK_OK(hm_pool_free(pool, m));
+    }
+    CHECK_EQ(count_fds(), fds0);
+    CHECK_EQ(count_maps(), maps0);
+    CHECK_EQ(cache_entries(), ent0);
+
+    /* Control: the genuine handle opens (pidfd permitting). */
+    if (pidfd_ok) {
+        CHECK_OK(hm_ipc_open(pool, (const hm_ipc_handle_t *)good, good_len, &p));
+        if (p) CHECK_OK(hm_ipc_close(p));
+    }
+
+    /* The exporter dies: its handle is stale. */
+    CHECK(write(go[1], "x", 1) == 1);
+    int st;
+    waitpid(child, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CHECK_OK(hm_pool_destroy(pool)); /* drops the control's cached mapping */
+    REQUIRE_OK(hm_os_provider_create(NULL, &prov));
+    hm_os_params_create(&prm);
+    hm_os_params_set_visibility(prm, HM_OS_SHARED);
+    hm_provider_t *sp;
+    REQUIRE_OK(hm_os_provider_create(prm, &sp));
+    hm_os_params_destroy(prm);
+    hm_provider_destroy(prov);
+    REQUIRE_OK(hm_proxy_pool_create(sp, HM_POOL_FLAG_OWN_PROVIDER, &pool));
+    CHECK_EQ(try_open(good, good_len), HM_ERROR_STALE_HANDLE); /* warm-up: pool IPC state */
+    fds0 = count_fds();
+    maps0 = count_maps();
+    CHECK_EQ(try_open(good, good_len), HM_ERROR_STALE_HANDLE);
+    CHECK_EQ(count_fds(), fds0);
+    CHECK_EQ(count_maps(), maps0);
+    CHECK_EQ(cache_entries(), 0);
+    CHECK_OK(hm_pool_destroy(pool));
+    return hm_test_finish();
+}
