@@ -406,7 +406,11 @@ static void test_many_pools(void) {
     }
 }
 
-int main(void) {
+/* One CTest entry per part (argv[1]: unit (the default), remote, fixed,
+ * fault, os-*, or all), so that each stays short under the sanitizers. */
+int main(int argc, char **argv) {
+    const char *part = argc > 1 ? argv[1] : "unit";
+#define PART(name) (!strcmp(part, "all") || !strcmp(part, name))
     os_factory_t os_private = {HM_OS_PRIVATE, RW, 0, HM_NATIVE_QUEUE_WFCQ};
     os_factory_t os_shared = {HM_OS_SHARED, RW, 0, HM_NATIVE_QUEUE_WFCQ};
     os_factory_t os_untracked = {HM_OS_PRIVATE, RW, HM_POOL_FLAG_NO_TRACKING,
@@ -414,32 +418,51 @@ int main(void) {
     os_factory_t os_none = {HM_OS_PRIVATE, HM_OS_PROT_NONE, 0, HM_NATIVE_QUEUE_WFCQ};
     os_factory_t os_mutex = {HM_OS_PRIVATE, RW, 0, HM_NATIVE_QUEUE_MUTEX};
     hm_test_suite_opts_t opts = {.can_free = 1};
-    hm_test_pool_suite("native/os-private", make_native_os, &os_private, &opts);
-    hm_test_pool_suite("native/os-shared", make_native_os, &os_shared, &opts);
-    hm_test_pool_suite("native/os-untracked", make_native_os, &os_untracked, &opts);
-    hm_test_pool_suite("native/os-prot-none", make_native_os, &os_none, &opts);
-    hm_test_pool_suite("native/os-mutex-queue", make_native_os, &os_mutex, &opts);
-    hm_test_pool_suite("native/fault(os)", make_native_fault, NULL, &opts);
-
-    void *buf = mmap(NULL, FIXED_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    REQUIRE(buf != MAP_FAILED);
-    hm_test_suite_opts_t fopts = {.max_alloc = 16 * MIB, .max_alignment = 2 * MIB,
-                                  .capacity = FIXED_SIZE};
-    fixed_factory_t fixed_host = {buf, HM_MEMORY_HOST, true};
-    hm_test_pool_suite("native/fixed-host", make_native_fixed, &fixed_host, &fopts);
-    fixed_factory_t fixed_dev = {buf, HM_MEMORY_DEVICE, false};
-    hm_test_pool_suite("native/fixed-device", make_native_fixed, &fixed_dev, &fopts);
-    munmap(buf, FIXED_SIZE);
-
-    test_size_classes();
-    test_alignment();
-    test_bad_frees();
-    test_stats_and_trim();
-    test_params();
-    test_prot_none();
-    test_remote_and_abandoned(HM_NATIVE_QUEUE_WFCQ, "remote frees, abandoned heaps (wfcq)");
-    test_remote_and_abandoned(HM_NATIVE_QUEUE_MUTEX, "remote frees, abandoned heaps (mutex)");
-    test_faults();
-    test_many_pools();
+    int ran = 0;
+    if (PART("os-private"))
+        ran++, hm_test_pool_suite("native/os-private", make_native_os, &os_private, &opts);
+    if (PART("os-shared"))
+        ran++, hm_test_pool_suite("native/os-shared", make_native_os, &os_shared, &opts);
+    if (PART("os-untracked"))
+        ran++, hm_test_pool_suite("native/os-untracked", make_native_os, &os_untracked, &opts);
+    if (PART("os-prot-none"))
+        ran++, hm_test_pool_suite("native/os-prot-none", make_native_os, &os_none, &opts);
+    if (PART("os-mutex-queue"))
+        ran++, hm_test_pool_suite("native/os-mutex-queue", make_native_os, &os_mutex, &opts);
+    if (PART("fault"))
+        ran++, hm_test_pool_suite("native/fault(os)", make_native_fault, NULL, &opts);
+    if (PART("fixed")) {
+        ran++;
+        void *buf =
+            mmap(NULL, FIXED_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        REQUIRE(buf != MAP_FAILED);
+        hm_test_suite_opts_t fopts = {.max_alloc = 16 * MIB, .max_alignment = 2 * MIB,
+                                      .capacity = FIXED_SIZE};
+        fixed_factory_t fixed_host = {buf, HM_MEMORY_HOST, true};
+        hm_test_pool_suite("native/fixed-host", make_native_fixed, &fixed_host, &fopts);
+        fixed_factory_t fixed_dev = {buf, HM_MEMORY_DEVICE, false};
+        hm_test_pool_suite("native/fixed-device", make_native_fixed, &fixed_dev, &fopts);
+        munmap(buf, FIXED_SIZE);
+    }
+    if (PART("unit")) {
+        ran++;
+        test_size_classes();
+        test_alignment();
+        test_bad_frees();
+        test_stats_and_trim();
+        test_params();
+        test_prot_none();
+        test_faults();
+        test_many_pools();
+    }
+    if (PART("remote")) {
+        ran++;
+        test_remote_and_abandoned(HM_NATIVE_QUEUE_WFCQ, "remote frees, abandoned heaps (wfcq)");
+        test_remote_and_abandoned(HM_NATIVE_QUEUE_MUTEX, "remote frees, abandoned heaps (mutex)");
+    }
+    if (!ran) {
+        fprintf(stderr, "unknown part '%s'\n", part);
+        return 2;
+    }
     return hm_test_finish();
 }

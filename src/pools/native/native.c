@@ -756,7 +756,6 @@ static hm_result_t remote_push(nv_heap_t *h, nv_heap_t *dest, void *p) {
 /* Free the blocks of one drained batch into h. */
 static void drain_batch(nv_heap_t *h, nv_batch_t *b) {
     nv_pool_t *nv = h->nv;
-    NV_TSAN_ACQUIRE(b);
     for (uint32_t i = 0; i < b->count; i++) {
         void *p = b->ptrs[i];
         nv_slab_t *s = map_get(nv, p);
@@ -785,6 +784,7 @@ static size_t drain(nv_heap_t *h) {
                 __cds_wfcq_dequeue_nonblocking(&h->priv_head, &h->priv_tail);
             if (!node || node == CDS_WFCQ_WOULDBLOCK) break; /* in flight: next time */
             nv_batch_t *b = hm_container_of(node, nv_batch_t, node);
+            NV_TSAN_ACQUIRE(b);
             n += b->count;
             drain_batch(h, b);
         }
