@@ -60,9 +60,14 @@ void __tsan_release(void *addr);
 static char tsan_grace;
 #define TSAN_READER_DONE() __tsan_release(&tsan_grace)
 #define TSAN_GRACE_DONE() __tsan_acquire(&tsan_grace)
+/* call_rcu's queue is uninstrumented too: writer -> callback thread. */
+#define TSAN_RELEASE(p) __tsan_release(p)
+#define TSAN_ACQUIRE(p) __tsan_acquire(p)
 #else
 #define TSAN_READER_DONE() ((void)0)
 #define TSAN_GRACE_DONE() ((void)0)
+#define TSAN_RELEASE(p) ((void)0)
+#define TSAN_ACQUIRE(p) ((void)0)
 #endif
 
 static inline void rd_lock(void) { urcu_bp_read_lock(); }
@@ -174,15 +179,22 @@ static uint64_t new_id(void) {
 }
 
 /* ---- reclamation ----------------------------------------------------------
- * Removed records and replaced page lists are pushed onto one of a few
- * sharded retire lists (a thread keeps its shard); when a shard holds
- * RETIRE_BATCH objects, the thread that filled it detaches the list, waits
- * one grace period (synchronize_rcu) and frees them. One grace period thus
- * pays for RETIRE_BATCH removals, no helper thread exists (call_rcu would
- * start one inside the user's process, must be paused around fork, and its
- * pending callbacks would point into unmapped code after a dlclose), and
- * nothing is left behind by exiting threads. drain and fini flush every
- * shard with the grace period they wait anyway. */
+ * Removed records, replaced page lists and collapsed nodes are pushed onto
+ * one of a few sharded retire lists (a thread keeps its shard; nothing is
+ * left behind by exiting threads). When a shard holds RETIRE_BATCH objects,
+ * the thread that filled it detaches the list and hands it to call_rcu as
+ * one callback: one grace period and one queue operation per 256 removals.
+ *
+ * Why not synchronize_rcu in the writer (the first version did): urcu-bp's
+ * grace period spins briefly and then sleeps 10 ms at a time while a reader
+ * is inside a read-side section; on a loaded machine a reader preempted in
+ * its section made an unlucky hm_free wait milliseconds (measured: 2-thread
+ * insert+remove at 0.7 effective CPUs). call_rcu moves that wait to urcu's
+ * helper thread. Its costs are handled: the helper is paused around fork
+ * (call_rcu_before_fork etc. in the atfork hooks), and fini waits for
+ * pending callbacks (rcu_barrier) so none runs after a dlclose. If the batch
+ * carrier cannot be allocated, the writer falls back to synchronize_rcu.
+ * drain and fini flush every shard with the grace period they wait anyway. */
 #define RETIRE_SHARDS 16
 #define RETIRE_BATCH 256
 
@@ -213,6 +225,8 @@ static void free_list(retired_t *r) {
     }
 }
 
+static void reclaim_later(retired_t *list);
+
 /* Append [head..tail] (n objects) to this thread's shard; maybe reclaim. */
 static void retire_list(retired_t *head, retired_t *tail, size_t n) {
     if (!head) return;
@@ -234,10 +248,35 @@ static void retire_list(retired_t *head, retired_t *tail, size_t n) {
         s->n = 0;
     }
     hm__mutex_unlock(&s->lock);
-    if (batch) {
+    if (batch) reclaim_later(batch);
+}
+
+typedef struct batch {
+    struct rcu_head head;
+    retired_t *list;
+} batch_t;
+static _Atomic int g_call_rcu_used;
+
+static void batch_free(struct rcu_head *h) {
+    batch_t *b = caa_container_of(h, batch_t, head);
+    TSAN_GRACE_DONE();
+    TSAN_ACQUIRE(b);
+    free_list(b->list);
+    free(b);
+}
+
+static void reclaim_later(retired_t *list) {
+    batch_t *b = malloc(sizeof *b);
+    if (hm_unlikely(!b)) {
         grace_period();
-        free_list(batch);
+        free_list(list);
+        return;
     }
+    b->list = list;
+    TSAN_RELEASE(b);
+    if (!atomic_load_explicit(&g_call_rcu_used, memory_order_relaxed))
+        atomic_store_explicit(&g_call_rcu_used, 1, memory_order_relaxed);
+    urcu_bp_call_rcu(&b->head, batch_free);
 }
 
 static void retire_one(retired_t *r) {
@@ -777,7 +816,12 @@ static int range_ok(uintptr_t base, size_t size) {
            base <= ((uintptr_t)1 << VA_BITS) - size;
 }
 
-/* ---- per-pool index ---- */
+/* ---- per-pool index ----
+ * Every live index is on one registry list so that fork can take every
+ * index lock (a thread holding one at fork time would leave the child's copy
+ * locked forever). Touched only at pool create/destroy and fork. */
+static pthread_mutex_t g_reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static hm_tracker_index_t *g_reg_head;
 
 void hm__tracker_index_init(hm_tracker_index_t *idx) {
     int e = pthread_mutex_init(&idx->lock, NULL);
@@ -785,6 +829,12 @@ void hm__tracker_index_init(hm_tracker_index_t *idx) {
     idx->head = NULL;
     idx->count = 0;
     idx->bytes = 0;
+    hm__mutex_lock(&g_reg_lock);
+    idx->reg_prev = NULL;
+    idx->reg_next = g_reg_head;
+    if (g_reg_head) g_reg_head->reg_prev = idx;
+    g_reg_head = idx;
+    hm__mutex_unlock(&g_reg_lock);
 }
 
 void hm__tracker_index_fini(hm_tracker_index_t *idx) {
@@ -796,6 +846,13 @@ void hm__tracker_index_fini(hm_tracker_index_t *idx) {
                      left);
         hm__tracker_index_drain(idx, NULL, NULL);
     }
+    hm__mutex_lock(&g_reg_lock);
+    if (idx->reg_prev)
+        idx->reg_prev->reg_next = idx->reg_next;
+    else
+        g_reg_head = idx->reg_next;
+    if (idx->reg_next) idx->reg_next->reg_prev = idx->reg_prev;
+    hm__mutex_unlock(&g_reg_lock);
     pthread_mutex_destroy(&idx->lock);
 }
 
@@ -1095,6 +1152,8 @@ void hm__tracker_flush(void) {
     retired_t *pending = steal_all_shards();
     grace_period();
     free_list(pending);
+    /* and the batches already handed to call_rcu */
+    if (atomic_load_explicit(&g_call_rcu_used, memory_order_relaxed)) urcu_bp_barrier();
 }
 
 /* ---- library hooks ---- */
@@ -1150,7 +1209,16 @@ void hm__tracker_fini(void) {
     }
 }
 
+/* Order: pause the call_rcu helper first (it may be inside a grace period,
+ * which needs urcu's gp lock), then the index registry and every index lock
+ * (a writer holds an index lock only briefly and takes nothing under it),
+ * then our shard locks, then urcu-bp's locks; undo in reverse. The child
+ * re-initialises the locks instead of unlocking (glibc allows either for a
+ * normal mutex; init is what POSIX blesses). */
 void hm__tracker_atfork_prepare(void) {
+    urcu_bp_call_rcu_before_fork();
+    hm__mutex_lock(&g_reg_lock);
+    for (hm_tracker_index_t *x = g_reg_head; x; x = x->reg_next) hm__mutex_lock(&x->lock);
     for (unsigned i = 0; i < RETIRE_SHARDS; i++) hm__mutex_lock(&g_shards[i].lock);
     urcu_bp_before_fork();
 }
@@ -1158,12 +1226,20 @@ void hm__tracker_atfork_prepare(void) {
 void hm__tracker_atfork_parent(void) {
     urcu_bp_after_fork_parent();
     for (unsigned i = RETIRE_SHARDS; i-- > 0;) hm__mutex_unlock(&g_shards[i].lock);
+    for (hm_tracker_index_t *x = g_reg_head; x; x = x->reg_next) hm__mutex_unlock(&x->lock);
+    hm__mutex_unlock(&g_reg_lock);
+    urcu_bp_call_rcu_after_fork_parent();
+}
+
+static void mutex_reinit(pthread_mutex_t *m) {
+    int e = pthread_mutex_init(m, NULL);
+    if (e) HM_DIE("pthread_mutex_init: %d", e);
 }
 
 void hm__tracker_atfork_child(void) {
     urcu_bp_after_fork_child();
-    for (unsigned i = 0; i < RETIRE_SHARDS; i++) {
-        int e = pthread_mutex_init(&g_shards[i].lock, NULL);
-        if (e) HM_DIE("pthread_mutex_init: %d", e);
-    }
+    for (unsigned i = 0; i < RETIRE_SHARDS; i++) mutex_reinit(&g_shards[i].lock);
+    for (hm_tracker_index_t *x = g_reg_head; x; x = x->reg_next) mutex_reinit(&x->lock);
+    mutex_reinit(&g_reg_lock);
+    urcu_bp_call_rcu_after_fork_child();
 }

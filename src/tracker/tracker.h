@@ -18,7 +18,8 @@
  * thread caches the deepest node it reached per 2 MiB region (invalidated by
  * an epoch counter when a node is collapsed). Removed records, replaced page
  * lists and collapsed nodes are freed after an urcu-bp grace period, in
- * batches (one synchronize_rcu per 256 retirements; no call_rcu thread).
+ * batches of 256 handed to call_rcu (urcu's helper thread waits, writers
+ * never do, except drain/flush/fini which wait one grace period).
  *
  * CONCURRENCY CONTRACT (in the manner of liburcu's wfcqueue.h)
  *
@@ -71,9 +72,10 @@
  * of every lookup and writer walk encloses every dereference of a record or
  * page list.
  *
- * Rules for callers: never call a writer (insert/remove/split/merge/drain/
- * flush) from inside an urcu-bp read-side section (it may wait a grace
- * period: deadlock); drain callbacks run outside any section. */
+ * Rules for callers: never call drain, flush or fini from inside an urcu-bp
+ * read-side section or a call_rcu callback (they wait a grace period:
+ * deadlock); writers may be called from a read-side section but should not
+ * be; drain callbacks run outside any section. */
 #ifndef HM_TRACKER_H
 #define HM_TRACKER_H
 
@@ -93,6 +95,9 @@ typedef struct hm_tracker_index {
     struct hm_tracker_record *head; /* this pool's records */
     size_t count;
     size_t bytes;
+    /* all live indexes, so the fork hooks can hold every index lock
+     * (guarded by the tracker's registry lock) */
+    struct hm_tracker_index *reg_prev, *reg_next;
 } hm_tracker_index_t;
 
 /* A copy of a record, safe to use outside any read-side section. */
