@@ -47,9 +47,11 @@ typedef enum kind { K_MALLOC, K_POOL } kind_t;
 typedef struct impl_ctx {
     kind_t kind;
     hm_pool_t *pool;
+    void **slot; /* random cases: the live slots (filled in setup) */
 } impl_ctx_t;
 
 typedef struct case_arg {
+    int random;    /* needs SLOTS live blocks, made in setup */
     size_t lo, hi; /* size range */
     uint32_t sizes[NSIZES];
     uint32_t slots[NSIZES]; /* random slot indices */
@@ -83,8 +85,11 @@ static int make_pool(impl_ctx_t *c, uint32_t flags, hm_native_remote_queue_t q, 
     return 0;
 }
 
-static int setup_generic(void **ctx, kind_t kind, uint32_t flags, hm_native_remote_queue_t q,
-                         unsigned batch) {
+static void teardown(void *ctx);
+
+static int setup_generic(const void *arg, void **ctx, kind_t kind, uint32_t flags,
+                         hm_native_remote_queue_t q, unsigned batch) {
+    const case_arg_t *a = arg;
     impl_ctx_t *c = calloc(1, sizeof(*c));
     if (!c) return 1;
     c->kind = kind;
@@ -93,32 +98,44 @@ static int setup_generic(void **ctx, kind_t kind, uint32_t flags, hm_native_remo
         return 1;
     }
     *ctx = c;
+    if (a->random) {
+        c->slot = calloc(SLOTS, sizeof(void *));
+        for (int i = 0; c->slot && i < SLOTS; i++) {
+            c->slot[i] = xalloc(c, a->sizes[i & (NSIZES - 1)]);
+            if (!c->slot[i]) break;
+            *(char *)c->slot[i] = 1;
+        }
+        if (!c->slot || !c->slot[SLOTS - 1]) {
+            teardown(c);
+            return 1;
+        }
+    }
     return 0;
 }
 
 static int setup_native(const void *a, void **ctx) {
-    (void)a;
-    return setup_generic(ctx, K_POOL, 0, HM_NATIVE_QUEUE_WFCQ, 126);
+    return setup_generic(a, ctx, K_POOL, 0, HM_NATIVE_QUEUE_WFCQ, 126);
 }
 static int setup_untracked(const void *a, void **ctx) {
-    (void)a;
-    return setup_generic(ctx, K_POOL, HM_POOL_FLAG_NO_TRACKING, HM_NATIVE_QUEUE_WFCQ, 126);
+    return setup_generic(a, ctx, K_POOL, HM_POOL_FLAG_NO_TRACKING, HM_NATIVE_QUEUE_WFCQ, 126);
 }
 static int setup_mutex(const void *a, void **ctx) {
-    (void)a;
-    return setup_generic(ctx, K_POOL, 0, HM_NATIVE_QUEUE_MUTEX, 126);
+    return setup_generic(a, ctx, K_POOL, 0, HM_NATIVE_QUEUE_MUTEX, 126);
 }
 static int setup_nobatch(const void *a, void **ctx) {
-    (void)a;
-    return setup_generic(ctx, K_POOL, 0, HM_NATIVE_QUEUE_WFCQ, 1);
+    return setup_generic(a, ctx, K_POOL, 0, HM_NATIVE_QUEUE_WFCQ, 1);
 }
 static int setup_malloc(const void *a, void **ctx) {
-    (void)a;
-    return setup_generic(ctx, K_MALLOC, 0, HM_NATIVE_QUEUE_WFCQ, 126);
+    return setup_generic(a, ctx, K_MALLOC, 0, HM_NATIVE_QUEUE_WFCQ, 126);
 }
 
 static void teardown(void *ctx) {
     impl_ctx_t *c = ctx;
+    if (c->slot) {
+        for (int i = 0; i < SLOTS; i++)
+            if (c->slot[i]) xfree(c, c->slot[i]);
+        free(c->slot);
+    }
     if (c->kind == K_POOL) hm_pool_destroy(c->pool);
     free(c);
 }
@@ -140,12 +157,7 @@ static int run_pairs(void *ctx, const void *arg, uint64_t iters) {
 static int run_random(void *ctx, const void *arg, uint64_t iters) {
     impl_ctx_t *c = ctx;
     const case_arg_t *a = arg;
-    static void *slot[SLOTS];
-    for (int i = 0; i < SLOTS; i++) {
-        slot[i] = xalloc(c, a->sizes[i & (NSIZES - 1)]);
-        if (!slot[i]) return 1;
-        *(char *)slot[i] = 1;
-    }
+    void **slot = c->slot;
     for (uint64_t i = 0; i < iters; i++) {
         uint32_t k = a->slots[i & (NSIZES - 1)] + (uint32_t)(i >> 12) * 7919u;
         k %= SLOTS;
@@ -154,7 +166,6 @@ static int run_random(void *ctx, const void *arg, uint64_t iters) {
         if (!slot[k]) return 1;
         *(char *)slot[k] = 1;
     }
-    for (int i = 0; i < SLOTS; i++) xfree(c, slot[i]);
     return 0;
 }
 
@@ -296,7 +307,8 @@ static uint64_t rnd(uint64_t *s) { /* xorshift64* (Vigna 2016) */
     return *s * 0x2545F4914F6CDD1Dull;
 }
 
-static void fill_arg(case_arg_t *a, size_t lo, size_t hi, uint64_t seed) {
+static void fill_arg(case_arg_t *a, int random, size_t lo, size_t hi, uint64_t seed) {
+    a->random = random;
     a->lo = lo;
     a->hi = hi;
     for (int i = 0; i < NSIZES; i++) {
@@ -350,16 +362,16 @@ int main(int argc, char **argv) {
         {"random 8-4096", 8, 4096, run_random}, {"random 4096", 4096, 4096, run_random},
     };
     for (size_t i = 0; i < sizeof local / sizeof local[0]; i++) {
-        fill_arg(&arg, local[i].lo, local[i].hi, 42 + i);
+        fill_arg(&arg, local[i].run == run_random, local[i].lo, local[i].hi, 42 + i);
         local_subject.run = local[i].run;
         for (size_t k = 0; k < 2; k++) local_base[k].run = local[i].run;
         hm_bench_case(b, local[i].name, &arg, 1, &local_subject, local_base, 2);
     }
-    fill_arg(&arg, 64, 64, 7);
+    fill_arg(&arg, 0, 64, 64, 7);
     remote_subject.run = run_remote;
     for (size_t k = 0; k < 4; k++) remote_base[k].run = run_remote;
     hm_bench_case(b, "remote 64B 1->1", &arg, 1, &remote_subject, remote_base, 4);
-    fill_arg(&arg, 16, 512, 9);
+    fill_arg(&arg, 0, 16, 512, 9);
     remote_subject.run = run_xmalloc;
     for (size_t k = 0; k < 4; k++) remote_base[k].run = run_xmalloc;
     hm_bench_case(b, "xmalloc 2+2", &arg, 1, &remote_subject, remote_base, 4);
