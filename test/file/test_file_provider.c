@@ -296,9 +296,11 @@ static void test_ipc_payload(void) {
     void *a, *b;
     REQUIRE_OK(hm_provider_alloc(exp, 64 * KIB, 0, &a)); /* offset 0 */
     REQUIRE_OK(hm_provider_alloc(exp, 64 * KIB, 0, &b)); /* offset 64 KiB */
-    int fd = -1;
+    int fd = 12345;
     REQUIRE_OK(ops->ipc.get(es, b, 64 * KIB, payload, &fd));
-    CHECK(fd >= 0);
+    CHECK_EQ(fd, -1); /* the path names the file: no descriptor to move */
+    fd = open(path, O_RDWR);
+    REQUIRE(fd >= 0);
     hm_test_fill(b, 64 * KIB, 77);
     /* By path (no fd), then by fd. */
     void *m1 = NULL, *m2 = NULL;
@@ -342,6 +344,7 @@ static void test_ipc_payload(void) {
     CHECK_RES(ops->ipc.open(is, payload, -1, 64 * KIB, &m), HM_ERROR_STALE_HANDLE);
     CHECK_OK(ops->ipc.open(is, payload, fd, 64 * KIB, &m)); /* the fd still names it */
     if (m) CHECK_OK(ops->ipc.close(is, m, 64 * KIB));
+    close(fd);
     CHECK_OK(hm_provider_free(exp, a, 64 * KIB));
     CHECK_OK(hm_provider_free(exp, b, 64 * KIB));
     CHECK_OK(hm_provider_destroy(imp));

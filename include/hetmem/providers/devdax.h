@@ -22,7 +22,9 @@
  * refuses MAP_SYNC gives HM_ERROR_NOT_SUPPORTED.
  *
  * IPC: the native payload names the device (path and device number) and the
- * offset; the importer maps the aligned range that holds it. */
+ * offset; the importer opens the path and maps the aligned range that holds
+ * the allocation (no descriptor has to move). As with the file provider, a
+ * range freed while exported is reused at once. */
 #ifndef HETMEM_PROVIDERS_DEVDAX_H
 #define HETMEM_PROVIDERS_DEVDAX_H
 

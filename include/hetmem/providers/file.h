@@ -31,8 +31,13 @@
  *
  * IPC (shared mappings only): the native payload names the file (path,
  * device and inode, to detect a different file at the same path) and the
- * offset; the importer maps the same file range. The file descriptor travels
- * too, so an unlinked file can still be opened. */
+ * offset; the importer (a file provider over any file) opens the path and
+ * maps the same file range, so no
+ * descriptor has to move (a path longer than 511 bytes travels as the
+ * descriptor instead). A file removed or replaced since the export gives
+ * HM_ERROR_STALE_HANDLE. Freeing an allocation while it is exported returns
+ * the range to the provider at once: an importer still mapping it may see
+ * the next allocation's data there. */
 #ifndef HETMEM_PROVIDERS_FILE_H
 #define HETMEM_PROVIDERS_FILE_H
 

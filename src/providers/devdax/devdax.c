@@ -297,7 +297,7 @@ static hm_result_t devdax_merge(void *state, void *lo, void *hi, size_t total) {
     return hm__coarse_merge(s->coarse, lo, hi, total);
 }
 
-/* ---- IPC: {path, rdev, offset, size}, plus the fd ---- */
+/* ---- IPC: {path, rdev, offset, size} ---- */
 
 static size_t devdax_ipc_size(void *state) { return sizeof(hm_file_ipc_payload_t); }
 
@@ -320,7 +320,7 @@ static hm_result_t devdax_ipc_get(void *state, void *ptr, size_t size, void *pay
     p->size = len;
     p->dev = (uint64_t)s->rdev;
     p->flags = HM_FILE_IPC_MAP_SYNC;
-    *fd = s->fd;
+    *fd = p->path_len ? -1 : s->fd; /* the path names the device */
     return HM_SUCCESS;
 }
 

@@ -514,7 +514,7 @@ static hm_result_t file_merge(void *state, void *lo, void *hi, size_t total) {
     return hm__coarse_merge(s->coarse, lo, hi, total);
 }
 
-/* ---- IPC: {path, dev, ino, offset, size}, plus the fd ---- */
+/* ---- IPC: {path, dev, ino, offset, size} ---- */
 
 static size_t file_ipc_size(void *state) { return sizeof(hm_file_ipc_payload_t); }
 
@@ -547,7 +547,10 @@ static hm_result_t file_ipc_get(void *state, void *ptr, size_t size, void *paylo
     p->dev = (uint64_t)s->dev;
     p->ino = (uint64_t)s->ino;
     p->flags = s->map_sync ? HM_FILE_IPC_MAP_SYNC : 0;
-    *fd = s->fd;
+    /* The path names the file: no descriptor has to move (the importer
+     * needs no pidfd_getfd or channel). A path too long for the payload
+     * travels as the descriptor instead. */
+    *fd = p->path_len ? -1 : s->fd;
     return HM_SUCCESS;
 }
 
