@@ -348,15 +348,21 @@ int hm_bench_finish(hm_bench_t *b) {
 
     printf("bench %s: median of %d measurement%s of >= %.3f s each, interleaved\n", b->suite,
            b->repeats, b->repeats == 1 ? "" : "s", b->min_time);
-    printf("%-24s %-14s %12s %12s %12s %6s %12s\n", "case", "impl", "ns/op", "min", "max", "cpus",
-           "subject/impl");
+    int cw = 4, iw = 4; /* column widths: the longest case and implementation names */
+    for (size_t i = 0; i < b->n; i++) {
+        int lc = (int)strlen(b->res[i].case_name), li = (int)strlen(b->res[i].impl);
+        if (lc > cw) cw = lc;
+        if (li > iw) iw = li;
+    }
+    printf("%-*s  %-*s %12s %12s %12s %6s %12s\n", cw, "case", iw, "impl", "ns/op", "min", "max",
+           "cpus", "subject/impl");
     const char *prev = "";
     for (size_t i = 0; i < b->n; i++) {
         const result_t *r = &b->res[i];
         const char *cname = strcmp(prev, r->case_name) ? r->case_name : "";
         prev = r->case_name;
         if (r->status != ST_OK || r->repeats == 0) {
-            printf("%-24s %-14s %12s\n", cname, r->impl, status_name(r->status));
+            printf("%-*s  %-*s %12s\n", cw, cname, iw, r->impl, status_name(r->status));
             continue;
         }
         char ratio[32] = "";
@@ -364,14 +370,14 @@ int hm_bench_finish(hm_bench_t *b) {
         /* Below ~20 ms of measuring, getrusage's accounting is too coarse to judge. */
         int low = !isnan(r->cpus) && r->cpus < starved && r->wall >= 0.02;
         any_starved |= low;
-        printf("%-24s %-14s %12.1f %12.1f %12.1f %5.2f%s %12s\n", cname, r->impl, r->median,
-               r->min, r->max, r->cpus, low ? "*" : " ", ratio);
+        printf("%-*s  %-*s %12.1f %12.1f %12.1f %5.2f%s %12s\n", cw, cname, iw, r->impl,
+               r->median, r->min, r->max, r->cpus, low ? "*" : " ", ratio);
     }
     printf("subject/impl: the subject's median over this implementation's (< 1: the subject is "
            "faster)\n");
     if (any_starved)
         printf("* fewer effective CPUs than the %d thread%s the workload uses: the run was "
-               "starved, treat those figures with care\n",
+               "starved of CPU, or the workload slept or blocked; treat those figures with care\n",
                b->threads, b->threads == 1 ? "" : "s");
     printf("effective CPUs of the run: %.2f (cpu %.2f s / wall %.2f s; %ld online)\n", run_cpus,
            cpu, wall, sysconf(_SC_NPROCESSORS_ONLN));

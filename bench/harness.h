@@ -13,8 +13,10 @@
  *   3. keeps the median ns/op, the min and max, and the CPU time used while
  *      measuring (user+sys from getrusage) over the wall time: the effective
  *      CPU count of the measurement. A single-threaded workload should show
- *      ~1.0; a clearly lower figure means the run was starved of CPU and its
- *      numbers are not to be trusted.
+ *      ~1.0; a clearly lower figure means the run was starved of CPU (or the
+ *      workload slept or blocked, e.g. waiting for a grace period) and its
+ *      numbers are to be read with care. Rows below 0.8 x threads are marked
+ *      with '*' (only after 20 ms of measuring: getrusage is coarse).
  * hm_bench_finish() prints the table (ns/op and the subject-over-baseline
  * ratio: < 1 means hetmem is faster), the effective CPU count of the whole
  * run, and writes the CSV given with --csv FILE.
