@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -14,26 +15,46 @@
 
 typedef struct peer {
     hm_ipc_channel_t *ch;
+    int sock; /* the channel's socket (inherited by an exec'd producer) */
     pid_t pid;
     int scm; /* handles travel with their fd (SCM_RIGHTS) */
 } peer_t;
 
-/* fork + exec ipc_peer with one end of a SOCK_SEQPACKET socketpair. */
+extern char **environ;
+
+/* Start a program (posix_spawn: no fork handlers run, so this works from a
+ * multi-threaded process under TSan). extra_env: "NAME=value" or NULL;
+ * close_fd: a descriptor the child must not inherit (or -1). */
+static inline pid_t spawn(char *const argv[], const char *extra_env, int close_fd) {
+    size_t n = 0;
+    while (environ[n]) n++;
+    char **env = calloc(n + 2, sizeof(char *));
+    REQUIRE(env);
+    memcpy(env, environ, n * sizeof(char *));
+    if (extra_env) env[n++] = (char *)extra_env;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    if (close_fd >= 0) posix_spawn_file_actions_addclose(&fa, close_fd);
+    pid_t pid;
+    int e = posix_spawn(&pid, argv[0], &fa, NULL, argv, env);
+    posix_spawn_file_actions_destroy(&fa);
+    free(env);
+    REQUIRE(e == 0);
+    return pid;
+}
+
+/* Start ipc_peer with one end of a SOCK_SEQPACKET socketpair. */
 static inline void peer_start(peer_t *p, const char *mode) {
     int sv[2];
     REQUIRE(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0);
     p->scm = !strcmp(mode, "scm");
-    p->pid = fork();
-    REQUIRE(p->pid >= 0);
-    if (p->pid == 0) {
-        close(sv[0]);
-        char fdarg[16];
-        snprintf(fdarg, sizeof(fdarg), "%d", sv[1]);
-        if (p->scm) setenv("HM_IPC_PIDFD", "0", 1); /* prove the channel alone works */
-        execl(IPC_PEER_PATH, "ipc_peer", fdarg, mode, (char *)NULL);
-        _exit(127);
-    }
+    char fdarg[16];
+    snprintf(fdarg, sizeof(fdarg), "%d", sv[1]);
+    char *argv[] = {(char *)IPC_PEER_PATH, fdarg, (char *)mode, NULL};
+    /* scm: prove that the channel alone works */
+    p->pid = spawn(argv, p->scm ? "HM_IPC_PIDFD=0" : NULL, sv[0]);
     close(sv[1]);
+    p->sock = sv[0];
     REQUIRE_OK(hm_ipc_channel_from_fd(sv[0], &p->ch));
 }
 

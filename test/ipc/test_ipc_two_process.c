@@ -182,29 +182,39 @@ static void lru_bound(peer_t *pe, hm_pool_t *pool, int n) {
     CHECK_OK(peer_cmd(pe, PEER_LIMIT, 0, 0, 4096, 0, 0).result);
 }
 
-/* A forked producer exports, the consumer opens, the producer exits: the
- * mapping stays valid; a handle of the dead producer not yet opened is stale
- * (pidfd mode: the descriptor cannot be fetched any more). */
+/* A second producer process (this program exec'd with --producer) exports,
+ * the consumer opens, the producer exits: the mapping stays valid; a handle
+ * of the dead producer not yet opened is stale (pidfd mode: its descriptor
+ * cannot be fetched any more). posix_spawn, not fork: TSan forbids
+ * threads after a multi-threaded fork. */
+static int producer_main(int sock, int out, const char *mode) {
+    peer_t pe = {.sock = sock, .scm = !strcmp(mode, "scm")};
+    if (hm_ipc_channel_from_fd(sock, &pe.ch)) return 1;
+    hm_pool_t *pool = shared_pool();
+    unsigned char *a = hm_pool_malloc(pool, 32 * KB), *b = hm_pool_malloc(pool, 32 * KB);
+    if (!a || !b) return 2;
+    memset(a, 0x5A, 32 * KB);
+    hm_ipc_handle_t *ha, *hb;
+    size_t la, lb;
+    if (hm_ipc_get(a, &ha, &la) || hm_ipc_get(b, &hb, &lb)) return 3;
+    peer_reply_t r = peer_open(&pe, PEER_OPEN, 0, 30, ha, la, pe.scm);
+    if (r.result) return 4;
+    if (write(out, hb, lb) != (ssize_t)lb) return 5;
+    _exit(0); /* no cleanup: the process just dies */
+}
+
 static void producer_exits(peer_t *pe) {
     hm_test_set_context("producer exits while the consumer holds the mapping");
     int pp[2];
     REQUIRE(pipe(pp) == 0);
-    pid_t c = fork();
-    REQUIRE(c >= 0);
-    if (c == 0) {
-        close(pp[0]);
-        hm_pool_t *pool = shared_pool();
-        unsigned char *a = hm_pool_malloc(pool, 32 * KB), *b = hm_pool_malloc(pool, 32 * KB);
-        if (!a || !b) _exit(2);
-        memset(a, 0x5A, 32 * KB);
-        hm_ipc_handle_t *ha, *hb;
-        size_t la, lb;
-        if (hm_ipc_get(a, &ha, &la) || hm_ipc_get(b, &hb, &lb)) _exit(3);
-        peer_reply_t r = peer_open(pe, PEER_OPEN, 0, 30, ha, la, pe->scm);
-        if (r.result) _exit(4);
-        if (write(pp[1], hb, lb) != (ssize_t)lb) _exit(5);
-        _exit(0); /* no cleanup: the process just dies */
-    }
+    char s1[16], s2[16], self[4096];
+    snprintf(s1, sizeof(s1), "%d", pe->sock);
+    snprintf(s2, sizeof(s2), "%d", pp[1]);
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    REQUIRE(sl > 0);
+    self[sl] = 0;
+    char *argv[] = {self, (char *)"--producer", s1, s2, (char *)(pe->scm ? "scm" : "pidfd"), NULL};
+    pid_t c = spawn(argv, NULL, pp[0]);
     close(pp[1]);
     unsigned char hb[4096];
     ssize_t lb = read(pp[0], hb, sizeof(hb));
@@ -238,7 +248,9 @@ static void run(const char *mode) {
     CHECK_OK(hm_pool_destroy(pool));
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc == 5 && !strcmp(argv[1], "--producer"))
+        return producer_main(atoi(argv[2]), atoi(argv[3]), argv[4]);
     if (pidfd_getfd_works()) run("pidfd");
     else printf("pidfd_getfd refused here: only the SCM_RIGHTS transport is tested\n");
     run("scm");
