@@ -60,16 +60,22 @@ int main(void) {
     hm_result_t r = hm_ipc_get(p, &h, &len);
     if (r == HM_ERROR_NOT_SUPPORTED) HM_TEST_SKIP("IPC not built in");
     REQUIRE_OK(r);
+    /* Handles are plain bytes; the child gets a copy (the exporter's own
+     * handle belongs to its export cache, which a forked child drops). */
+    void *bytes = malloc(len);
+    REQUIRE(bytes);
+    memcpy(bytes, h, len);
     fflush(stdout);
     pid_t pid = fork();
     REQUIRE(pid >= 0);
-    if (pid == 0) _exit(child(path, other, h, len));
+    if (pid == 0) _exit(child(path, other, bytes, len));
     int status = 0;
     REQUIRE(waitpid(pid, &status, 0) == pid);
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child failed at step %d",
               WIFEXITED(status) ? WEXITSTATUS(status) : -1);
     CHECK(((unsigned char *)p)[0] == 0x77 && ((unsigned char *)p)[4095] == 0x77);
     CHECK_OK(hm_ipc_put(h));
+    free(bytes);
     CHECK_OK(hm_pool_free(pool, p));
     CHECK_OK(hm_pool_destroy(pool));
     unlink(path);

@@ -307,7 +307,8 @@ static hm_result_t devdax_ipc_get(void *state, void *ptr, size_t size, void *pay
     size_t len = hm_align_up(size, s->page);
     hm_result_t r = hm__coarse_lookup(s->coarse, ptr, len, &rg);
     if (r != HM_SUCCESS) return r;
-    hm_file_ipc_payload_t *p = payload;
+    /* The IPC layer's buffer may be unaligned: build here, copy out. */
+    hm_file_ipc_payload_t local, *p = &local;
     memset(p, 0, sizeof(*p));
     p->magic = HM_DEVDAX_IPC_MAGIC;
     p->version = HM_FILE_IPC_VERSION;
@@ -321,6 +322,7 @@ static hm_result_t devdax_ipc_get(void *state, void *ptr, size_t size, void *pay
     p->dev = (uint64_t)s->rdev;
     p->flags = HM_FILE_IPC_MAP_SYNC;
     *fd = p->path_len ? -1 : s->fd; /* the path names the device */
+    memcpy(payload, p, sizeof(*p));
     return HM_SUCCESS;
 }
 
@@ -329,7 +331,9 @@ static hm_result_t devdax_ipc_put(void *state, void *payload) { return HM_SUCCES
 static hm_result_t devdax_ipc_open(void *state, const void *payload, int fd, size_t size,
                                    void **ptr) {
     devdax_state_t *s = state;
-    const hm_file_ipc_payload_t *p = payload;
+    hm_file_ipc_payload_t local; /* the payload may be unaligned */
+    memcpy(&local, payload, sizeof(local));
+    const hm_file_ipc_payload_t *p = &local;
     hm_result_t r = hm__file_ipc_validate(p, HM_DEVDAX_IPC_MAGIC, size, s->page);
     if (r != HM_SUCCESS) return r;
     if (p->dev != (uint64_t)s->rdev) {

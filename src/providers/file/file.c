@@ -533,7 +533,8 @@ static hm_result_t file_ipc_get(void *state, void *ptr, size_t size, void *paylo
         HM_LOG_ERROR("file provider: IPC of %p: not page-aligned", ptr);
         return HM_ERROR_INVALID_ARGUMENT;
     }
-    hm_file_ipc_payload_t *p = payload;
+    /* The IPC layer's buffer may be unaligned: build here, copy out. */
+    hm_file_ipc_payload_t local, *p = &local;
     memset(p, 0, sizeof(*p));
     p->magic = HM_FILE_IPC_MAGIC;
     p->version = HM_FILE_IPC_VERSION;
@@ -551,6 +552,7 @@ static hm_result_t file_ipc_get(void *state, void *ptr, size_t size, void *paylo
      * needs no pidfd_getfd or channel). A path too long for the payload
      * travels as the descriptor instead. */
     *fd = p->path_len ? -1 : s->fd;
+    memcpy(payload, p, sizeof(*p));
     return HM_SUCCESS;
 }
 
@@ -559,7 +561,9 @@ static hm_result_t file_ipc_put(void *state, void *payload) { return HM_SUCCESS;
 static hm_result_t file_ipc_open(void *state, const void *payload, int fd, size_t size,
                                  void **ptr) {
     file_state_t *s = state;
-    const hm_file_ipc_payload_t *p = payload;
+    hm_file_ipc_payload_t local; /* the payload may be unaligned */
+    memcpy(&local, payload, sizeof(local));
+    const hm_file_ipc_payload_t *p = &local;
     hm_result_t r = hm__file_ipc_validate(p, HM_FILE_IPC_MAGIC, size, s->page);
     if (r != HM_SUCCESS) return r;
     int f;
