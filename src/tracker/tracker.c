@@ -192,7 +192,7 @@ static uint64_t new_id(void) {
  * insert+remove at 0.7 effective CPUs). call_rcu moves that wait to urcu's
  * helper thread. Its costs are handled: the helper is paused around fork
  * (call_rcu_before_fork etc. in the atfork hooks), and fini waits for
- * pending callbacks (rcu_barrier) so none runs after a dlclose. If the batch
+ * pending batches so none runs after a dlclose. If the batch
  * carrier cannot be allocated, the writer falls back to synchronize_rcu.
  * drain and fini flush every shard with the grace period they wait anyway. */
 #define RETIRE_SHARDS 16
@@ -255,7 +255,10 @@ typedef struct batch {
     struct rcu_head head;
     retired_t *list;
 } batch_t;
-static _Atomic int g_call_rcu_used;
+/* Batches handed to call_rcu and not yet freed. flush/fini wait for zero
+ * (our own rcu_barrier: liburcu's allocates in the caller and frees in the
+ * helper, which TSan cannot see ordered, and it is all we need). */
+static _Atomic long g_batches_pending;
 
 static void batch_free(struct rcu_head *h) {
     batch_t *b = caa_container_of(h, batch_t, head);
@@ -263,6 +266,14 @@ static void batch_free(struct rcu_head *h) {
     TSAN_ACQUIRE(b);
     free_list(b->list);
     free(b);
+    atomic_fetch_sub_explicit(&g_batches_pending, 1, memory_order_release); /* last */
+}
+
+static void wait_batches(void) {
+    while (atomic_load_explicit(&g_batches_pending, memory_order_acquire) != 0) {
+        struct timespec ts = {0, 200000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 static void reclaim_later(retired_t *list) {
@@ -274,8 +285,7 @@ static void reclaim_later(retired_t *list) {
     }
     b->list = list;
     TSAN_RELEASE(b);
-    if (!atomic_load_explicit(&g_call_rcu_used, memory_order_relaxed))
-        atomic_store_explicit(&g_call_rcu_used, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_batches_pending, 1, memory_order_relaxed);
     urcu_bp_call_rcu(&b->head, batch_free);
 }
 
@@ -1153,7 +1163,7 @@ void hm__tracker_flush(void) {
     grace_period();
     free_list(pending);
     /* and the batches already handed to call_rcu */
-    if (atomic_load_explicit(&g_call_rcu_used, memory_order_relaxed)) urcu_bp_barrier();
+    wait_batches();
 }
 
 /* ---- library hooks ---- */
@@ -1212,9 +1222,9 @@ void hm__tracker_fini(void) {
 /* Order: pause the call_rcu helper first (it may be inside a grace period,
  * which needs urcu's gp lock), then the index registry and every index lock
  * (a writer holds an index lock only briefly and takes nothing under it),
- * then our shard locks, then urcu-bp's locks; undo in reverse. The child
- * re-initialises the locks instead of unlocking (glibc allows either for a
- * normal mutex; init is what POSIX blesses). */
+ * then our shard locks, then urcu-bp's locks; undo in reverse, in the
+ * child too: the forking thread owns every one of them there, so unlocking
+ * is valid (and, unlike re-initialising, keeps TSan's lock graph right). */
 void hm__tracker_atfork_prepare(void) {
     urcu_bp_call_rcu_before_fork();
     hm__mutex_lock(&g_reg_lock);
@@ -1231,15 +1241,10 @@ void hm__tracker_atfork_parent(void) {
     urcu_bp_call_rcu_after_fork_parent();
 }
 
-static void mutex_reinit(pthread_mutex_t *m) {
-    int e = pthread_mutex_init(m, NULL);
-    if (e) HM_DIE("pthread_mutex_init: %d", e);
-}
-
 void hm__tracker_atfork_child(void) {
     urcu_bp_after_fork_child();
-    for (unsigned i = 0; i < RETIRE_SHARDS; i++) mutex_reinit(&g_shards[i].lock);
-    for (hm_tracker_index_t *x = g_reg_head; x; x = x->reg_next) mutex_reinit(&x->lock);
-    mutex_reinit(&g_reg_lock);
+    for (unsigned i = RETIRE_SHARDS; i-- > 0;) hm__mutex_unlock(&g_shards[i].lock);
+    for (hm_tracker_index_t *x = g_reg_head; x; x = x->reg_next) hm__mutex_unlock(&x->lock);
+    hm__mutex_unlock(&g_reg_lock);
     urcu_bp_call_rcu_after_fork_child();
 }
