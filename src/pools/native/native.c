@@ -1066,6 +1066,17 @@ static size_t nv_usable_size(void *state, const void *p) {
     return size;
 }
 
+int hm__native_owns(void *state, const void *p) {
+    nv_pool_t *nv = state;
+    nv_slab_t *s = map_get(nv, p);
+    uint32_t idx;
+    if (s) return block_index(s, p, &idx);
+    hm__mutex_lock(&nv->large_lock);
+    int found = lmap_find(&nv->live, (uintptr_t)p) != NULL;
+    hm__mutex_unlock(&nv->large_lock);
+    return found;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Trim and statistics                                                      */
 

@@ -167,6 +167,10 @@ struct nv_pool {
     nv_pool_t *g_next; /* live native pools (g_lock) */
 };
 
+/* Is p the start of a block or large range of the pool with this state?
+ * (For the malloc replacement, which must tell its pointers from libc's.) */
+int hm__native_owns(void *state, const void *p);
+
 /* Lock-free page-map lookup. */
 HM_INLINE nv_slab_t *map_get(const nv_pool_t *nv, const void *p) {
     uintptr_t k = (uintptr_t)p >> nv->shift;
