@@ -5,8 +5,8 @@
  * page table with huge-page entries (the idea of jemalloc's rtree and of
  * Linux's page tables; the code is our own):
  *
- *   level 0 (root)  bits 39..56  2^18 slots, each spanning 512 GiB (mmap'd
- *                                once: untouched parts cost no RSS)
+ *   level 0 (root)  bits 39..56  2^18 slots, each spanning 512 GiB (one
+ *                                2 MiB calloc: untouched parts cost no RSS)
  *   level 1         bits 30..38  512 slots of 1 GiB
  *   level 2         bits 21..29  512 slots of 2 MiB
  *   level 3 (leaf)  bits 12..20  512 slots of 4 KiB (the granule)
@@ -39,7 +39,6 @@
  */
 #include "tracker/tracker.h"
 
-#include "platform/prim.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -140,7 +139,7 @@ typedef struct plist {
     ple_t e[];
 } plist_t;
 
-/* The root is mmap'd: 2 MiB of slots that cost RSS only where touched.
+/* The root: 2 MiB of slots that cost RSS only where touched.
  * touched has one bit per 4 KiB page of slots that was ever written, so
  * fini visits only those. */
 typedef struct root {
@@ -344,26 +343,26 @@ static void free_subtree(uintptr_t v) {
     }
 }
 
-/* Create the root on first use. */
+/* Create the root on first use. calloc, not a private mmap: glibc serves
+ * a 2 MiB calloc with a fresh mapping whose untouched pages cost no RSS
+ * either, and leak checkers (LSan) scan heap blocks but not our own
+ * mappings, so nodes reachable from the root are not reported as leaked
+ * when a program exits with live pools. */
 static root_t *root_get(void) {
     root_t *r = atomic_load_explicit(&g_root, memory_order_acquire);
     if (hm_likely(r)) return r;
-    void *p;
-    hm_result_t res = hm__prim_map(sizeof(root_t), 0, HM_PRIM_PROT_READ | HM_PRIM_PROT_WRITE,
-                                   HM_PRIM_MAP_NORESERVE, -1, 0, &p);
-    if (res != HM_SUCCESS) {
-        HM_LOG_ERROR("tracker: cannot map the root table (%zu bytes): %s", sizeof(root_t),
-                     hm_result_string(res));
+    root_t *p = calloc(1, sizeof(root_t));
+    if (!p) {
+        HM_LOG_ERROR("tracker: cannot allocate the root table (%zu bytes)", sizeof(root_t));
         return NULL;
     }
-    r = p;
     root_t *expected = NULL;
-    if (!atomic_compare_exchange_strong_explicit(&g_root, &expected, r, memory_order_acq_rel,
+    if (!atomic_compare_exchange_strong_explicit(&g_root, &expected, p, memory_order_acq_rel,
                                                  memory_order_acquire)) {
-        hm__prim_unmap(p, sizeof(root_t));
-        r = expected;
+        free(p);
+        return expected;
     }
-    return r;
+    return p;
 }
 
 static void root_mark_touched(root_t *root, const slot_t *slot) {
@@ -1215,7 +1214,7 @@ void hm__tracker_fini(void) {
     hm__tracker_flush();
     if (root) {
         root_scan(root, free_one_root_slot);
-        hm__prim_unmap(root, sizeof(root_t));
+        free(root);
     }
 }
 
