@@ -770,6 +770,13 @@ static int slot_apply(op_t *op, slot_t *slot, unsigned level, uintptr_t s, uintp
                 return 1;
             }
         }
+        if (tag_of(cur) == TAG_REC && op->kind == OP_REPLACE) {
+            /* The slot holds one of our claimed records: no other writer
+             * may change it, a release store is enough. */
+            atomic_store_explicit(slot, want, memory_order_release);
+            if (level == 0) root_mark_touched(op->root, slot);
+            return 1;
+        }
         if (slot_cas(op, slot, level, &cur, want)) {
             if (tag_of(cur) == TAG_LIST) op_retire(op, untag(cur));
             return 1;
