@@ -75,6 +75,9 @@ int main(void) {
         system("git -C " HM_SOURCE_DIR " rev-parse HEAD >/dev/null 2>&1") == 0)
         same("git", "git -C " HM_SOURCE_DIR " log --stat -n 30 --format='%H %s' HEAD");
     same("c++ new/delete across threads", HM_CXX_PROG);
+    /* A program using libhetmem.so itself under the proxy (the proxy's own
+     * copy of hetmem must stay private). */
+    same("hetmem pools under the proxy", HM_NATIVE_TEST " remote");
     /* fork under the proxy: parent and child both allocate and free. */
     same("fork", "sh -c 'for i in 1 2 3; do (echo child $i) & done; wait' | sort");
     return hm_test_finish();
