@@ -193,7 +193,7 @@ static uint64_t new_id(void) {
  * (call_rcu_before_fork etc. in the atfork hooks), and fini waits for
  * pending batches so none runs after a dlclose. If the batch
  * carrier cannot be allocated, the writer falls back to synchronize_rcu.
- * drain and fini flush every shard with the grace period they wait anyway. */
+ * flush and fini also free every shard's list (drain does not: see there). */
 #define RETIRE_SHARDS 16
 #define RETIRE_BATCH 256
 
@@ -1146,12 +1146,11 @@ void hm__tracker_index_drain(hm_tracker_index_t *idx,
     rd_unlock();
     op_report_conflicts(&op, "drain", 0, 0);
 
-    /* 3. One grace period for all of them (and for whatever the shards
-     * held), then report and free. */
+    /* 3. One grace period for all of them, then report and free. (The
+     * shards' lists are left alone: freeing them here would make a pool's
+     * destroy cost depend on other pools' activity.) */
     op_publish_collapse(&op);
-    retired_t *pending = steal_all_shards();
     grace_period();
-    free_list(pending);
     free_list(op.retired_head);
     for (rec_t *r = mine, *next; r; r = next) {
         next = r->next;

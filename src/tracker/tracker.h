@@ -141,7 +141,7 @@ void hm__tracker_index_drain(hm_tracker_index_t *idx,
                              void (*cb)(void *arg, const hm_tracker_entry_t *entry), void *arg);
 
 /* Wait one grace period and free every retired record and page list
- * (tests, leak checks; drain and fini do it themselves). */
+ * (tests, leak checks; fini does it itself). */
 void hm__tracker_flush(void);
 
 /* Library hooks (called from init.c). fini frees the tree only if no record
