@@ -169,7 +169,8 @@ void *hm_pool_calloc(hm_pool_t *pool, size_t num, size_t size) {
 /* Is ptr one of this pool's? Tracked pools answer from the tracker; untracked
  * pools are trusted (documented trade-off of HM_POOL_FLAG_NO_TRACKING). */
 static inline int owns(hm_pool_t *pool, const void *ptr) {
-    return !pool->tracked || hm__tracker_lookup_pool(ptr) == pool;
+    return !pool->tracked || (pool->ops.flags & HM_POOL_OPS_VALIDATES_POINTERS) ||
+           hm__tracker_lookup_pool(ptr) == pool;
 }
 
 void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size) {
@@ -178,7 +179,8 @@ void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size) {
         return fail_errno(HM_ERROR_INVALID_ARGUMENT);
     }
     if (!ptr) return hm_pool_malloc(pool, size);
-    if (!owns(pool, ptr)) {
+    if (!owns(pool, ptr) || ((pool->ops.flags & HM_POOL_OPS_VALIDATES_POINTERS) &&
+                             pool->ops.usable_size && !pool->ops.usable_size(pool->state, ptr))) {
         HM_LOG_ERROR("hm_pool_realloc(%s): %p does not belong to this pool", pool->ops.name, ptr);
         return fail_errno(HM_ERROR_INVALID_ARGUMENT);
     }
@@ -192,6 +194,11 @@ void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size) {
         r = pool->ops.realloc(pool->state, ptr, size, &out);
     } else if (pool->cpu_accessible && pool->ops.usable_size) {
         size_t old = pool->ops.usable_size(pool->state, ptr);
+        if (!old) {
+            HM_LOG_ERROR("hm_pool_realloc(%s): %p is not an allocation of this pool",
+                         pool->ops.name, ptr);
+            return fail_errno(HM_ERROR_INVALID_ARGUMENT);
+        }
         if (old >= size && old / 2 <= size) return ptr; /* fits, not wastefully */
         r = pool->ops.alloc(pool->state, size, 0, &out);
         if (r == HM_SUCCESS) {

@@ -68,7 +68,17 @@ typedef struct hm_pool_ops {
     hm_result_t (*realloc)(void *state, void *ptr, size_t size, void **out);
     hm_result_t (*trim)(void *state);
     hm_result_t (*get_stats)(void *state, hm_pool_stats_t *stats);
+
+    /* HM_POOL_OPS_* bits. */
+    uint32_t flags;
 } hm_pool_ops_t;
+
+enum {
+    /* The pool's free/usable_size/realloc refuse (HM_ERROR_INVALID_ARGUMENT)
+     * every pointer they did not hand out, by their own metadata; the
+     * front-end then skips its tracker check on those paths. */
+    HM_POOL_OPS_VALIDATES_POINTERS = 1u << 0,
+};
 
 HM_API hm_result_t hm_pool_create(const hm_pool_ops_t *ops, hm_provider_t *provider,
                                   const void *params, uint32_t flags, hm_pool_t **pool);

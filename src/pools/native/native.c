@@ -1463,6 +1463,10 @@ static const hm_pool_ops_t native_ops = {
     .usable_size = nv_usable_size,
     .trim = nv_trim,
     .get_stats = nv_get_stats,
+    /* nv_free/nv_usable_size refuse foreign and interior pointers through the
+     * pool's own slab map: the front-end's tracker check would double the
+     * cost of a local free. */
+    .flags = HM_POOL_OPS_VALIDATES_POINTERS,
 };
 
 const hm_pool_ops_t *hm_native_pool_ops(void) { return &native_ops; }
