@@ -19,7 +19,11 @@ build=(cmake make gcc g++ libc6-dev pkg-config libhwloc-dev liburcu-dev)
 # (a second compiler for the header test), jemalloc (HM_WITH_JEMALLOC pool),
 # the Level Zero loader headers (HM_WITH_LEVEL_ZERO provider), and
 # util-linux for setarch (TSan on kernels with high mmap entropy).
-extra=(valgrind clang libjemalloc-dev libze-dev util-linux)
+# python3 and git are real programs run under the malloc-replacement
+# library; libclang-rt-14-dev gives clang's libFuzzer runtime (IPC decoder
+# fuzz test); the allocators compared in bench/ come as their Debian packages.
+extra=(valgrind clang libclang-rt-14-dev libjemalloc-dev libze-dev util-linux binutils
+       python3 git libjemalloc2 libmimalloc2.0 libtcmalloc-minimal4)
 
 case "$profile" in
   demo) wanted=("${build[@]}") ;;
