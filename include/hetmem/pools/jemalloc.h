@@ -1,0 +1,108 @@
+/* hetmem — the jemalloc pool: one jemalloc arena per pool, over any provider.
+ * SPDX-License-Identifier: MIT
+ *
+ * Built only with -DHM_WITH_JEMALLOC=ON (it is not in the umbrella header
+ * hetmem/hetmem.h; include this header yourself). The library then carries a
+ * private copy of jemalloc 5.3.0, built from source with every symbol renamed
+ * (hm_je_ / hm_jei_) and made local to libhetmem: it never replaces or
+ * disturbs the process's own malloc (glibc's, or a jemalloc the program links
+ * or preloads), and libhetmem.so stays dlopen()-able (jemalloc's thread data
+ * uses dynamic TLS; Debian's prebuilt libjemalloc_pic.a uses initial-exec TLS,
+ * which glibc cannot give a dlopen()ed library of that size). See
+ * cmake/HmJemalloc.cmake for how that copy is obtained and built.
+ *
+ * Design:
+ * - Each pool creates one jemalloc arena whose extent hooks call the pool's
+ *   provider through hm_pool_provider_alloc/free/split/merge/purge, so that
+ *   the tracker records every extent jemalloc holds (hm_pool_by_ptr and
+ *   hm_free work for every pointer, also while jemalloc splits or merges).
+ * - Thread caches: each thread gets its own explicit jemalloc tcache per pool,
+ *   created on its first call on the pool, destroyed when the thread exits or
+ *   the pool is destroyed; a pool's memory never mixes with another's. Past
+ *   jemalloc's limit of 4093 explicit tcaches per process, further
+ *   (thread, pool) pairs run without a cache (correct, slower).
+ * - Arenas: jemalloc allows 4095 per process (including its own one or two);
+ *   destroyed pools give their arena index back for reuse. At the limit,
+ *   creation fails with HM_ERROR_LIMIT.
+ *
+ * Memory the CPU cannot touch (device memory, PROT_NONE): supported. The
+ * arena is created with metadata_use_hooks = false (jemalloc 5.3's
+ * experimental.arenas_create_ext), so all of jemalloc's metadata (the arena,
+ * extent and slab descriptors with their free bitmaps, tcache stacks) lives in
+ * host memory jemalloc maps itself; the private build has no junk/zero fill
+ * (--disable-fill) and jemalloc never keeps free lists inside free blocks.
+ * On memory that is not CPU-accessible the pool never asks jemalloc for
+ * zeroed memory (calloc: HM_ERROR_NOT_SUPPORTED) nor lets it copy (realloc
+ * resizes in place or fails with HM_ERROR_NOT_SUPPORTED, leaving the block as
+ * it was); the extent alloc hook refuses a request for zeroed device memory.
+ *
+ * Providers: need split and merge (HM_PROVIDER_CAP_SPLIT_MERGE; jemalloc
+ * carves and coalesces extents) and a page size of at most 4 KiB (jemalloc's
+ * page); others are refused at creation with HM_ERROR_NOT_SUPPORTED.
+ * jemalloc asks the provider for what each extent needs (no "retain": see
+ * cmake/HmJemalloc.cmake), coalesces freed neighbours of the same pool, and
+ * gives free extents back to the provider after its decay time (dirty pages
+ * are purged lazily after 10 s, then freed; hm_jemalloc_params_set_decay_ms)
+ * or at hm_pool_trim(). A provider that cannot free keeps the memory with the
+ * pool, which reuses it; one that cannot purge keeps freed pages resident
+ * until they are freed.
+ * After a successful forced purge the provider's memory must read as zero
+ * (MADV_DONTNEED / hole punch semantics), as jemalloc assumes.
+ *
+ * Errors: hm_pool_free of a pointer this pool does not own is refused by the
+ * front-end (tracked pools). A double free or a free of an interior pointer of
+ * a live block inside the pool's memory is undefined, as in jemalloc.
+ * hm_pool_trim() purges the arena and flushes the calling thread's cache of
+ * the pool (other threads' caches are theirs to use; they are flushed at
+ * thread exit and pool destroy).
+ *
+ * Concurrency contract (per pool):
+ *
+ * | operation                  | runs concurrently with       | synchronisation             |
+ * |----------------------------|------------------------------|-----------------------------|
+ * | alloc, free, realloc,      | every call but destroy       | the thread's own tcache (no |
+ * |   usable_size              |                              | lock); jemalloc's bin/extent|
+ * |                            |                              | locks on cache misses       |
+ * | first call of a thread     | every call but destroy       | global mutex (tcache list)  |
+ * | thread exit                | everything                   | global mutex                |
+ * | trim, get_stats            | every call but destroy       | jemalloc's ctl lock         |
+ * | destroy                    | nothing on the same pool     | caller; global mutex        |
+ * Fork: the child may keep using inherited pools (jemalloc's and this pool's
+ * locks are taken around fork). */
+#ifndef HETMEM_POOLS_JEMALLOC_H
+#define HETMEM_POOLS_JEMALLOC_H
+
+#include <hetmem/pool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct hm_jemalloc_params hm_jemalloc_params_t;
+
+HM_API const hm_pool_ops_t *hm_jemalloc_pool_ops(void);
+
+/* Params object: create, set, pass to hm_pool_create() (it is copied),
+ * destroy. NULL params means all defaults. */
+HM_API hm_result_t hm_jemalloc_params_create(hm_jemalloc_params_t **params);
+HM_API hm_result_t hm_jemalloc_params_destroy(hm_jemalloc_params_t *params);
+/* Per-thread caches (default true). false: every call takes the arena's
+ * locks, as UMF's jemalloc pool does (MALLOCX_TCACHE_NONE). */
+HM_API hm_result_t hm_jemalloc_params_set_tcache(hm_jemalloc_params_t *params, bool enable);
+/* jemalloc's decay times in milliseconds for the pool's arena: how long
+ * freed dirty pages stay before a lazy purge, and muzzy pages before they
+ * go back to the provider. -1: never; 0: at once. Defaults: jemalloc's
+ * (10000 and 0). Range -1 .. 3600000 (one hour). */
+HM_API hm_result_t hm_jemalloc_params_set_decay_ms(hm_jemalloc_params_t *params, long dirty_ms,
+                                                   long muzzy_ms);
+
+/* Convenience: hm_pool_create(hm_jemalloc_pool_ops(), provider, params,
+ * flags, pool). */
+HM_API hm_result_t hm_jemalloc_pool_create(hm_provider_t *provider,
+                                           const hm_jemalloc_params_t *params, uint32_t flags,
+                                           hm_pool_t **pool);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* HETMEM_POOLS_JEMALLOC_H */

@@ -1,0 +1,636 @@
+/* hetmem — the jemalloc pool: one arena of a private jemalloc per pool, with
+ * extent hooks over the pool's provider and per-(thread, pool) tcaches.
+ * SPDX-License-Identifier: MIT
+ *
+ * The design and its contract are in include/hetmem/pools/jemalloc.h; how the
+ * private jemalloc is built is in cmake/HmJemalloc.cmake. Facts of jemalloc
+ * 5.3.0 this file relies on (read in its source, src/ctl.c, src/base.c,
+ * src/extent.c, src/tcache.c):
+ * - experimental.arenas_create_ext takes an arena_config_t
+ *   {extent_hooks_t *extent_hooks; bool metadata_use_hooks;}; with
+ *   metadata_use_hooks false the arena's base allocator (arena_t, edata_t,
+ *   ...) maps host memory with the default hooks instead of ours.
+ * - arenas.create/arenas_create_ext reuse the index of a destroyed arena.
+ * - arena.<i>.destroy requires every tcache used with the arena to be flushed
+ *   first; it calls dalloc or destroy for every extent the arena holds.
+ * - After a successful purge_forced hook jemalloc treats the range as zeroed.
+ * - The private build runs without "retain" (cmake/HmJemalloc.cmake says
+ *   why): the alloc hook is asked for what an extent needs, neighbours are
+ *   coalesced only within one arena (through the merge hook), and decayed
+ *   extents go to the dalloc hook; refused ones are purged and kept. */
+#include "pool_internal.h"
+
+#include <hetmem/pools/jemalloc.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The private build's API is hidden in libhetmem: say so at every use. */
+#define JEMALLOC_EXPORT __attribute__((visibility("hidden")))
+#include <hm_jemalloc/jemalloc.h>
+
+/* jemalloc 5.3.0's arena_config_t (include/jemalloc/internal/arena_types.h),
+ * which its public header does not carry. The private build is pinned to
+ * 5.3.0 (cmake/HmJemalloc.cmake checks the tarball's SHA-256). */
+typedef struct je_arena_config {
+    extent_hooks_t *extent_hooks;
+    bool metadata_use_hooks;
+} je_arena_config_t;
+
+#define JE_PAGE ((size_t)4096) /* --with-lg-page=12 */
+
+/* ---- the pool ---- */
+
+typedef struct tc_node tc_node_t;
+
+/* Invariants: `hooks` is first touched by jemalloc after arenas_create_ext
+ * and last by arena.<i>.destroy, both in this pool's init/fini; the hooks get
+ * the pool back with container_of. `tcaches` lists every explicit tcache made
+ * for this pool (one per thread that used it); it and `slot` are guarded by
+ * g_lock. */
+typedef struct jpool {
+    extent_hooks_t hooks;
+    hm_pool_t *pool;
+    unsigned arena;
+    int arena_flags;  /* MALLOCX_ARENA(arena) */
+    bool cpu;         /* the CPU may touch the memory */
+    bool can_free;    /* the provider takes memory back */
+    bool can_purge_lazy, can_purge_force;
+    bool use_tcache;
+    unsigned slot;    /* index in g_slots */
+    uint64_t gen;     /* unique per pool creation, never 0 */
+    tc_node_t *tcaches;
+} jpool_t;
+
+struct tc_node {
+    tc_node_t *next, **prevp;
+    unsigned tc;
+};
+
+/* ---- the registry of pools and per-thread caches ----
+ *
+ * A thread keeps, per pool slot, the generation of the pool it made a tcache
+ * for and the mallocx flags to use. A slot is reused after its pool is
+ * destroyed; the generation tells a stale entry from a live one, so no thread
+ * ever writes another thread's table. */
+
+typedef struct tl_entry {
+    uint64_t gen;
+    int flags;       /* arena | tcache flags for this (thread, pool) */
+    tc_node_t *node; /* NULL when running without a tcache */
+} tl_entry_t;
+
+typedef struct tl_table {
+    tl_entry_t *e;
+    unsigned cap;
+} tl_table_t;
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static jpool_t **g_slots;     /* live pools by slot, NULL = free */
+static unsigned g_nslots;     /* slots in use or freed (high-water mark) */
+static unsigned g_slots_cap;
+static uint64_t g_next_gen = 1;
+static unsigned g_live;       /* live pools */
+static pthread_key_t g_key;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static int g_once_failed;
+
+/* Not initial-exec: one initial-exec access anywhere in libhetmem.so puts
+ * the module's whole TLS block, jemalloc's 2.6 KiB tsd included, in glibc's
+ * static TLS, which a dlopen()ed library cannot get. This file is compiled
+ * with -mtls-dialect=gnu2 (TLS descriptors: a static offset when the library
+ * is loaded at start-up). */
+static __thread tl_table_t *tl_table;
+static __thread bool tl_exiting;
+
+static void atfork_prepare(void) { hm__mutex_lock(&g_lock); }
+static void atfork_parent(void) { hm__mutex_unlock(&g_lock); }
+static void atfork_child(void) {
+    /* Only this thread survives; its table stays valid. */
+    pthread_mutex_init(&g_lock, NULL);
+}
+
+static bool je_tcache_destroy(unsigned tc) {
+    int e = hm_je_mallctl("tcache.destroy", NULL, NULL, &tc, sizeof(tc));
+    if (e) HM_LOG_ERROR("jemalloc pool: tcache.destroy(%u) failed: %s", tc, strerror(e));
+    return e == 0;
+}
+
+/* Thread exit: destroy this thread's tcaches of live pools (flushing their
+ * blocks back to the arenas). Calls made later by this thread (other TLS
+ * destructors) run without a tcache. */
+static void tl_destructor(void *arg) {
+    tl_table_t *t = arg;
+    tl_exiting = true;
+    tl_table = NULL;
+    if (!t) return;
+    hm__mutex_lock(&g_lock);
+    for (unsigned i = 0; i < t->cap; i++) {
+        tl_entry_t *e = &t->e[i];
+        if (!e->gen || !e->node) continue;
+        if (i < g_nslots && g_slots[i] && g_slots[i]->gen == e->gen) {
+            tc_node_t *n = e->node;
+            je_tcache_destroy(n->tc);
+            *n->prevp = n->next;
+            if (n->next) n->next->prevp = n->prevp;
+            free(n);
+        }
+    }
+    hm__mutex_unlock(&g_lock);
+    free(t->e);
+    free(t);
+}
+
+static void once_init(void) {
+    if (pthread_key_create(&g_key, tl_destructor) != 0) {
+        g_once_failed = 1;
+        return;
+    }
+    if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0) g_once_failed = 1;
+}
+
+/* The flags for this thread on this pool: its tcache, made on first use. */
+static HM_NOINLINE int flags_slow(jpool_t *jp) {
+    int none = jp->arena_flags | MALLOCX_TCACHE_NONE;
+    if (!jp->use_tcache || tl_exiting) return none;
+    tl_table_t *t = tl_table;
+    if (!t) {
+        t = calloc(1, sizeof(*t));
+        if (!t) return none;
+        if (pthread_setspecific(g_key, t) != 0) {
+            free(t);
+            return none;
+        }
+        tl_table = t;
+    }
+    if (jp->slot >= t->cap) {
+        unsigned cap = t->cap ? t->cap : 8;
+        while (cap <= jp->slot) cap *= 2;
+        tl_entry_t *ne = realloc(t->e, cap * sizeof(*ne));
+        if (!ne) return none;
+        memset(ne + t->cap, 0, (cap - t->cap) * sizeof(*ne));
+        t->e = ne;
+        t->cap = cap;
+    }
+    tl_entry_t *e = &t->e[jp->slot];
+    /* A stale entry (a destroyed pool that had this slot) is just replaced:
+     * that pool's destroy already destroyed its tcache. */
+    e->gen = 0;
+    e->node = NULL;
+    tc_node_t *n = malloc(sizeof(*n));
+    unsigned tc = 0;
+    size_t sz = sizeof(tc);
+    int err = n ? hm_je_mallctl("tcache.create", &tc, &sz, NULL, 0) : ENOMEM;
+    if (err) {
+        free(n);
+        static _Atomic int warned;
+        if (!atomic_exchange(&warned, 1))
+            HM_LOG_WARN("jemalloc pool: no explicit tcache (%s); this thread uses pool '%s' "
+                        "without a cache (jemalloc allows 4093 tcaches per process)",
+                        strerror(err), hm_pool_name(jp->pool));
+        e->gen = jp->gen;
+        e->flags = none;
+        return none;
+    }
+    n->tc = tc;
+    hm__mutex_lock(&g_lock);
+    n->next = jp->tcaches;
+    n->prevp = &jp->tcaches;
+    if (jp->tcaches) jp->tcaches->prevp = &n->next;
+    jp->tcaches = n;
+    hm__mutex_unlock(&g_lock);
+    e->node = n;
+    e->flags = jp->arena_flags | MALLOCX_TCACHE(tc);
+    e->gen = jp->gen;
+    return e->flags;
+}
+
+HM_INLINE int flags_of(jpool_t *jp) {
+    tl_table_t *t = tl_table;
+    if (hm_likely(t && jp->slot < t->cap && t->e[jp->slot].gen == jp->gen))
+        return t->e[jp->slot].flags;
+    return flags_slow(jp);
+}
+
+/* ---- extent hooks: jemalloc's view of the provider ----
+ * Each returns false on success (jemalloc's convention) and never logs on
+ * success. */
+
+static inline jpool_t *jp_of(extent_hooks_t *h) { return hm_container_of(h, jpool_t, hooks); }
+
+static void *h_alloc(extent_hooks_t *h, void *new_addr, size_t size, size_t alignment, bool *zero,
+                     bool *commit, unsigned arena_ind) {
+    (void)arena_ind;
+    jpool_t *jp = jp_of(h);
+    /* Providers cannot place memory at a chosen address (jemalloc asks when
+     * growing a large block in place): decline, jemalloc moves it instead. */
+    if (new_addr) return NULL;
+    if (*zero && !jp->cpu) return NULL; /* cannot zero device memory */
+    void *p = NULL;
+    if (hm_pool_provider_alloc(jp->pool, size, alignment > JE_PAGE ? alignment : 0, &p) !=
+        HM_SUCCESS)
+        return NULL;
+
+    /* The provider does not promise zeroed memory: zero it when asked (CPU
+     * memory only, checked above). */
+    if (*zero) memset(p, 0, size);
+    *commit = true; /* provider memory is always usable */
+    return p;
+}
+
+static bool h_dalloc(extent_hooks_t *h, void *addr, size_t size, bool committed,
+                     unsigned arena_ind) {
+    (void)committed, (void)arena_ind;
+    jpool_t *jp = jp_of(h);
+    if (!jp->can_free) return true; /* jemalloc retains it for reuse */
+    /* Any extent: split and merge kept the provider's ranges in step. */
+    return hm_pool_provider_free(jp->pool, addr, size) != HM_SUCCESS;
+}
+
+static void h_destroy(extent_hooks_t *h, void *addr, size_t size, bool committed,
+                      unsigned arena_ind) {
+    (void)committed, (void)arena_ind;
+    jpool_t *jp = jp_of(h);
+    /* A provider that cannot free keeps the range recorded; the front-end
+     * forgets it when the pool is destroyed. */
+    if (jp->can_free && hm_pool_provider_free(jp->pool, addr, size) != HM_SUCCESS)
+        HM_LOG_WARN("jemalloc pool '%s': could not free [%p, +%zu) to the provider",
+                    hm_pool_name(jp->pool), addr, size);
+}
+
+static bool h_commit(extent_hooks_t *h, void *addr, size_t size, size_t offset, size_t length,
+                     unsigned arena_ind) {
+    (void)h, (void)addr, (void)size, (void)offset, (void)length, (void)arena_ind;
+    return false; /* provider memory is committed while allocated */
+}
+
+/* Decommit = forced purge: the pages stay mapped and read back as zero, so
+ * "commit" has nothing to do. */
+static bool h_decommit(extent_hooks_t *h, void *addr, size_t size, size_t offset, size_t length,
+                       unsigned arena_ind) {
+    (void)size, (void)arena_ind;
+    jpool_t *jp = jp_of(h);
+    if (!jp->can_purge_force) return true;
+    return hm_pool_provider_purge(jp->pool, (char *)addr + offset, length, true) != HM_SUCCESS;
+}
+
+static bool h_purge_lazy(extent_hooks_t *h, void *addr, size_t size, size_t offset,
+                         size_t length, unsigned arena_ind) {
+    (void)size, (void)arena_ind;
+    jpool_t *jp = jp_of(h);
+    if (!jp->can_purge_lazy) return true;
+    return hm_pool_provider_purge(jp->pool, (char *)addr + offset, length, false) != HM_SUCCESS;
+}
+
+static bool h_purge_forced(extent_hooks_t *h, void *addr, size_t size, size_t offset,
+                           size_t length, unsigned arena_ind) {
+    (void)size, (void)arena_ind;
+    jpool_t *jp = jp_of(h);
+    if (!jp->can_purge_force) return true;
+    return hm_pool_provider_purge(jp->pool, (char *)addr + offset, length, true) != HM_SUCCESS;
+}
+
+static bool h_split(extent_hooks_t *h, void *addr, size_t size, size_t size_a, size_t size_b,
+                    bool committed, unsigned arena_ind) {
+    (void)size_b, (void)committed, (void)arena_ind;
+    jpool_t *jp = jp_of(h);
+    return hm_pool_provider_split(jp->pool, addr, size, size_a) != HM_SUCCESS;
+}
+
+static bool h_merge(extent_hooks_t *h, void *addr_a, size_t size_a, void *addr_b, size_t size_b,
+                    bool committed, unsigned arena_ind) {
+    (void)committed, (void)arena_ind;
+    jpool_t *jp = jp_of(h);
+    if ((char *)addr_a + size_a != (char *)addr_b) return true;
+    return hm_pool_provider_merge(jp->pool, addr_a, addr_b, size_a + size_b) != HM_SUCCESS;
+}
+
+static const extent_hooks_t hooks_template = {
+    .alloc = h_alloc,
+    .dalloc = h_dalloc,
+    .destroy = h_destroy,
+    .commit = h_commit,
+    .decommit = h_decommit,
+    .purge_lazy = h_purge_lazy,
+    .purge_forced = h_purge_forced,
+    .split = h_split,
+    .merge = h_merge,
+};
+
+/* ---- params ---- */
+
+#define DECAY_UNSET (-2L)
+#define DECAY_MAX 3600000L
+
+struct hm_jemalloc_params {
+    bool tcache;
+    long dirty_ms, muzzy_ms;
+};
+
+static const hm_jemalloc_params_t default_params = {
+    .tcache = true, .dirty_ms = DECAY_UNSET, .muzzy_ms = DECAY_UNSET};
+
+hm_result_t hm_jemalloc_params_create(hm_jemalloc_params_t **params) {
+    if (!params) {
+        HM_LOG_ERROR("hm_jemalloc_params_create: params is NULL");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    *params = malloc(sizeof(**params));
+    if (!*params) return HM_ERROR_OUT_OF_HOST_MEMORY;
+    **params = default_params;
+    return HM_SUCCESS;
+}
+
+hm_result_t hm_jemalloc_params_destroy(hm_jemalloc_params_t *params) {
+    free(params);
+    return HM_SUCCESS;
+}
+
+hm_result_t hm_jemalloc_params_set_tcache(hm_jemalloc_params_t *params, bool enable) {
+    if (!params) {
+        HM_LOG_ERROR("hm_jemalloc_params_set_tcache: params is NULL");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    params->tcache = enable;
+    return HM_SUCCESS;
+}
+
+hm_result_t hm_jemalloc_params_set_decay_ms(hm_jemalloc_params_t *params, long dirty_ms,
+                                            long muzzy_ms) {
+    if (!params || dirty_ms < -1 || dirty_ms > DECAY_MAX || muzzy_ms < -1 ||
+        muzzy_ms > DECAY_MAX) {
+        HM_LOG_ERROR("hm_jemalloc_params_set_decay_ms(%ld, %ld): %s", dirty_ms, muzzy_ms,
+                     !params ? "params is NULL" : "each must be -1 .. 3600000");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    params->dirty_ms = dirty_ms;
+    params->muzzy_ms = muzzy_ms;
+    return HM_SUCCESS;
+}
+
+/* ---- pool ops ---- */
+
+/* mallctl on "arena.<ind>.<what>" (not on a hot path). */
+static int arena_ctl(unsigned ind, const char *what) {
+    char name[64];
+    snprintf(name, sizeof(name), "arena.%u.%s", ind, what);
+    return hm_je_mallctl(name, NULL, NULL, NULL, 0);
+}
+
+static hm_result_t set_decay(unsigned arena, const char *what, long ms) {
+    char name[64];
+    snprintf(name, sizeof(name), "arena.%u.%s_decay_ms", arena, what);
+    ssize_t v = (ssize_t)ms;
+    int e = hm_je_mallctl(name, NULL, NULL, &v, sizeof(v));
+    if (e) {
+        HM_LOG_ERROR("jemalloc pool: %s = %ld: %s", name, ms, strerror(e));
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    return HM_SUCCESS;
+}
+
+static void slot_release(jpool_t *jp) {
+    g_slots[jp->slot] = NULL;
+    g_live--;
+}
+
+static hm_result_t slot_take(jpool_t *jp) {
+    unsigned s = 0;
+    while (s < g_nslots && g_slots[s]) s++;
+    if (s == g_slots_cap) {
+        unsigned cap = g_slots_cap ? 2 * g_slots_cap : 64;
+        jpool_t **n = realloc(g_slots, cap * sizeof(*n));
+        if (!n) return HM_ERROR_OUT_OF_HOST_MEMORY;
+        memset(n + g_slots_cap, 0, (cap - g_slots_cap) * sizeof(*n));
+        g_slots = n;
+        g_slots_cap = cap;
+    }
+    if (s == g_nslots) g_nslots++;
+    g_slots[s] = jp;
+    jp->slot = s;
+    jp->gen = g_next_gen++;
+    g_live++;
+    return HM_SUCCESS;
+}
+
+static void arena_destroy(jpool_t *jp) {
+    int e = arena_ctl(jp->arena, "destroy");
+    if (e)
+        HM_LOG_ERROR("jemalloc pool '%s': arena.%u.destroy failed: %s (the arena is leaked)",
+                     hm_pool_name(jp->pool), jp->arena, strerror(e));
+}
+
+static hm_result_t jp_init(hm_pool_t *pool, const void *params_in, void **state) {
+    const hm_jemalloc_params_t *params = params_in ? params_in : &default_params;
+    hm_provider_t *prov = hm_pool_get_provider(pool);
+    uint32_t caps = hm_provider_caps(prov);
+    if (!(caps & HM_PROVIDER_CAP_SPLIT_MERGE)) {
+        HM_LOG_ERROR("jemalloc pool: provider '%s' cannot split and merge allocations, which "
+                     "jemalloc's extents need; use the native pool", hm_provider_name(prov));
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    size_t page = hm_provider_min_page_size(prov);
+    if (page > JE_PAGE) {
+        HM_LOG_ERROR("jemalloc pool: provider '%s' has %zu-byte pages; jemalloc splits at "
+                     "4096-byte pages; use the native pool", hm_provider_name(prov), page);
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    pthread_once(&g_once, once_init);
+    if (g_once_failed) {
+        HM_LOG_ERROR("jemalloc pool: pthread_key_create/pthread_atfork failed");
+        return HM_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    jpool_t *jp = calloc(1, sizeof(*jp));
+    if (!jp) return HM_ERROR_OUT_OF_HOST_MEMORY;
+    jp->hooks = hooks_template;
+    jp->pool = pool;
+    jp->cpu = hm_provider_cpu_accessible(prov);
+    jp->can_free = (caps & HM_PROVIDER_CAP_FREE) != 0;
+    jp->can_purge_lazy = (caps & HM_PROVIDER_CAP_PURGE_LAZY) != 0;
+    jp->can_purge_force = (caps & HM_PROVIDER_CAP_PURGE_FORCE) != 0;
+    jp->use_tcache = params->tcache;
+
+    /* Metadata in host memory: see the header. */
+    je_arena_config_t cfg = {.extent_hooks = &jp->hooks, .metadata_use_hooks = false};
+    unsigned ind = 0;
+    size_t sz = sizeof(ind);
+    int e = hm_je_mallctl("experimental.arenas_create_ext", &ind, &sz, &cfg, sizeof(cfg));
+    hm_result_t r;
+    if (e) {
+        hm__mutex_lock(&g_lock);
+        unsigned live = g_live;
+        hm__mutex_unlock(&g_lock);
+        if (e == EAGAIN || e == EFAULT) {
+            HM_LOG_ERROR("jemalloc pool: no arena left (%s): jemalloc allows 4095 arenas per "
+                         "process, %u jemalloc pools are live", strerror(e), live);
+            r = HM_ERROR_LIMIT;
+        } else {
+            HM_LOG_ERROR("jemalloc pool: experimental.arenas_create_ext: %s", strerror(e));
+            r = HM_ERROR_UNKNOWN;
+        }
+        free(jp);
+        return r;
+    }
+    jp->arena = ind;
+    jp->arena_flags = MALLOCX_ARENA(ind);
+    r = HM_SUCCESS;
+    if (params->dirty_ms != DECAY_UNSET)
+        r = set_decay(ind, "dirty", params->dirty_ms);
+    if (r == HM_SUCCESS && params->muzzy_ms != DECAY_UNSET)
+        r = set_decay(ind, "muzzy", params->muzzy_ms);
+    if (r == HM_SUCCESS) {
+        hm__mutex_lock(&g_lock);
+        r = slot_take(jp);
+        hm__mutex_unlock(&g_lock);
+    }
+    if (r != HM_SUCCESS) {
+        arena_destroy(jp);
+        free(jp);
+        return r;
+    }
+    *state = jp;
+    return HM_SUCCESS;
+}
+
+static void jp_fini(void *state) {
+    jpool_t *jp = state;
+    /* Every tcache used with the arena must go before the arena does. */
+    hm__mutex_lock(&g_lock);
+    tc_node_t *n = jp->tcaches;
+    while (n) {
+        tc_node_t *next = n->next;
+        je_tcache_destroy(n->tc);
+        free(n);
+        n = next;
+    }
+    jp->tcaches = NULL;
+    slot_release(jp);
+    hm__mutex_unlock(&g_lock);
+    arena_destroy(jp);
+    free(jp);
+}
+
+static hm_result_t jp_alloc(void *state, size_t size, size_t alignment, void **ptr) {
+    jpool_t *jp = state;
+    int flags = flags_of(jp);
+    if (alignment > 1) {
+        if (hm_unlikely(alignment > ((size_t)1 << 62))) return HM_ERROR_OUT_OF_MEMORY;
+        flags |= MALLOCX_ALIGN(alignment);
+    }
+    void *p = hm_je_mallocx(size, flags);
+    if (hm_unlikely(!p)) return HM_ERROR_OUT_OF_MEMORY;
+    *ptr = p;
+    return HM_SUCCESS;
+}
+
+static hm_result_t jp_free(void *state, void *ptr) {
+    jpool_t *jp = state;
+    if (hm_unlikely((uintptr_t)ptr & 7)) { /* jemalloc's blocks are 8-aligned at least */
+        HM_LOG_ERROR("jemalloc pool '%s': free(%p): not a block of this pool",
+                     hm_pool_name(jp->pool), ptr);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    hm_je_dallocx(ptr, flags_of(jp));
+    return HM_SUCCESS;
+}
+
+static size_t jp_usable_size(void *state, const void *ptr) {
+    (void)state;
+    if ((uintptr_t)ptr & 7) return 0;
+    return hm_je_sallocx(ptr, 0);
+}
+
+static hm_result_t jp_calloc(void *state, size_t size, void **ptr) {
+    jpool_t *jp = state;
+    if (!jp->cpu) {
+        HM_LOG_ERROR("jemalloc pool '%s': calloc on memory the CPU cannot touch",
+                     hm_pool_name(jp->pool));
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    void *p = hm_je_mallocx(size, flags_of(jp) | MALLOCX_ZERO);
+    if (!p) return HM_ERROR_OUT_OF_MEMORY;
+    *ptr = p;
+    return HM_SUCCESS;
+}
+
+static hm_result_t jp_realloc(void *state, void *ptr, size_t size, void **out) {
+    jpool_t *jp = state;
+    int flags = flags_of(jp);
+    if (!jp->cpu) {
+        /* No copy through the CPU: in place or not at all. */
+        if (hm_je_xallocx(ptr, size, 0, flags) >= size) {
+            *out = ptr;
+            return HM_SUCCESS;
+        }
+        HM_LOG_ERROR("jemalloc pool '%s': realloc(%p, %zu) cannot resize in place and memory "
+                     "the CPU cannot touch cannot be copied", hm_pool_name(jp->pool), ptr, size);
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    if (size > ((size_t)1 << 62)) return HM_ERROR_OUT_OF_MEMORY;
+    void *p = hm_je_rallocx(ptr, size, flags);
+    if (!p) return HM_ERROR_OUT_OF_MEMORY;
+    *out = p;
+    return HM_SUCCESS;
+}
+
+static hm_result_t jp_trim(void *state) {
+    jpool_t *jp = state;
+    /* The calling thread's cache first, so its blocks can be purged too. */
+    tl_table_t *t = tl_table;
+    if (t && jp->slot < t->cap && t->e[jp->slot].gen == jp->gen && t->e[jp->slot].node) {
+        unsigned tc = t->e[jp->slot].node->tc;
+        int e = hm_je_mallctl("tcache.flush", NULL, NULL, &tc, sizeof(tc));
+        if (e) HM_LOG_WARN("jemalloc pool: tcache.flush(%u): %s", tc, strerror(e));
+    }
+    int e = arena_ctl(jp->arena, "purge");
+    if (e) {
+        HM_LOG_ERROR("jemalloc pool '%s': arena.%u.purge: %s", hm_pool_name(jp->pool), jp->arena,
+                     strerror(e));
+        return HM_ERROR_UNKNOWN;
+    }
+    return HM_SUCCESS;
+}
+
+static hm_result_t jp_get_stats(void *state, hm_pool_stats_t *stats) {
+    jpool_t *jp = state;
+    uint64_t epoch = 1;
+    size_t sz = sizeof(epoch);
+    if (hm_je_mallctl("epoch", &epoch, &sz, &epoch, sz)) return HM_ERROR_UNKNOWN;
+    const char *names[] = {"small.allocated", "large.allocated"};
+    size_t total = 0;
+    for (int i = 0; i < 2; i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "stats.arenas.%u.%s", jp->arena, names[i]);
+        size_t v = 0;
+        sz = sizeof(v);
+        if (hm_je_mallctl(name, &v, &sz, NULL, 0)) return HM_ERROR_UNKNOWN;
+        total += v;
+    }
+    /* Blocks in thread caches count as allocated (jemalloc's view). */
+    stats->bytes_requested = total;
+    /* bytes_from_provider / provider_allocs: the front-end's tracker index. */
+    return HM_SUCCESS;
+}
+
+static const hm_pool_ops_t jemalloc_ops = {
+    .version = HM_POOL_OPS_VERSION,
+    .name = "jemalloc",
+    .init = jp_init,
+    .fini = jp_fini,
+    .alloc = jp_alloc,
+    .free = jp_free,
+    .usable_size = jp_usable_size,
+    .calloc = jp_calloc,
+    .realloc = jp_realloc,
+    .trim = jp_trim,
+    .get_stats = jp_get_stats,
+};
+
+const hm_pool_ops_t *hm_jemalloc_pool_ops(void) { return &jemalloc_ops; }
+
+hm_result_t hm_jemalloc_pool_create(hm_provider_t *provider, const hm_jemalloc_params_t *params,
+                                    uint32_t flags, hm_pool_t **pool) {
+    return hm_pool_create(&jemalloc_ops, provider, params, flags, pool);
+}

@@ -1,0 +1,484 @@
+/* hetmem tests — the jemalloc pool: the pool suite over every provider (OS
+ * private, shared, untracked, PROT_NONE; fixed host and device-kind (a
+ * PROT_NONE buffer); fault-wrapped OS), and the pool's own contract: params,
+ * refused providers, memory the CPU cannot touch, statistics and trim,
+ * thousands of create/destroy cycles (arena reuse), thread-exit tcache
+ * clean-up, provider failures, fork.
+ * Usage: test_jemalloc_pool [os-private|os-shared|os-untracked|os-prot-none|
+ *                            fault|fixed|unit|loops|all]   (default: unit)
+ * SPDX-License-Identifier: MIT */
+#include "conformance.h"
+
+#include <hetmem/pools/jemalloc.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define KIB ((size_t)1 << 10)
+#define MIB ((size_t)1 << 20)
+#define FIXED_SIZE (96 * MIB)
+#define RW (HM_OS_PROT_READ | HM_OS_PROT_WRITE)
+
+/* ---- factories ---- */
+
+typedef struct os_factory {
+    hm_os_visibility_t visibility;
+    unsigned prot;
+    uint32_t flags;
+} os_factory_t;
+
+static hm_result_t make_os_provider(hm_os_visibility_t vis, unsigned prot, hm_provider_t **out) {
+    hm_os_params_t *params;
+    hm_result_t r = hm_os_params_create(&params);
+    if (r != HM_SUCCESS) return r;
+    r = hm_os_params_set_visibility(params, vis);
+    if (r == HM_SUCCESS) r = hm_os_params_set_protection(params, prot);
+    if (r == HM_SUCCESS) r = hm_os_provider_create(params, out);
+    hm_os_params_destroy(params);
+    return r;
+}
+
+static hm_result_t make_je_os(void *arg, hm_pool_t **out) {
+    const os_factory_t *f = arg;
+    hm_provider_t *prov;
+    hm_result_t r = make_os_provider(f->visibility, f->prot, &prov);
+    if (r != HM_SUCCESS) return r;
+    r = hm_jemalloc_pool_create(prov, NULL, HM_POOL_FLAG_OWN_PROVIDER | f->flags, out);
+    if (r != HM_SUCCESS) hm_provider_destroy(prov);
+    return r;
+}
+
+typedef struct fixed_factory {
+    void *buffer;
+    hm_memory_kind_t kind;
+    bool cpu;
+} fixed_factory_t;
+
+static hm_result_t make_je_fixed(void *arg, hm_pool_t **out) {
+    const fixed_factory_t *f = arg;
+    hm_fixed_params_t *params;
+    hm_result_t r = hm_fixed_params_create(f->buffer, FIXED_SIZE, &params);
+    if (r != HM_SUCCESS) return r;
+    r = hm_fixed_params_set_memory_kind(params, f->kind, f->cpu);
+    hm_provider_t *prov = NULL;
+    if (r == HM_SUCCESS) r = hm_provider_create(hm_fixed_provider_ops(), params, &prov);
+    hm_fixed_params_destroy(params);
+    if (r != HM_SUCCESS) return r;
+    r = hm_jemalloc_pool_create(prov, NULL, HM_POOL_FLAG_OWN_PROVIDER, out);
+    if (r != HM_SUCCESS) hm_provider_destroy(prov);
+    return r;
+}
+
+static hm_result_t make_fault(hm_provider_t **fault) {
+    hm_provider_t *os;
+    hm_result_t r = make_os_provider(HM_OS_PRIVATE, RW, &os);
+    if (r != HM_SUCCESS) return r;
+    hm_fault_params_t fp = {.inner = os, .own_inner = 1};
+    r = hm_provider_create(hm_fault_provider_ops(), &fp, fault);
+    if (r != HM_SUCCESS) hm_provider_destroy(os);
+    return r;
+}
+
+static hm_result_t make_je_fault(void *arg, hm_pool_t **out) {
+    (void)arg;
+    hm_provider_t *fault;
+    hm_result_t r = make_fault(&fault);
+    if (r != HM_SUCCESS) return r;
+    r = hm_jemalloc_pool_create(fault, NULL, HM_POOL_FLAG_OWN_PROVIDER, out);
+    if (r != HM_SUCCESS) hm_provider_destroy(fault);
+    return r;
+}
+
+static hm_pool_t *os_pool(const hm_jemalloc_params_t *params, uint32_t flags, unsigned prot) {
+    hm_provider_t *prov;
+    REQUIRE_OK(make_os_provider(HM_OS_PRIVATE, prot, &prov));
+    hm_pool_t *pool = NULL;
+    REQUIRE_OK(hm_jemalloc_pool_create(prov, params, HM_POOL_FLAG_OWN_PROVIDER | flags, &pool));
+    return pool;
+}
+
+/* ---- a log sink that counts lines at WARN and above ---- */
+
+static _Atomic long g_warnings;
+static void count_sink(hm_log_level_t level, const char *line, void *arg) {
+    (void)arg;
+    if (level >= HM_LOG_WARN) {
+        atomic_fetch_add(&g_warnings, 1);
+        fprintf(stderr, "log: %s\n", line);
+    }
+}
+
+/* ---- cases ---- */
+
+static void test_params(void) {
+    hm_test_set_context("params");
+    hm_jemalloc_params_t *p = NULL;
+    CHECK_RES(hm_jemalloc_params_create(NULL), HM_ERROR_INVALID_ARGUMENT);
+    REQUIRE_OK(hm_jemalloc_params_create(&p));
+    CHECK_RES(hm_jemalloc_params_set_tcache(NULL, true), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_jemalloc_params_set_decay_ms(NULL, 0, 0), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_jemalloc_params_set_decay_ms(p, -2, 0), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_jemalloc_params_set_decay_ms(p, 0, 3600001), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(hm_jemalloc_params_set_decay_ms(p, 0, 0));
+    CHECK_OK(hm_jemalloc_params_set_tcache(p, false));
+    hm_pool_t *pool = os_pool(p, 0, RW);
+    CHECK_OK(hm_jemalloc_params_destroy(p)); /* copied at creation */
+    CHECK(strcmp(hm_pool_name(pool), "jemalloc") == 0);
+    void *b[64];
+    for (int i = 0; i < 64; i++) {
+        b[i] = hm_pool_malloc(pool, (size_t)(i + 1) * 100);
+        REQUIRE(b[i] != NULL);
+        memset(b[i], i, (size_t)(i + 1) * 100);
+    }
+    for (int i = 0; i < 64; i++) CHECK_OK(hm_pool_free(pool, b[i]));
+    CHECK_OK(hm_pool_destroy(pool));
+    CHECK_OK(hm_jemalloc_params_destroy(NULL));
+}
+
+/* Provider wrappers that lack split/merge or have big pages: refused. */
+static const hm_provider_ops_t *g_inner_ops;
+static hm_result_t w_init(const void *params, void **state) {
+    return g_inner_ops->init(params, state);
+}
+static void w_fini(void *state) { g_inner_ops->fini(state); }
+static void w_info_big(void *state, hm_provider_info_t *info) {
+    g_inner_ops->get_info(state, info);
+    info->min_page_size = 2 * MIB;
+}
+static hm_result_t w_alloc(void *state, size_t size, size_t alignment, void **ptr) {
+    return g_inner_ops->alloc(state, size, alignment, ptr);
+}
+static hm_result_t w_free(void *state, void *ptr, size_t size) {
+    return g_inner_ops->free(state, ptr, size);
+}
+
+static void test_refused_providers(void) {
+    hm_test_set_context("refused providers");
+    g_inner_ops = hm_os_provider_ops();
+    hm_os_params_t *op;
+    REQUIRE_OK(hm_os_params_create(&op));
+    hm_provider_ops_t nosplit = {.version = HM_PROVIDER_OPS_VERSION, .name = "nosplit",
+                                 .init = w_init, .fini = w_fini,
+                                 .get_info = g_inner_ops->get_info, .alloc = w_alloc,
+                                 .free = w_free};
+    hm_provider_t *prov;
+    REQUIRE_OK(hm_provider_create(&nosplit, op, &prov));
+    hm_pool_t *pool = (hm_pool_t *)(uintptr_t)1;
+    CHECK_RES(hm_jemalloc_pool_create(prov, NULL, 0, &pool), HM_ERROR_NOT_SUPPORTED);
+    CHECK_OK(hm_provider_destroy(prov));
+    hm_provider_ops_t big = *g_inner_ops;
+    big.init = w_init;
+    big.fini = w_fini;
+    big.get_info = w_info_big;
+    big.ipc.handle_size = NULL, big.ipc.get = NULL, big.ipc.put = NULL, big.ipc.open = NULL,
+    big.ipc.close = NULL;
+    REQUIRE_OK(hm_provider_create(&big, op, &prov));
+    CHECK_RES(hm_jemalloc_pool_create(prov, NULL, 0, &pool), HM_ERROR_NOT_SUPPORTED);
+    CHECK_OK(hm_provider_destroy(prov));
+    hm_os_params_destroy(op);
+    CHECK_RES(hm_jemalloc_pool_create(NULL, NULL, 0, &pool), HM_ERROR_INVALID_ARGUMENT);
+}
+
+/* PROT_NONE memory: any CPU access by the pool or jemalloc would fault. */
+static void test_prot_none(void) {
+    hm_test_set_context("PROT_NONE provider");
+    hm_pool_t *pool = os_pool(NULL, 0, HM_OS_PROT_NONE);
+    CHECK(!hm_provider_cpu_accessible(hm_pool_get_provider(pool)));
+    enum { N = 3000 };
+    static void *p[N];
+    for (int i = 0; i < N; i++) {
+        size_t size = (size_t)1 << (i % 22); /* 1 B .. 2 MiB */
+        size += (size_t)(i % 13);
+        p[i] = (i % 5 == 0) ? hm_pool_aligned_malloc(pool, size, (size_t)64 << (i % 8))
+                            : hm_pool_malloc(pool, size);
+        REQUIRE(p[i] != NULL);
+        CHECK(hm_pool_by_ptr(p[i]) == pool);
+        CHECK(hm_pool_malloc_usable_size(pool, p[i]) >= size);
+    }
+    /* calloc would have to write: refused. */
+    errno = 0;
+    CHECK(hm_pool_calloc(pool, 10, 10) == NULL && errno != 0);
+    /* realloc in place only; a move is refused and leaves the block. */
+    void *q = hm_pool_malloc(pool, 8 * KIB);
+    REQUIRE(q);
+    void *r = hm_pool_realloc(pool, q, 8 * KIB - 100); /* same size class: in place */
+    CHECK(r == q);
+    errno = 0;
+    r = hm_pool_realloc(pool, q, 3 * MIB);
+    if (r) q = r; /* grown in place: fine */
+    else CHECK(errno != 0 && hm_pool_by_ptr(q) == pool);
+    CHECK_OK(hm_pool_free(pool, q));
+    for (int i = 0; i < N; i += 2) CHECK_OK(hm_pool_free(pool, p[i]));
+    CHECK_OK(hm_pool_trim(pool));
+    for (int i = 1; i < N; i += 2) CHECK_OK(hm_free(p[i]));
+    CHECK_OK(hm_pool_trim(pool));
+    /* Reuse after the churn. */
+    for (int i = 0; i < 1000; i++) {
+        void *x = hm_pool_malloc(pool, (size_t)(i * 37 % 20000) + 1);
+        REQUIRE(x);
+        CHECK_OK(hm_pool_free(pool, x));
+    }
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
+static void test_stats_and_trim(void) {
+    hm_test_set_context("statistics and trim");
+    hm_jemalloc_params_t *jp;
+    REQUIRE_OK(hm_jemalloc_params_create(&jp));
+    REQUIRE_OK(hm_jemalloc_params_set_decay_ms(jp, -1, -1)); /* keep all until trim */
+    hm_pool_t *pool = os_pool(jp, 0, RW);
+    hm_jemalloc_params_destroy(jp);
+    enum { N = 20000 };
+    static void *ptr[N];
+    for (int i = 0; i < N; i++) {
+        ptr[i] = hm_pool_malloc(pool, 100);
+        REQUIRE(ptr[i]);
+        memset(ptr[i], 0x5a, 100);
+    }
+    void *big = hm_pool_malloc(pool, 3 * MIB);
+    REQUIRE(big);
+    memset(big, 1, 3 * MIB);
+    hm_pool_stats_t st;
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_MSG(st.bytes_requested >= (size_t)N * 100 + 3 * MIB,
+              "bytes_requested %zu", st.bytes_requested);
+    CHECK(st.bytes_from_provider >= st.bytes_requested);
+    CHECK(st.provider_allocs >= 1);
+    size_t held = st.bytes_from_provider;
+    for (int i = 0; i < N; i++) CHECK_OK(hm_pool_free(pool, ptr[i]));
+    CHECK_OK(hm_pool_free(pool, big));
+    CHECK_OK(hm_pool_trim(pool));
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_MSG(st.bytes_requested < 64 * KIB, "after trim: %zu bytes still allocated",
+              st.bytes_requested);
+    CHECK_MSG(st.bytes_from_provider < held, "trim returned nothing (%zu of %zu held)",
+              st.bytes_from_provider, held);
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
+/* Thousands of pools created and destroyed: arena indices are reused (the
+ * process could not hold more than 4095 arenas otherwise), nothing leaks. */
+static void test_create_destroy_loop(void) {
+    hm_test_set_context("create/destroy loop");
+    hm_provider_t *prov;
+    REQUIRE_OK(make_os_provider(HM_OS_PRIVATE, RW, &prov));
+    int loops = 5000;
+#if defined(HM_SANITIZE_BUILD)
+    loops = 4200; /* still past 4095 */
+#endif
+    for (int i = 0; i < loops; i++) {
+        hm_pool_t *pool = NULL;
+        hm_result_t r = hm_jemalloc_pool_create(prov, NULL, 0, &pool);
+        if (r != HM_SUCCESS) {
+            CHECK_MSG(0, "loop %d: create -> %s", i, hm_result_string(r));
+            break;
+        }
+        void *p = hm_pool_malloc(pool, (size_t)(i % 5000) + 1);
+        CHECK(p != NULL);
+        if (i % 100 == 0) { /* and leak one now and then: destroy reclaims it */
+            void *leak = hm_pool_malloc(pool, 70000);
+            CHECK(leak != NULL);
+        }
+        CHECK_OK(hm_pool_free(pool, p));
+        CHECK_OK(hm_pool_destroy(pool));
+    }
+    CHECK_OK(hm_provider_destroy(prov));
+}
+
+/* The arena limit: a clear error, and pools work again after destroys. */
+static void test_arena_limit(void) {
+    hm_test_set_context("arena limit");
+    hm_provider_t *prov;
+    REQUIRE_OK(make_os_provider(HM_OS_PRIVATE, RW, &prov));
+    enum { MAX = 4200 };
+    hm_pool_t **pools = calloc(MAX, sizeof(*pools));
+    REQUIRE(pools);
+    int n = 0;
+    hm_result_t r = HM_SUCCESS;
+    while (n < MAX && (r = hm_jemalloc_pool_create(prov, NULL, 0, &pools[n])) == HM_SUCCESS) n++;
+    CHECK_MSG(r == HM_ERROR_LIMIT, "after %d pools: %s, expected HM_ERROR_LIMIT", n,
+              hm_result_string(r));
+    CHECK_MSG(n >= 4000 && n < 4095, "%d pools before the limit", n);
+    for (int i = 0; i < n; i += 2) CHECK_OK(hm_pool_destroy(pools[i]));
+    hm_pool_t *again = NULL;
+    CHECK_OK(hm_jemalloc_pool_create(prov, NULL, 0, &again));
+    if (again) {
+        void *p = hm_pool_malloc(again, 64);
+        CHECK(p && hm_pool_by_ptr(p) == again);
+        CHECK_OK(hm_pool_free(again, p));
+        CHECK_OK(hm_pool_destroy(again));
+    }
+    for (int i = 1; i < n; i += 2) CHECK_OK(hm_pool_destroy(pools[i]));
+    free(pools);
+    CHECK_OK(hm_provider_destroy(prov));
+}
+
+/* Threads come and go: each exit must destroy the thread's tcaches, or the
+ * 4093 explicit tcaches run out (and the pool logs a warning). */
+typedef struct churn_arg {
+    hm_pool_t **pools;
+    int npools;
+} churn_arg_t;
+
+static void *churn_thread(void *argp) {
+    churn_arg_t *a = argp;
+    for (int k = 0; k < a->npools; k++) {
+        void *p = hm_pool_malloc(a->pools[k], 48);
+        CHECK(p != NULL);
+        CHECK(hm_pool_by_ptr(p) == a->pools[k]);
+        CHECK_OK(hm_pool_free(a->pools[k], p));
+    }
+    return NULL;
+}
+
+static void test_thread_churn(void) {
+    hm_test_set_context("thread exit destroys tcaches");
+    enum { P = 3 };
+    hm_pool_t *pools[P];
+    for (int k = 0; k < P; k++) pools[k] = os_pool(NULL, 0, RW);
+    churn_arg_t a = {pools, P};
+    int rounds = 1500; /* 1500 threads x 3 pools = 4500 tcaches made > 4093 */
+#if defined(HM_TSAN)
+    rounds = 1400;
+#endif
+    atomic_store(&g_warnings, 0);
+    hm_log_set_sink(count_sink, NULL);
+    hm_log_level_t old = hm_log_get_level();
+    hm_log_set_level(HM_LOG_WARN);
+    for (int i = 0; i < rounds; i += 2) {
+        pthread_t t1, t2;
+        REQUIRE(pthread_create(&t1, NULL, churn_thread, &a) == 0);
+        REQUIRE(pthread_create(&t2, NULL, churn_thread, &a) == 0);
+        pthread_join(t1, NULL);
+        pthread_join(t2, NULL);
+    }
+    hm_log_set_level(old);
+    hm_log_set_sink(NULL, NULL);
+    CHECK_MSG(atomic_load(&g_warnings) == 0, "%ld warnings (tcaches leaked?)",
+              atomic_load(&g_warnings));
+    for (int k = 0; k < P; k++) CHECK_OK(hm_pool_destroy(pools[k]));
+}
+
+/* Provider failures: allocation fails cleanly, the pool recovers. */
+static void test_faults(void) {
+    hm_test_set_context("provider failures");
+    hm_provider_t *fault;
+    REQUIRE_OK(make_fault(&fault));
+    hm_pool_t *pool = NULL;
+    REQUIRE_OK(hm_jemalloc_pool_create(fault, NULL, 0, &pool));
+    hm_fault_provider_arm(fault, HM_FAULT_ALLOC, -1);
+    errno = 0;
+    void *p = hm_pool_malloc(pool, 64 * MIB);
+    CHECK(p == NULL && errno == ENOMEM);
+    hm_fault_provider_disarm(fault);
+    p = hm_pool_malloc(pool, 64 * MIB);
+    CHECK(p != NULL);
+    CHECK_OK(hm_pool_free(pool, p));
+    /* Splits refused: jemalloc copes (takes fresh memory or fails cleanly). */
+    hm_fault_provider_arm(fault, HM_FAULT_SPLIT, -1);
+    void *q[32];
+    for (int i = 0; i < 32; i++) {
+        q[i] = hm_pool_malloc(pool, (size_t)(i + 1) * 9000);
+        if (q[i]) memset(q[i], 1, (size_t)(i + 1) * 9000);
+    }
+    hm_fault_provider_disarm(fault);
+    for (int i = 0; i < 32; i++)
+        if (q[i]) CHECK_OK(hm_pool_free(pool, q[i]));
+    /* Frees refused: jemalloc retains the memory. */
+    hm_fault_provider_arm(fault, HM_FAULT_FREE, -1);
+    CHECK_OK(hm_pool_trim(pool));
+    hm_fault_provider_disarm(fault);
+    CHECK_OK(hm_pool_destroy(pool));
+    CHECK_EQ(hm_fault_provider_misuse(fault), 0);
+    CHECK_EQ(hm_fault_provider_live(fault), 0);
+    CHECK_OK(hm_provider_destroy(fault));
+}
+
+/* Fork: the child keeps using the parent's pool. */
+static void test_fork(void) {
+    hm_test_set_context("fork");
+    hm_pool_t *pool = os_pool(NULL, 0, RW);
+    void *p = hm_pool_malloc(pool, 1000);
+    REQUIRE(p);
+    memset(p, 7, 1000);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        int ok = ((unsigned char *)p)[999] == 7 && hm_pool_by_ptr(p) == pool;
+        for (int i = 0; i < 1000 && ok; i++) {
+            void *x = hm_pool_malloc(pool, (size_t)i + 1);
+            ok = x && hm_pool_by_ptr(x) == pool && hm_pool_free(pool, x) == HM_SUCCESS;
+        }
+        ok = ok && hm_pool_free(pool, p) == HM_SUCCESS && hm_pool_destroy(pool) == HM_SUCCESS;
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+    CHECK_OK(hm_pool_free(pool, p));
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
+int main(int argc, char **argv) {
+    const char *part = argc > 1 ? argv[1] : "unit";
+#define PART(name) (!strcmp(part, "all") || !strcmp(part, name))
+    os_factory_t os_private = {HM_OS_PRIVATE, RW, 0};
+    os_factory_t os_shared = {HM_OS_SHARED, RW, 0};
+    os_factory_t os_untracked = {HM_OS_PRIVATE, RW, HM_POOL_FLAG_NO_TRACKING};
+    os_factory_t os_none = {HM_OS_PRIVATE, HM_OS_PROT_NONE, 0};
+    hm_test_suite_opts_t opts = {.can_free = 1};
+#if defined(HM_TSAN)
+    opts.threads = 3;
+#endif
+    int ran = 0;
+    if (PART("os-private"))
+        ran++, hm_test_pool_suite("jemalloc/os-private", make_je_os, &os_private, &opts);
+    if (PART("os-shared"))
+        ran++, hm_test_pool_suite("jemalloc/os-shared", make_je_os, &os_shared, &opts);
+    if (PART("os-untracked"))
+        ran++, hm_test_pool_suite("jemalloc/os-untracked", make_je_os, &os_untracked, &opts);
+    if (PART("os-prot-none"))
+        ran++, hm_test_pool_suite("jemalloc/os-prot-none", make_je_os, &os_none, &opts);
+    if (PART("fault"))
+        ran++, hm_test_pool_suite("jemalloc/fault(os)", make_je_fault, NULL, &opts);
+    if (PART("fixed")) {
+        ran++;
+        void *buf =
+            mmap(NULL, FIXED_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        REQUIRE(buf != MAP_FAILED);
+        hm_test_suite_opts_t fopts = {.max_alloc = 16 * MIB, .max_alignment = 2 * MIB,
+                                      .capacity = FIXED_SIZE, .threads = opts.threads};
+        fixed_factory_t fixed_host = {buf, HM_MEMORY_HOST, true};
+        hm_test_pool_suite("jemalloc/fixed-host", make_je_fixed, &fixed_host, &fopts);
+        /* Device-kind: the buffer itself faults on any CPU access. */
+        REQUIRE(mprotect(buf, FIXED_SIZE, PROT_NONE) == 0);
+        fixed_factory_t fixed_dev = {buf, HM_MEMORY_DEVICE, false};
+        hm_test_pool_suite("jemalloc/fixed-device", make_je_fixed, &fixed_dev, &fopts);
+        munmap(buf, FIXED_SIZE);
+    }
+    if (PART("unit")) {
+        ran++;
+        test_params();
+        test_refused_providers();
+        test_prot_none();
+        test_stats_and_trim();
+        test_faults();
+        test_fork();
+    }
+    if (PART("loops")) {
+        ran++;
+        test_create_destroy_loop();
+        test_arena_limit();
+        test_thread_churn();
+    }
+    if (!ran) {
+        fprintf(stderr, "unknown part '%s'\n", part);
+        return 2;
+    }
+    return hm_test_finish();
+}
