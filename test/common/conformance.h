@@ -67,6 +67,8 @@ typedef struct hm_fault_params {
 } hm_fault_params_t;
 
 const hm_provider_ops_t *hm_fault_provider_ops(void);
+/* The same, with no free op: the provider cannot take memory back. */
+const hm_provider_ops_t *hm_fault_provider_nofree_ops(void);
 /* Calls seen so far of one kind (failed ones included), and live allocations
  * (allocs minus frees) — for leak checks. -1 if fault is not a fault provider. */
 long hm_fault_provider_calls(hm_provider_t *fault, hm_fault_op_t op);

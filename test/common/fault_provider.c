@@ -349,7 +349,21 @@ static const hm_provider_ops_t fault_ops = {
         },
 };
 
+/* The same wrapper without free: a provider that cannot take memory back,
+ * like file or devdax media that cannot release ranges. */
+static const hm_provider_ops_t fault_nofree_ops = {
+    .version = HM_PROVIDER_OPS_VERSION,
+    .name = "fault-nofree",
+    .init = fault_init,
+    .fini = fault_fini,
+    .get_info = fault_get_info,
+    .alloc = fault_alloc,
+    .purge_lazy = fault_purge_lazy,
+    .purge_force = fault_purge_force,
+};
+
 const hm_provider_ops_t *hm_fault_provider_ops(void) { return &fault_ops; }
+const hm_provider_ops_t *hm_fault_provider_nofree_ops(void) { return &fault_nofree_ops; }
 
 /* The front-end keeps a copy of the ops table, so recognise ours by an op. */
 static fault_t *fault_of(hm_provider_t *p) {

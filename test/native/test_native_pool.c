@@ -78,12 +78,13 @@ static hm_result_t make_native_fixed(void *arg, hm_pool_t **out) {
 }
 
 static hm_result_t make_native_fault(void *arg, hm_pool_t **out) {
-    (void)arg;
     hm_provider_t *os, *fault;
     hm_result_t r = make_os_provider(HM_OS_PRIVATE, HM_OS_PROT_READ | HM_OS_PROT_WRITE, &os);
     if (r != HM_SUCCESS) return r;
     hm_fault_params_t fp = {.inner = os, .own_inner = 1};
-    r = hm_provider_create(hm_fault_provider_ops(), &fp, &fault);
+    /* arg non-NULL: the wrapper cannot free (file/devdax-like media). */
+    r = hm_provider_create(arg ? hm_fault_provider_nofree_ops() : hm_fault_provider_ops(), &fp,
+                           &fault);
     if (r != HM_SUCCESS) {
         hm_provider_destroy(os);
         return r;
@@ -431,6 +432,11 @@ int main(int argc, char **argv) {
         ran++, hm_test_pool_suite("native/os-mutex-queue", make_native_os, &os_mutex, &opts);
     if (PART("fault"))
         ran++, hm_test_pool_suite("native/fault(os)", make_native_fault, NULL, &opts);
+    if (PART("nofree")) {
+        hm_test_suite_opts_t nofree_opts = {.can_free = 0};
+        ran++, hm_test_pool_suite("native/fault-nofree(os)", make_native_fault, "nofree",
+                                  &nofree_opts);
+    }
     if (PART("fixed")) {
         ran++;
         void *buf =

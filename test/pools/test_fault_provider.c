@@ -12,9 +12,12 @@
 static void *fixed_buffer;
 static void *device_buffer; /* PROT_NONE: any CPU access crashes the test */
 
+static int wrap_nofree; /* wrap without a free op: a provider that cannot free */
+
 static hm_result_t wrap(hm_provider_t *inner, hm_provider_t **out) {
     hm_fault_params_t fp = {.inner = inner, .own_inner = 1};
-    hm_result_t r = hm_provider_create(hm_fault_provider_ops(), &fp, out);
+    hm_result_t r = hm_provider_create(
+        wrap_nofree ? hm_fault_provider_nofree_ops() : hm_fault_provider_ops(), &fp, out);
     if (r != HM_SUCCESS) hm_provider_destroy(inner);
     return r;
 }
@@ -216,7 +219,9 @@ int main(void) {
     REQUIRE(fixed_buffer != MAP_FAILED);
     hm_test_suite_opts_t fixed_opts = {
         .max_alloc = 8 * MIB, .max_alignment = 2 * MIB, .capacity = FIXED_SIZE, .can_free = 0};
-    hm_test_provider_suite("fault(fixed)", make_fault_fixed, NULL, &fixed_opts);
+    hm_test_provider_suite("fault(fixed)", make_fault_fixed, NULL, &os_opts);
+    wrap_nofree = 1; /* the same memory through a wrapper that cannot free */
+    hm_test_provider_suite("fault-nofree(fixed)", make_fault_fixed, NULL, &fixed_opts);
 
     device_buffer = mmap(NULL, FIXED_SIZE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                          -1, 0);

@@ -65,7 +65,9 @@ static hm_result_t make_proxy_fault(void *arg, hm_pool_t **out) {
     hm_result_t r = make_os_provider(HM_OS_PRIVATE, &os);
     if (r != HM_SUCCESS) return r;
     hm_fault_params_t fp = {.inner = os, .own_inner = 1};
-    r = hm_provider_create(hm_fault_provider_ops(), &fp, &fault);
+    /* arg non-NULL: the wrapper cannot free (file/devdax-like media). */
+    r = hm_provider_create(arg ? hm_fault_provider_nofree_ops() : hm_fault_provider_ops(), &fp,
+                           &fault);
     if (r != HM_SUCCESS) {
         hm_provider_destroy(os);
         return r;
@@ -358,6 +360,8 @@ int main(void) {
     hm_test_pool_suite("proxy/os-private untracked", make_proxy_os, &untracked, &opts);
 
     hm_test_pool_suite("proxy/fault(os)", make_proxy_fault, NULL, &opts);
+    hm_test_suite_opts_t nofree_opts = {.can_free = 0};
+    hm_test_pool_suite("proxy/fault-nofree(os)", make_proxy_fault, "nofree", &nofree_opts);
 
     /* Fixed buffers: one mapping for host memory; one PROT_NONE mapping
      * posing as device memory, so a single CPU access by the suite or the
