@@ -48,8 +48,9 @@
 # and shared by every build tree (a file lock serialises concurrent
 # configures).
 #
-# Results: HM_JEMALLOC_OBJECT (the object to link into the library) and
-# HM_JEMALLOC_INCLUDE_DIR (holds hm_jemalloc/jemalloc.h, the renamed API).
+# Results: HM_JEMALLOC_OBJECT (the object to link into the library, made in
+# this build tree from the cached archive) and HM_JEMALLOC_INCLUDE_DIR (holds
+# hm_jemalloc/jemalloc.h, the renamed API).
 
 set(HM_JEMALLOC_SOURCE "" CACHE PATH
     "jemalloc 5.3.0 source tree or release tarball for the jemalloc pool (empty: cache, then apt-get source)")
@@ -77,11 +78,18 @@ set(_hm_je_configure_args
 # The only symbols the pool calls; everything else becomes local.
 set(_hm_je_keep hm_je_mallocx hm_je_dallocx hm_je_sdallocx hm_je_rallocx hm_je_xallocx
     hm_je_sallocx hm_je_nallocx hm_je_mallctl hm_je_mallctlnametomib hm_je_mallctlbymib)
+# jemalloc registers its fork handlers from its load-time constructor, i.e.
+# before hetmem's; they must run in an order consistent with the pool's lock
+# order (pool registry, then jemalloc, then the tracker/providers its hooks
+# call), so its pthread_atfork call goes to the pool, which registers the
+# handlers itself at the right moment.
+set(_hm_je_redefine pthread_atfork=hm__jemalloc_pthread_atfork)
 
-string(SHA256 _hm_je_key "${_hm_je_version};${_hm_je_cflags};${_hm_je_configure_args};${_hm_je_keep};${CMAKE_C_COMPILER_ID};${CMAKE_C_COMPILER_VERSION};${CMAKE_SYSTEM_PROCESSOR}")
+string(SHA256 _hm_je_key "${_hm_je_version};${_hm_je_cflags};${_hm_je_configure_args};${CMAKE_C_COMPILER_ID};${CMAKE_C_COMPILER_VERSION};${CMAKE_SYSTEM_PROCESSOR}")
 string(SUBSTRING "${_hm_je_key}" 0 12 _hm_je_key)
 set(_hm_je_dir "${HM_JEMALLOC_CACHE_DIR}/jemalloc-${_hm_je_version}-${_hm_je_key}")
-set(HM_JEMALLOC_OBJECT "${_hm_je_dir}/lib/hm_jemalloc.o")
+set(_hm_je_archive "${_hm_je_dir}/lib/libjemalloc_pic.a")
+set(HM_JEMALLOC_OBJECT "${CMAKE_BINARY_DIR}/hm_jemalloc/hm_jemalloc.o")
 set(HM_JEMALLOC_INCLUDE_DIR "${_hm_je_dir}/include")
 set(_hm_je_stamp "${_hm_je_dir}/done.stamp")
 
@@ -208,21 +216,36 @@ if(NOT EXISTS "${_hm_je_stamp}")
       WORKING_DIRECTORY "${_hm_je_dir}/build")
     _hm_je_run("jemalloc build" ${_hm_make} -j${_ncpu} lib/libjemalloc_pic.a
                WORKING_DIRECTORY "${_hm_je_dir}/build")
-    _hm_je_run("ld -r" ${_hm_ld} -r --whole-archive "${_hm_je_dir}/build/lib/libjemalloc_pic.a"
-               -o "${_hm_je_dir}/lib/hm_jemalloc_all.o")
-    set(_keep_args "")
-    foreach(s ${_hm_je_keep})
-      list(APPEND _keep_args -G ${s})
-    endforeach()
-    _hm_je_run("objcopy" ${_hm_objcopy} ${_keep_args} "${_hm_je_dir}/lib/hm_jemalloc_all.o"
-               "${_hm_je_dir}/lib/hm_jemalloc.o")
-    file(REMOVE "${_hm_je_dir}/lib/hm_jemalloc_all.o")
+    file(COPY_FILE "${_hm_je_dir}/build/lib/libjemalloc_pic.a" "${_hm_je_archive}")
     file(COPY_FILE "${_hm_je_dir}/build/include/jemalloc/jemalloc.h"
          "${_hm_je_dir}/include/hm_jemalloc/jemalloc.h")
     file(WRITE "${_hm_je_stamp}" "jemalloc ${_hm_je_version}: ${_hm_je_configure_args}\n")
-    # Keep only what the build uses: the object and the header.
+    # Keep only what the build uses: the archive and the header.
     file(REMOVE_RECURSE "${_hm_je_dir}/build" "${_hm_je_dir}/src")
   endif()
   file(LOCK "${_hm_je_dir}.lock" RELEASE)
+endif()
+# This build tree's object: the archive as one relocatable object, every
+# symbol but _hm_je_keep local, pthread_atfork redirected (see above).
+string(SHA256 _hm_je_post "${_hm_je_archive};${_hm_je_keep};${_hm_je_redefine}")
+if(NOT EXISTS "${HM_JEMALLOC_OBJECT}" OR NOT EXISTS "${HM_JEMALLOC_OBJECT}.${_hm_je_post}"
+   OR "${_hm_je_archive}" IS_NEWER_THAN "${HM_JEMALLOC_OBJECT}")
+  find_program(_hm_objcopy NAMES objcopy REQUIRED)
+  find_program(_hm_ld NAMES ld REQUIRED)
+  file(REMOVE_RECURSE "${CMAKE_BINARY_DIR}/hm_jemalloc")
+  file(MAKE_DIRECTORY "${CMAKE_BINARY_DIR}/hm_jemalloc")
+  _hm_je_run("ld -r" ${_hm_ld} -r --whole-archive "${_hm_je_archive}"
+             -o "${CMAKE_BINARY_DIR}/hm_jemalloc/all.o")
+  set(_args "")
+  foreach(s ${_hm_je_keep})
+    list(APPEND _args -G ${s})
+  endforeach()
+  foreach(r ${_hm_je_redefine})
+    list(APPEND _args --redefine-sym ${r})
+  endforeach()
+  _hm_je_run("objcopy" ${_hm_objcopy} ${_args} "${CMAKE_BINARY_DIR}/hm_jemalloc/all.o"
+             "${HM_JEMALLOC_OBJECT}")
+  file(REMOVE "${CMAKE_BINARY_DIR}/hm_jemalloc/all.o")
+  file(WRITE "${HM_JEMALLOC_OBJECT}.${_hm_je_post}" "")
 endif()
 message(STATUS "HM_WITH_JEMALLOC: private jemalloc ${_hm_je_version} from ${_hm_je_dir}")

@@ -5,7 +5,7 @@
  * thousands of create/destroy cycles (arena reuse), thread-exit tcache
  * clean-up, provider failures, fork.
  * Usage: test_jemalloc_pool [os-private|os-shared|os-untracked|os-prot-none|
- *                            fault|fixed|unit|loops|all]   (default: unit)
+ *                            fault|fixed|unit|loops|fork|all]   (default: unit)
  * SPDX-License-Identifier: MIT */
 #include "conformance.h"
 
@@ -399,10 +399,53 @@ static void test_faults(void) {
     CHECK_OK(hm_provider_destroy(fault));
 }
 
-/* Fork: the child keeps using the parent's pool. */
+/* Fork: the child keeps using the parent's pool, also when other threads
+ * were inside the pool (and its extent hooks) at the fork. */
+typedef struct fork_busy {
+    hm_pool_t *pool;
+    _Atomic int stop;
+} fork_busy_t;
+
+static void *fork_busy_thread(void *argp) {
+    fork_busy_t *b = argp;
+    unsigned i = 0;
+    while (!atomic_load(&b->stop)) {
+        size_t size = (i++ % 3) ? 64 : (size_t)(i % 64 + 1) * 64 * KIB; /* hooks run */
+        void *p = hm_pool_malloc(b->pool, size);
+        CHECK(p != NULL);
+        if (p) ((char *)p)[size - 1] = 1;
+        CHECK_OK(hm_pool_free(b->pool, p));
+        if (i % 64 == 0) CHECK_OK(hm_pool_trim(b->pool));
+    }
+    return NULL;
+}
+
 static void test_fork(void) {
     hm_test_set_context("fork");
     hm_pool_t *pool = os_pool(NULL, 0, RW);
+    fork_busy_t busy = {.pool = pool};
+    pthread_t bt[2];
+    for (int i = 0; i < 2; i++) REQUIRE(pthread_create(&bt[i], NULL, fork_busy_thread, &busy) == 0);
+    for (int round = 0; round < 20; round++) {
+        pid_t pid = fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            int ok = 1;
+            for (int i = 0; i < 200 && ok; i++) {
+                size_t size = (size_t)(i % 10 + 1) * 50 * KIB;
+                void *x = hm_pool_malloc(pool, size);
+                ok = x && hm_pool_by_ptr(x) == pool && hm_pool_free(pool, x) == HM_SUCCESS;
+            }
+            _exit(ok ? 0 : 1);
+        }
+        int status = 0;
+        REQUIRE(waitpid(pid, &status, 0) == pid);
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "busy fork %d: status %d",
+                  round, status);
+    }
+    atomic_store(&busy.stop, 1);
+    for (int i = 0; i < 2; i++) pthread_join(bt[i], NULL);
+
     void *p = hm_pool_malloc(pool, 1000);
     REQUIRE(p);
     memset(p, 7, 1000);
@@ -468,6 +511,9 @@ int main(int argc, char **argv) {
         test_prot_none();
         test_stats_and_trim();
         test_faults();
+    }
+    if (PART("fork")) {
+        ran++;
         test_fork();
     }
     if (PART("loops")) {

@@ -105,6 +105,28 @@ static int g_once_failed;
 static __thread tl_table_t *tl_table;
 static __thread bool tl_exiting;
 
+/* ---- fork ----
+ * Lock order: g_lock, then jemalloc's locks (tcache.destroy runs under
+ * g_lock), then the tracker's and providers' (the extent hooks run under
+ * jemalloc's locks). Fork handlers run their prepare parts in the reverse
+ * order of registration, so they must be registered tracker (hm__init), then
+ * jemalloc, then this pool's. jemalloc calls pthread_atfork from its load-time
+ * constructor, before hetmem's; the private build's call is renamed to the
+ * function below (cmake/HmJemalloc.cmake), which keeps the handlers until
+ * once_init registers them in that order. */
+typedef void (*fork_fn)(void);
+static fork_fn g_je_prepare, g_je_parent, g_je_child;
+static _Atomic int g_je_fork_registered;
+
+int hm__jemalloc_pthread_atfork(fork_fn prepare, fork_fn parent, fork_fn child);
+int hm__jemalloc_pthread_atfork(fork_fn prepare, fork_fn parent, fork_fn child) {
+    if (atomic_load(&g_je_fork_registered)) return pthread_atfork(prepare, parent, child);
+    g_je_prepare = prepare;
+    g_je_parent = parent;
+    g_je_child = child;
+    return 0;
+}
+
 static void atfork_prepare(void) { hm__mutex_lock(&g_lock); }
 static void atfork_parent(void) { hm__mutex_unlock(&g_lock); }
 static void atfork_child(void) {
@@ -148,6 +170,14 @@ static void once_init(void) {
         g_once_failed = 1;
         return;
     }
+    /* jemalloc initialises itself on its first call if its constructor has
+     * not; either way its handlers are known after this. */
+    const char *version = NULL;
+    size_t sz = sizeof(version);
+    (void)hm_je_mallctl("version", &version, &sz, NULL, 0);
+    atomic_store(&g_je_fork_registered, 1);
+    if (g_je_prepare && pthread_atfork(g_je_prepare, g_je_parent, g_je_child) != 0)
+        g_once_failed = 1;
     if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0) g_once_failed = 1;
 }
 
@@ -474,7 +504,9 @@ static hm_result_t jp_init(hm_pool_t *pool, const void *params_in, void **state)
         return r;
     }
     jp->arena = ind;
-    jp->arena_flags = MALLOCX_ARENA(ind);
+    /* MALLOCX_ARENA(ind) without its signed overflow for ind >= 2047 (the
+     * flag word keeps the arena in bits 20..31). */
+    jp->arena_flags = (int)((unsigned)(ind + 1) << 20);
     r = HM_SUCCESS;
     if (params->dirty_ms != DECAY_UNSET)
         r = set_decay(ind, "dirty", params->dirty_ms);
