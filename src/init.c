@@ -88,7 +88,8 @@ static void atfork_parent(void) {
 }
 static void atfork_child(void) {
     hm__tracker_atfork_child();
-    pthread_mutex_init(&lib.reg_lock, NULL);
+    /* The forking thread took it in prepare and is the child's only thread. */
+    hm__mutex_unlock(&lib.reg_lock);
 }
 
 static _Atomic int lib_inited;

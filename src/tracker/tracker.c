@@ -45,6 +45,13 @@
 #include <string.h>
 #include <time.h>
 #include <urcu/urcu-bp.h>
+/* The read-side lock and unlock are used inline from liburcu's static header:
+ * each is under ten lines and marked by liburcu as meeting the LGPL's
+ * ten-line criterion "allowing this function to be invoked directly from
+ * non-LGPL code" (urcu/static/urcu-bp.h). Called through the shared library
+ * they cost ~21 ns of a ~25 ns lookup; inline, 3-5 ns. Nothing else of the
+ * static header is used (no _LGPL_SOURCE). */
+#include <urcu/static/urcu-bp.h>
 
 /* ---- ThreadSanitizer and RCU -------------------------------------------
  * TSan does not see the ordering that urcu's grace period provides (it lives
@@ -69,10 +76,10 @@ static char tsan_grace;
 #define TSAN_ACQUIRE(p) ((void)0)
 #endif
 
-static inline void rd_lock(void) { urcu_bp_read_lock(); }
+static inline void rd_lock(void) { _urcu_bp_read_lock(); }
 static inline void rd_unlock(void) {
     TSAN_READER_DONE();
-    urcu_bp_read_unlock();
+    _urcu_bp_read_unlock();
 }
 static void grace_period(void) {
     urcu_bp_synchronize_rcu();
