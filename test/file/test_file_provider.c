@@ -59,6 +59,16 @@ static hm_result_t make_pool(void *arg, hm_pool_t **out) {
     return r;
 }
 
+/* hetmem's own pool over the file provider. */
+static hm_result_t make_native_pool(void *arg, hm_pool_t **out) {
+    hm_provider_t *prov;
+    hm_result_t r = make_provider(arg, &prov);
+    if (r != HM_SUCCESS) return r;
+    r = hm_native_pool_create(prov, NULL, HM_POOL_FLAG_OWN_PROVIDER, out);
+    if (r != HM_SUCCESS) hm_provider_destroy(prov);
+    return r;
+}
+
 static uint64_t file_blocks(const char *path) {
     struct stat st;
     if (stat(path, &st) != 0) return UINT64_MAX;
@@ -461,6 +471,8 @@ int main(void) {
     PHASE(hm_test_provider_suite("file shared, 64 KiB growth", make_provider, &small, &opts));
     PHASE(hm_test_pool_suite("proxy/file shared", make_pool, &shared, &opts));
     PHASE(hm_test_pool_suite("proxy/file private", make_pool, &priv, &opts));
+    PHASE(hm_test_pool_suite("native/file shared", make_native_pool, &shared, &opts));
+    PHASE(hm_test_pool_suite("native/file private", make_native_pool, &priv, &opts));
     CHECK_MSG(rmdir(dir) == 0, "files left behind in %s", dir);
     return hm_test_finish();
 }
