@@ -1,8 +1,11 @@
 #!/bin/bash
 # SPDX-License-Identifier: MIT
 # The README's demo command: install what is missing, build the library and
-# the examples (Release, in build-demo/), run examples/basic.
-# Exit code: the demo's (0 = every check passed).
+# the examples (Release, in build-demo/), run examples/basic (a NUMA-bound
+# pool), then the IPC demo: examples/ipc_producer allocates and exports
+# handles, examples/ipc_consumer (a separate process, started on its own)
+# opens them and writes, and the producer verifies what came back.
+# Exit code: 0 only if every check of every demo passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,10 +17,27 @@ log=build-demo/build.log
 echo "demo: building (Release, build-demo/; log in $log)"
 if ! { cmake -S . -B build-demo -DCMAKE_BUILD_TYPE=Release \
          -DHM_BUILD_TESTS=OFF -DHM_BUILD_BENCHMARKS=OFF -DHM_BUILD_EXAMPLES=ON &&
-       cmake --build build-demo --target basic -j "$jobs"; } >"$log" 2>&1; then
+       cmake --build build-demo --target basic ipc_producer ipc_consumer -j "$jobs"; } \
+       >"$log" 2>&1; then
   tail -n 40 "$log" >&2
   echo "demo: the build failed (full log: $log)" >&2
   exit 1
 fi
 echo "== examples/basic =="
-exec ./build-demo/examples/basic
+./build-demo/examples/basic
+
+echo
+echo "== examples/ipc_producer + examples/ipc_consumer (two processes) =="
+sock=$(mktemp -u "${TMPDIR:-/tmp}/hm-demo-XXXXXX.sock")
+./build-demo/examples/ipc_producer "$sock" &
+producer=$!
+consumer_rc=0
+./build-demo/examples/ipc_consumer "$sock" || consumer_rc=$?
+producer_rc=0
+wait "$producer" || producer_rc=$?
+rm -f "$sock"
+if [ "$consumer_rc" -ne 0 ] || [ "$producer_rc" -ne 0 ]; then
+  echo "demo: IPC demo failed (producer $producer_rc, consumer $consumer_rc)" >&2
+  exit 1
+fi
+echo "demo: all demos passed"
