@@ -12,14 +12,20 @@
  *                     kernel for its identity every time (UMF does).
  *   open+close (hit)  hm_ipc_open + hm_ipc_close of a cached mapping, 10^4
  *                     mappings cached.
+ *   ... 8 hot          the same with 8 allocations/handles used in turn: the
+ *                     cost without cache misses on the cache's own data.
  *   open+close (miss) cache bound 1: every open maps (pidfd_open, start-time
  *                     check, pidfd_getfd, mmap, tracker insert), every close
  *                     evicts (tracker remove, munmap).
  * Then two experiments printed after the table:
  *   destroy-latency   pool A holds 4000 opened mappings; thread 2 keeps doing
  *                     open+close (hits) through pool B; A is destroyed; thread
- *                     2's worst open+close latency during the destroy vs its
- *                     median (target: < 10x).
+ *                     2's median, p99, p99.9 and worst open+close latency
+ *                     during the destroy (target: worst < 10x median), next
+ *                     to the same thread's figures in a control window of
+ *                     the same length just before (no destroy), and its
+ *                     voluntary/involuntary context switches (lock waits vs
+ *                     preemption). Three repetitions.
  *   destroy-isolation destroy of A (4000 mappings) with B holding 0 vs M
  *                     entries (M = 10^5, or what vm.max_map_count allows);
  *                     target: within 1.2x. */
@@ -33,6 +39,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -173,6 +181,18 @@ static int get_run(void *ctx, const void *arg, uint64_t iters) {
     }
     return 0;
 }
+static int get_hot_run(void *ctx, const void *arg, uint64_t iters) { /* one allocation */
+    (void)arg;
+    get_ctx_t *c = ctx;
+    for (uint64_t k = 0; k < iters; k++) {
+        hm_ipc_handle_t *h;
+        size_t len;
+        if (hm_ipc_get(c->mem[k & 7], &h, &len)) return 1;
+        hm_bench_escape(h);
+        hm_ipc_put(h);
+    }
+    return 0;
+}
 static void get_teardown(void *ctx) {
     get_ctx_t *c = ctx;
     for (size_t i = 0; i < c->n; i++) hm_pool_free(c->pool, c->mem[i]);
@@ -234,35 +254,77 @@ static int open_run(void *ctx, const void *arg, uint64_t iters) {
     }
     return 0;
 }
+static int open_hot_run(void *ctx, const void *arg, uint64_t iters) { /* 8 handles */
+    (void)arg;
+    open_ctx_t *c = ctx;
+    for (uint64_t k = 0; k < iters; k++) {
+        void *p;
+        size_t i = k & 7;
+        if (hm_ipc_open(c->pool, H(i), hlens[i], &p)) return 1;
+        hm_bench_escape(p);
+        if (hm_ipc_close(p)) return 1;
+    }
+    return 0;
+}
 static void open_teardown(void *ctx) {
     open_ctx_t *c = ctx;
     hm_pool_destroy(c->pool);
     free(c);
 }
 
-/* ---- destroy of pool A next to a busy pool B ---- */
+/* ---- destroy of pool A next to a busy pool B ----
+ * Thread 2 loops open+close (hits) through pool B and records, per op, its
+ * start time and latency. Pool A (a_entries mappings) is destroyed while it
+ * runs. The same thread's ops in a window of the same length just before the
+ * destroy are the control (same process, same run, no destroy). For both
+ * windows: median, p99, p99.9, worst, and thread 2's voluntary / involuntary
+ * context switches (getrusage RUSAGE_THREAD): a lock wait is a voluntary
+ * switch (futex sleep); preemption is an involuntary one. No voluntary
+ * switch during the destroy means no outlier was a wait on a lock. */
+typedef struct lat_sample {
+    double t0, ns;
+} lat_sample_t;
+
 typedef struct opener {
     hm_pool_t *pool;
     _Atomic int stop;
     _Atomic int measuring;
-    double *lat;
+    _Atomic int csw_req; /* 1: thread 2 records its switch counts into csw[csw_n] */
+    long csw[4][2];
+    int csw_n;
+    lat_sample_t *lat;
     size_t nlat, cap;
-    size_t during_lo, during_hi;
 } opener_t;
+
+static void thread_csw(long out[2]) {
+    struct rusage ru;
+    getrusage(RUSAGE_THREAD, &ru);
+    out[0] = ru.ru_nvcsw;
+    out[1] = ru.ru_nivcsw;
+}
 
 static void *opener_thread(void *arg) {
     opener_t *o = arg;
     size_t i = 0;
     while (!atomic_load_explicit(&o->stop, memory_order_relaxed)) {
+        if (atomic_load_explicit(&o->csw_req, memory_order_acquire)) {
+            thread_csw(o->csw[o->csw_n++]);
+            atomic_store_explicit(&o->csw_req, 0, memory_order_release);
+        }
         double t0 = now_ns();
         void *p;
         if (hm_ipc_open(o->pool, H(i), hlens[i], &p) == HM_SUCCESS) hm_ipc_close(p);
         double t1 = now_ns();
         if (atomic_load_explicit(&o->measuring, memory_order_relaxed) && o->nlat < o->cap)
-            o->lat[o->nlat++] = t1 - t0;
+            o->lat[o->nlat++] = (lat_sample_t){t0, t1 - t0};
         i = (i + 1) % 64;
     }
     return NULL;
+}
+
+static void csw_mark(opener_t *o) { /* thread 2 records its counters */
+    atomic_store_explicit(&o->csw_req, 1, memory_order_release);
+    while (atomic_load_explicit(&o->csw_req, memory_order_acquire)) sched_yield();
 }
 
 static int cmp_d(const void *a, const void *b) {
@@ -283,12 +345,41 @@ static int open_range(hm_pool_t *pool, size_t lo, size_t hi) {
     return 0;
 }
 
-static void destroy_latency(size_t a_entries) {
+typedef struct lat_stats {
+    size_t n;
+    double med, p99, p999, worst;
+} lat_stats_t;
+
+/* Latencies of the samples whose start lies in [a, b). */
+static lat_stats_t window(const opener_t *o, double a, double b) {
+    lat_stats_t s = {0};
+    double *v = malloc((o->nlat + 1) * sizeof(double));
+    for (size_t i = 0; i < o->nlat; i++)
+        if (o->lat[i].t0 >= a && o->lat[i].t0 < b) v[s.n++] = o->lat[i].ns;
+    if (s.n) {
+        qsort(v, s.n, sizeof(double), cmp_d);
+        s.med = v[s.n / 2];
+        s.p99 = v[(size_t)((double)(s.n - 1) * 0.99)];
+        s.p999 = v[(size_t)((double)(s.n - 1) * 0.999)];
+        s.worst = v[s.n - 1];
+    }
+    free(v);
+    return s;
+}
+
+static double cpu_now_s(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
+static void destroy_latency(size_t a_entries, int rep) {
     hm_ipc_set_cache_limits(0, 0);
     hm_pool_t *A = shared_pool(), *B = shared_pool();
     if (!A || !B || open_range(A, 64, 64 + a_entries)) return;
-    opener_t o = {.pool = B, .cap = 1u << 24};
-    o.lat = malloc(o.cap * sizeof(double));
+    opener_t o = {.pool = B, .cap = 1u << 23};
+    o.lat = malloc(o.cap * sizeof(lat_sample_t));
     for (size_t i = 0; i < 64; i++) { /* B's working set: cached */
         void *p;
         if (hm_ipc_open(B, H(i), hlens[i], &p) == HM_SUCCESS) hm_ipc_close(p);
@@ -297,36 +388,39 @@ static void destroy_latency(size_t a_entries) {
     pthread_create(&t, NULL, opener_thread, &o);
     usleep(20000);
     atomic_store(&o.measuring, 1);
-    usleep(50000); /* before: B alone */
-    size_t before = o.nlat;
+    double c0 = now_ns(), cpu0 = cpu_now_s();
+    csw_mark(&o);
+    usleep(quick ? 20000 : 300000); /* the control: B alone */
+    csw_mark(&o);
     double t0 = now_ns();
     hm_pool_destroy(A);
     double t1 = now_ns();
-    size_t during = o.nlat - before;
-    usleep(20000);
+    csw_mark(&o);
+    double cpu1 = cpu_now_s(), c1 = now_ns();
     atomic_store(&o.stop, 1);
     pthread_join(t, NULL);
-    /* The opens that overlapped the destroy: [before, before + during]. */
-    size_t lo = before, hi = before + during + 1 < o.nlat ? before + during + 1 : o.nlat;
-    double *all = malloc(o.nlat * sizeof(double));
-    memcpy(all, o.lat, o.nlat * sizeof(double));
-    qsort(all, o.nlat, sizeof(double), cmp_d);
-    double med = all[o.nlat / 2];
-    double worst = 0, sum = 0;
-    for (size_t i = lo; i < hi; i++) {
-        if (o.lat[i] > worst) worst = o.lat[i];
-        sum += o.lat[i];
-    }
-    double *dur = malloc((hi - lo + 1) * sizeof(double));
-    memcpy(dur, o.lat + lo, (hi - lo) * sizeof(double));
-    qsort(dur, hi - lo, sizeof(double), cmp_d);
-    double p999 = hi > lo ? dur[(size_t)((double)(hi - lo - 1) * 0.999)] : 0;
-    printf("destroy-latency: destroying pool A with %zu mappings took %.2f ms; pool B's thread "
-           "did %zu open+close during it: median %.0f ns (whole run), p99.9 during %.0f ns, "
-           "worst during %.0f ns = %.1fx the median (target < 10x)\n",
-           a_entries, (t1 - t0) / 1e6, hi - lo, med, p999, worst, med > 0 ? worst / med : 0);
-    free(dur);
-    free(all);
+    double dur = t1 - t0;
+    /* control: a window as long as the destroy, just before it */
+    lat_stats_t d = window(&o, t0, t1), c = window(&o, t0 - dur > c0 ? t0 - dur : c0, t0);
+    lat_stats_t cl = window(&o, c0, t0);
+    printf("destroy-latency #%d: destroy of pool A (%zu mappings) took %.2f ms (%.1f us per "
+           "mapping); effective CPUs of the experiment %.2f (%ld online)\n",
+           rep, a_entries, dur / 1e6, dur / 1e3 / (double)a_entries,
+           (cpu1 - cpu0) / ((c1 - c0) / 1e9), sysconf(_SC_NPROCESSORS_ONLN));
+    printf("  pool B open+close, during the destroy:     n %7zu  median %6.0f ns  p99 %7.0f  "
+           "p99.9 %8.0f  worst %9.0f ns = %7.1fx median; thread 2 switches: %ld voluntary, "
+           "%ld involuntary\n",
+           d.n, d.med, d.p99, d.p999, d.worst, d.med > 0 ? d.worst / d.med : 0,
+           o.csw[2][0] - o.csw[1][0], o.csw[2][1] - o.csw[1][1]);
+    printf("  control, same thread, no destroy, as long: n %7zu  median %6.0f ns  p99 %7.0f  "
+           "p99.9 %8.0f  worst %9.0f ns = %7.1fx median\n",
+           c.n, c.med, c.p99, c.p999, c.worst, c.med > 0 ? c.worst / c.med : 0);
+    printf("  control, whole %3.0f ms before:             n %7zu  median %6.0f ns  p99 %7.0f  "
+           "p99.9 %8.0f  worst %9.0f ns = %7.1fx median; thread 2 switches: %ld voluntary, "
+           "%ld involuntary\n",
+           (t0 - c0) / 1e6, cl.n, cl.med, cl.p99, cl.p999, cl.worst,
+           cl.med > 0 ? cl.worst / cl.med : 0, o.csw[1][0] - o.csw[0][0],
+           o.csw[1][1] - o.csw[0][1]);
     free(o.lat);
     hm_pool_destroy(B);
 }
@@ -414,11 +508,15 @@ int main(int argc, char **argv) {
                   1);
     const hm_bench_impl_t hit_impl = {"hetmem", open_hit_setup, open_run, open_teardown};
     hm_bench_case(b, "open+close (hit), 10^4 mappings cached", &cached, 1, &hit_impl, NULL, 0);
+    const hm_bench_impl_t get_hot = {"hetmem", get_setup, get_hot_run, get_teardown};
+    hm_bench_case(b, "get+put (hit), 8 hot of 10^4 exports cached", &cached, 1, &get_hot, NULL, 0);
+    const hm_bench_impl_t open_hot = {"hetmem", open_hit_setup, open_hot_run, open_teardown};
+    hm_bench_case(b, "open+close (hit), 8 hot of 10^4 cached", &cached, 1, &open_hot, NULL, 0);
     const hm_bench_impl_t miss_impl = {"hetmem", open_miss_setup, open_run, open_teardown};
     hm_bench_case(b, "open+close (miss: map, then evict)", &cached, 1, &miss_impl, NULL, 0);
     code = hm_bench_finish(b);
 
-    destroy_latency(a_entries);
+    for (int rep = 1; rep <= (quick ? 1 : 3); rep++) destroy_latency(a_entries, rep);
     destroy_isolation(a_entries, b_entries);
     hm_ipc_cache_stats_t st;
     hm_ipc_get_cache_stats(&st);
