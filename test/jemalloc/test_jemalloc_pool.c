@@ -140,16 +140,14 @@ static void test_params(void) {
     CHECK_OK(hm_jemalloc_params_destroy(NULL));
 }
 
-/* Provider wrappers that lack split/merge or have big pages: refused. */
+/* A provider without split/merge (and without purge): the pool needs
+ * neither; ranges go back whole. */
 static const hm_provider_ops_t *g_inner_ops;
 static hm_result_t w_init(const void *params, void **state) {
     return g_inner_ops->init(params, state);
 }
 static void w_fini(void *state) { g_inner_ops->fini(state); }
-static void w_info_big(void *state, hm_provider_info_t *info) {
-    g_inner_ops->get_info(state, info);
-    info->min_page_size = 2 * MIB;
-}
+static void w_info(void *state, hm_provider_info_t *info) { g_inner_ops->get_info(state, info); }
 static hm_result_t w_alloc(void *state, size_t size, size_t alignment, void **ptr) {
     return g_inner_ops->alloc(state, size, alignment, ptr);
 }
@@ -157,31 +155,36 @@ static hm_result_t w_free(void *state, void *ptr, size_t size) {
     return g_inner_ops->free(state, ptr, size);
 }
 
-static void test_refused_providers(void) {
-    hm_test_set_context("refused providers");
+static void test_minimal_provider(void) {
+    hm_test_set_context("provider without split/merge/purge");
     g_inner_ops = hm_os_provider_ops();
     hm_os_params_t *op;
     REQUIRE_OK(hm_os_params_create(&op));
-    hm_provider_ops_t nosplit = {.version = HM_PROVIDER_OPS_VERSION, .name = "nosplit",
-                                 .init = w_init, .fini = w_fini,
-                                 .get_info = g_inner_ops->get_info, .alloc = w_alloc,
-                                 .free = w_free};
+    hm_provider_ops_t minimal = {.version = HM_PROVIDER_OPS_VERSION, .name = "minimal",
+                                 .init = w_init, .fini = w_fini, .get_info = w_info,
+                                 .alloc = w_alloc, .free = w_free};
     hm_provider_t *prov;
-    REQUIRE_OK(hm_provider_create(&nosplit, op, &prov));
-    hm_pool_t *pool = (hm_pool_t *)(uintptr_t)1;
-    CHECK_RES(hm_jemalloc_pool_create(prov, NULL, 0, &pool), HM_ERROR_NOT_SUPPORTED);
-    CHECK_OK(hm_provider_destroy(prov));
-    hm_provider_ops_t big = *g_inner_ops;
-    big.init = w_init;
-    big.fini = w_fini;
-    big.get_info = w_info_big;
-    big.ipc.handle_size = NULL, big.ipc.get = NULL, big.ipc.put = NULL, big.ipc.open = NULL,
-    big.ipc.close = NULL;
-    REQUIRE_OK(hm_provider_create(&big, op, &prov));
-    CHECK_RES(hm_jemalloc_pool_create(prov, NULL, 0, &pool), HM_ERROR_NOT_SUPPORTED);
-    CHECK_OK(hm_provider_destroy(prov));
+    REQUIRE_OK(hm_provider_create(&minimal, op, &prov));
     hm_os_params_destroy(op);
-    CHECK_RES(hm_jemalloc_pool_create(NULL, NULL, 0, &pool), HM_ERROR_INVALID_ARGUMENT);
+    CHECK(!(hm_provider_caps(prov) & HM_PROVIDER_CAP_SPLIT_MERGE));
+    hm_pool_t *pool = NULL;
+    REQUIRE_OK(hm_jemalloc_pool_create(prov, NULL, 0, &pool));
+    for (int round = 0; round < 3; round++) {
+        void *p[200];
+        for (int i = 0; i < 200; i++) {
+            size_t size = (size_t)(i * 7919 % 300000) + 1;
+            p[i] = hm_pool_malloc(pool, size);
+            REQUIRE(p[i]);
+            memset(p[i], i, size);
+            CHECK(hm_pool_by_ptr((char *)p[i] + size - 1) == pool);
+        }
+        for (int i = 0; i < 200; i++) CHECK_OK(hm_pool_free(pool, p[i]));
+        CHECK_OK(hm_pool_trim(pool));
+    }
+    CHECK_OK(hm_pool_destroy(pool));
+    CHECK_OK(hm_provider_destroy(prov));
+    hm_pool_t *q = (hm_pool_t *)(uintptr_t)1;
+    CHECK_RES(hm_jemalloc_pool_create(NULL, NULL, 0, &q), HM_ERROR_INVALID_ARGUMENT);
 }
 
 /* PROT_NONE memory: any CPU access by the pool or jemalloc would fault. */
@@ -507,7 +510,7 @@ int main(int argc, char **argv) {
     if (PART("unit")) {
         ran++;
         test_params();
-        test_refused_providers();
+        test_minimal_provider();
         test_prot_none();
         test_stats_and_trim();
         test_faults();

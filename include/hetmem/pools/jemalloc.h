@@ -13,8 +13,8 @@
  *
  * Design:
  * - Each pool creates one jemalloc arena whose extent hooks call the pool's
- *   provider through hm_pool_provider_alloc/free/split/merge/purge, so that
- *   the tracker records every extent jemalloc holds (hm_pool_by_ptr and
+ *   provider through hm_pool_provider_alloc/free/purge, so that the tracker
+ *   records every range jemalloc's extents live in (hm_pool_by_ptr and
  *   hm_free work for every pointer, also while jemalloc splits or merges).
  * - Thread caches: each thread gets its own explicit jemalloc tcache per pool,
  *   created on its first call on the pool, destroyed when the thread exits or
@@ -36,17 +36,18 @@
  * resizes in place or fails with HM_ERROR_NOT_SUPPORTED, leaving the block as
  * it was); the extent alloc hook refuses a request for zeroed device memory.
  *
- * Providers: need split and merge (HM_PROVIDER_CAP_SPLIT_MERGE; jemalloc
- * carves and coalesces extents) and a page size of at most 4 KiB (jemalloc's
- * page); others are refused at creation with HM_ERROR_NOT_SUPPORTED.
- * jemalloc asks the provider for what each extent needs (no "retain": see
- * cmake/HmJemalloc.cmake), coalesces freed neighbours of the same pool, and
- * gives free extents back to the provider after its decay time (dirty pages
- * are purged lazily after 10 s, then freed; hm_jemalloc_params_set_decay_ms)
- * or at hm_pool_trim(). A provider that cannot free keeps the memory with the
- * pool, which reuses it; one that cannot purge keeps freed pages resident
- * until they are freed.
- * After a successful forced purge the provider's memory must read as zero
+ * Providers: any. The alloc hook takes ranges from the provider exactly as
+ * jemalloc asks for them (no "retain": see cmake/HmJemalloc.cmake); jemalloc
+ * splits and coalesces its extents inside a range without the provider (a
+ * merge never crosses the start of a range), so the provider needs no
+ * split/merge and the tracker keeps one record per range, valid for every
+ * byte of it. A range goes back to the provider when jemalloc frees it whole:
+ * after its decay time (dirty pages are purged lazily after 10 s, then freed;
+ * hm_jemalloc_params_set_decay_ms) or at hm_pool_trim(); a piece of a range is
+ * purged instead (where the provider can purge, on whole provider pages) and
+ * reused; everything goes back at hm_pool_destroy(). A provider that cannot
+ * free keeps its memory with the pool until then (reused meanwhile). After a
+ * successful forced purge the provider's memory must read as zero
  * (MADV_DONTNEED / hole punch semantics), as jemalloc assumes.
  *
  * Errors: hm_pool_free of a pointer this pool does not own is refused by the

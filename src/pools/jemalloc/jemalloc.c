@@ -58,10 +58,15 @@ typedef struct jpool {
     bool cpu;         /* the CPU may touch the memory */
     bool can_free;    /* the provider takes memory back */
     bool can_purge_lazy, can_purge_force;
+    size_t page;      /* the provider's page size */
     bool use_tcache;
     unsigned slot;    /* index in g_slots */
     uint64_t gen;     /* unique per pool creation, never 0 */
     tc_node_t *tcaches;
+    /* The provider ranges (see "provider ranges"), guarded by range_lock. */
+    pthread_mutex_t range_lock;
+    struct prange **range_tab; /* range_nb buckets, a power of two */
+    size_t range_nb, range_n;
 } jpool_t;
 
 struct tc_node {
@@ -244,6 +249,113 @@ HM_INLINE int flags_of(jpool_t *jp) {
     return flags_slow(jp);
 }
 
+/* ---- provider ranges ----
+ * Every range the alloc hook got from the provider is recorded here (and, by
+ * hm_pool_provider_alloc, in the tracker) exactly as allocated. jemalloc
+ * splits and merges its extents inside a range freely: the split and merge
+ * hooks only refuse a merge across the start of a range, so every extent lies
+ * inside one range, the tracker never has to split or merge (hm_pool_by_ptr
+ * answers for every byte of a range throughout), and the provider needs no
+ * split/merge of its own. A range goes back to the provider when jemalloc
+ * deallocates it whole (after decay, or hm_pool_trim); pieces are purged and
+ * kept by jemalloc for reuse; the rest goes back at pool destroy. A merge
+ * across two arenas cannot happen: without retain jemalloc checks the arena of
+ * every neighbour (cmake/HmJemalloc.cmake says why retain is off). */
+
+typedef struct prange {
+    struct prange *next;
+    uintptr_t base;
+    size_t size;
+} prange_t;
+
+static size_t range_bucket(uintptr_t base, size_t nb) {
+    /* Fibonacci hashing of the page number (Knuth, TAOCP vol. 3, 6.4). */
+    return (size_t)(((uint64_t)(base >> 12) * 0x9e3779b97f4a7c15ull) >> 32) & (nb - 1);
+}
+
+static bool range_add(jpool_t *jp, void *base, size_t size) {
+    prange_t *c = malloc(sizeof(*c));
+    if (!c) return false;
+    c->base = (uintptr_t)base;
+    c->size = size;
+    hm__mutex_lock(&jp->range_lock);
+    if (jp->range_n >= 2 * jp->range_nb) { /* grow; keep the old table on failure */
+        size_t nb = jp->range_nb ? 2 * jp->range_nb : 64;
+        prange_t **t = calloc(nb, sizeof(*t));
+        if (t) {
+            for (size_t i = 0; i < jp->range_nb; i++)
+                for (prange_t *x = jp->range_tab[i], *next; x; x = next) {
+                    next = x->next;
+                    size_t k = range_bucket(x->base, nb);
+                    x->next = t[k];
+                    t[k] = x;
+                }
+            free(jp->range_tab);
+            jp->range_tab = t;
+            jp->range_nb = nb;
+        } else if (!jp->range_nb) {
+            hm__mutex_unlock(&jp->range_lock);
+            free(c);
+            return false;
+        }
+    }
+    size_t k = range_bucket(c->base, jp->range_nb);
+    c->next = jp->range_tab[k];
+    jp->range_tab[k] = c;
+    jp->range_n++;
+    hm__mutex_unlock(&jp->range_lock);
+    return true;
+}
+
+/* The range that starts at base (NULL if none). Caller holds range_lock. */
+static prange_t **range_find(jpool_t *jp, uintptr_t base) {
+    if (!jp->range_nb) return NULL;
+    prange_t **pp = &jp->range_tab[range_bucket(base, jp->range_nb)];
+    for (; *pp; pp = &(*pp)->next)
+        if ((*pp)->base == base) return pp;
+    return NULL;
+}
+
+static bool range_starts_at(jpool_t *jp, void *base) {
+    hm__mutex_lock(&jp->range_lock);
+    bool found = range_find(jp, (uintptr_t)base) != NULL;
+    hm__mutex_unlock(&jp->range_lock);
+    return found;
+}
+
+/* Remove the range [base, base+size) if it is one whole range. */
+static bool range_take(jpool_t *jp, void *base, size_t size) {
+    bool found = false;
+    hm__mutex_lock(&jp->range_lock);
+    prange_t **pp = range_find(jp, (uintptr_t)base);
+    if (pp && (*pp)->size == size) {
+        prange_t *c = *pp;
+        *pp = c->next;
+        free(c);
+        jp->range_n--;
+        found = true;
+    }
+    hm__mutex_unlock(&jp->range_lock);
+    return found;
+}
+
+/* Pool destroy, after the arena is gone: every range back to the provider
+ * (where it can free; otherwise the front-end forgets them). */
+static void range_release_all(jpool_t *jp) {
+    for (size_t i = 0; i < jp->range_nb; i++)
+        for (prange_t *x = jp->range_tab[i], *next; x; x = next) {
+            next = x->next;
+            if (jp->can_free &&
+                hm_pool_provider_free(jp->pool, (void *)x->base, x->size) != HM_SUCCESS)
+                HM_LOG_WARN("jemalloc pool '%s': could not free [%p, +%zu) to the provider",
+                            hm_pool_name(jp->pool), (void *)x->base, x->size);
+            free(x);
+        }
+    free(jp->range_tab);
+    jp->range_tab = NULL;
+    jp->range_nb = jp->range_n = 0;
+}
+
 /* ---- extent hooks: jemalloc's view of the provider ----
  * Each returns false on success (jemalloc's convention) and never logs on
  * success. */
@@ -262,7 +374,12 @@ static void *h_alloc(extent_hooks_t *h, void *new_addr, size_t size, size_t alig
     if (hm_pool_provider_alloc(jp->pool, size, alignment > JE_PAGE ? alignment : 0, &p) !=
         HM_SUCCESS)
         return NULL;
-
+    if (!range_add(jp, p, size)) {
+        if (hm_pool_provider_free(jp->pool, p, size) != HM_SUCCESS)
+            HM_LOG_WARN("jemalloc pool '%s': [%p, +%zu) kept after running out of host memory",
+                        hm_pool_name(jp->pool), p, size);
+        return NULL;
+    }
     /* The provider does not promise zeroed memory: zero it when asked (CPU
      * memory only, checked above). */
     if (*zero) memset(p, 0, size);
@@ -274,20 +391,19 @@ static bool h_dalloc(extent_hooks_t *h, void *addr, size_t size, bool committed,
                      unsigned arena_ind) {
     (void)committed, (void)arena_ind;
     jpool_t *jp = jp_of(h);
-    if (!jp->can_free) return true; /* jemalloc retains it for reuse */
-    /* Any extent: split and merge kept the provider's ranges in step. */
-    return hm_pool_provider_free(jp->pool, addr, size) != HM_SUCCESS;
+    if (!jp->can_free) return true; /* jemalloc keeps it for reuse */
+    if (!range_take(jp, addr, size)) return true; /* a piece: purged and kept */
+    if (hm_pool_provider_free(jp->pool, addr, size) == HM_SUCCESS) return false;
+    if (!range_add(jp, addr, size))
+        HM_LOG_ERROR("jemalloc pool '%s': lost the record of [%p, +%zu)", hm_pool_name(jp->pool),
+                     addr, size);
+    return true;
 }
 
+/* Arena destroy: the ranges are released together afterwards. */
 static void h_destroy(extent_hooks_t *h, void *addr, size_t size, bool committed,
                       unsigned arena_ind) {
-    (void)committed, (void)arena_ind;
-    jpool_t *jp = jp_of(h);
-    /* A provider that cannot free keeps the range recorded; the front-end
-     * forgets it when the pool is destroyed. */
-    if (jp->can_free && hm_pool_provider_free(jp->pool, addr, size) != HM_SUCCESS)
-        HM_LOG_WARN("jemalloc pool '%s': could not free [%p, +%zu) to the provider",
-                    hm_pool_name(jp->pool), addr, size);
+    (void)h, (void)addr, (void)size, (void)committed, (void)arena_ind;
 }
 
 static bool h_commit(extent_hooks_t *h, void *addr, size_t size, size_t offset, size_t length,
@@ -296,45 +412,49 @@ static bool h_commit(extent_hooks_t *h, void *addr, size_t size, size_t offset, 
     return false; /* provider memory is committed while allocated */
 }
 
+/* Purge [addr+offset, +length) through the provider, whole provider pages
+ * only (a provider with pages above 4 KiB is left alone on smaller pieces). */
+static bool purge(jpool_t *jp, void *addr, size_t offset, size_t length, bool force) {
+    if (!(force ? jp->can_purge_force : jp->can_purge_lazy)) return true;
+    char *p = (char *)addr + offset;
+    if (((uintptr_t)p | length) & (jp->page - 1)) return true;
+    return hm_pool_provider_purge(jp->pool, p, length, force) != HM_SUCCESS;
+}
+
 /* Decommit = forced purge: the pages stay mapped and read back as zero, so
  * "commit" has nothing to do. */
 static bool h_decommit(extent_hooks_t *h, void *addr, size_t size, size_t offset, size_t length,
                        unsigned arena_ind) {
     (void)size, (void)arena_ind;
-    jpool_t *jp = jp_of(h);
-    if (!jp->can_purge_force) return true;
-    return hm_pool_provider_purge(jp->pool, (char *)addr + offset, length, true) != HM_SUCCESS;
+    return purge(jp_of(h), addr, offset, length, true);
 }
 
 static bool h_purge_lazy(extent_hooks_t *h, void *addr, size_t size, size_t offset,
                          size_t length, unsigned arena_ind) {
     (void)size, (void)arena_ind;
-    jpool_t *jp = jp_of(h);
-    if (!jp->can_purge_lazy) return true;
-    return hm_pool_provider_purge(jp->pool, (char *)addr + offset, length, false) != HM_SUCCESS;
+    return purge(jp_of(h), addr, offset, length, false);
 }
 
 static bool h_purge_forced(extent_hooks_t *h, void *addr, size_t size, size_t offset,
                            size_t length, unsigned arena_ind) {
     (void)size, (void)arena_ind;
-    jpool_t *jp = jp_of(h);
-    if (!jp->can_purge_force) return true;
-    return hm_pool_provider_purge(jp->pool, (char *)addr + offset, length, true) != HM_SUCCESS;
+    return purge(jp_of(h), addr, offset, length, true);
 }
 
+/* Splitting an extent inside a range needs nothing from the provider. */
 static bool h_split(extent_hooks_t *h, void *addr, size_t size, size_t size_a, size_t size_b,
                     bool committed, unsigned arena_ind) {
-    (void)size_b, (void)committed, (void)arena_ind;
-    jpool_t *jp = jp_of(h);
-    return hm_pool_provider_split(jp->pool, addr, size, size_a) != HM_SUCCESS;
+    (void)h, (void)addr, (void)size, (void)size_a, (void)size_b, (void)committed,
+        (void)arena_ind;
+    return false;
 }
 
+/* Merging: only inside one provider range. */
 static bool h_merge(extent_hooks_t *h, void *addr_a, size_t size_a, void *addr_b, size_t size_b,
                     bool committed, unsigned arena_ind) {
-    (void)committed, (void)arena_ind;
-    jpool_t *jp = jp_of(h);
+    (void)size_b, (void)committed, (void)arena_ind;
     if ((char *)addr_a + size_a != (char *)addr_b) return true;
-    return hm_pool_provider_merge(jp->pool, addr_a, addr_b, size_a + size_b) != HM_SUCCESS;
+    return range_starts_at(jp_of(h), addr_b);
 }
 
 static const extent_hooks_t hooks_template = {
@@ -456,17 +576,8 @@ static hm_result_t jp_init(hm_pool_t *pool, const void *params_in, void **state)
     const hm_jemalloc_params_t *params = params_in ? params_in : &default_params;
     hm_provider_t *prov = hm_pool_get_provider(pool);
     uint32_t caps = hm_provider_caps(prov);
-    if (!(caps & HM_PROVIDER_CAP_SPLIT_MERGE)) {
-        HM_LOG_ERROR("jemalloc pool: provider '%s' cannot split and merge allocations, which "
-                     "jemalloc's extents need; use the native pool", hm_provider_name(prov));
-        return HM_ERROR_NOT_SUPPORTED;
-    }
     size_t page = hm_provider_min_page_size(prov);
-    if (page > JE_PAGE) {
-        HM_LOG_ERROR("jemalloc pool: provider '%s' has %zu-byte pages; jemalloc splits at "
-                     "4096-byte pages; use the native pool", hm_provider_name(prov), page);
-        return HM_ERROR_NOT_SUPPORTED;
-    }
+    if (!hm_is_pow2(page)) page = JE_PAGE;
     pthread_once(&g_once, once_init);
     if (g_once_failed) {
         HM_LOG_ERROR("jemalloc pool: pthread_key_create/pthread_atfork failed");
@@ -476,6 +587,8 @@ static hm_result_t jp_init(hm_pool_t *pool, const void *params_in, void **state)
     if (!jp) return HM_ERROR_OUT_OF_HOST_MEMORY;
     jp->hooks = hooks_template;
     jp->pool = pool;
+    jp->page = page;
+    pthread_mutex_init(&jp->range_lock, NULL);
     jp->cpu = hm_provider_cpu_accessible(prov);
     jp->can_free = (caps & HM_PROVIDER_CAP_FREE) != 0;
     jp->can_purge_lazy = (caps & HM_PROVIDER_CAP_PURGE_LAZY) != 0;
@@ -500,6 +613,7 @@ static hm_result_t jp_init(hm_pool_t *pool, const void *params_in, void **state)
             HM_LOG_ERROR("jemalloc pool: experimental.arenas_create_ext: %s", strerror(e));
             r = HM_ERROR_UNKNOWN;
         }
+        pthread_mutex_destroy(&jp->range_lock);
         free(jp);
         return r;
     }
@@ -519,11 +633,38 @@ static hm_result_t jp_init(hm_pool_t *pool, const void *params_in, void **state)
     }
     if (r != HM_SUCCESS) {
         arena_destroy(jp);
+        range_release_all(jp);
+        pthread_mutex_destroy(&jp->range_lock);
         free(jp);
         return r;
     }
     *state = jp;
     return HM_SUCCESS;
+}
+
+static size_t arena_allocated(jpool_t *jp) {
+    uint64_t epoch = 1;
+    size_t sz = sizeof(epoch);
+    if (hm_je_mallctl("epoch", &epoch, &sz, &epoch, sz)) return 0;
+    const char *names[] = {"small.allocated", "large.allocated"};
+    size_t total = 0;
+    for (int i = 0; i < 2; i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "stats.arenas.%u.%s", jp->arena, names[i]);
+        size_t v = 0;
+        sz = sizeof(v);
+        if (hm_je_mallctl(name, &v, &sz, NULL, 0)) return 0;
+        total += v;
+    }
+    return total;
+}
+
+/* Destroy with blocks still allocated (all thread caches are flushed by now). */
+static void report_live(jpool_t *jp) {
+    size_t live = arena_allocated(jp);
+    if (live)
+        HM_LOG_WARN("jemalloc pool '%s' destroyed with %zu bytes still allocated; the memory "
+                    "goes back to the provider", hm_pool_name(jp->pool), live);
 }
 
 static void jp_fini(void *state) {
@@ -540,7 +681,10 @@ static void jp_fini(void *state) {
     jp->tcaches = NULL;
     slot_release(jp);
     hm__mutex_unlock(&g_lock);
+    report_live(jp);
     arena_destroy(jp);
+    range_release_all(jp);
+    pthread_mutex_destroy(&jp->range_lock);
     free(jp);
 }
 
@@ -627,22 +771,14 @@ static hm_result_t jp_trim(void *state) {
 
 static hm_result_t jp_get_stats(void *state, hm_pool_stats_t *stats) {
     jpool_t *jp = state;
-    uint64_t epoch = 1;
-    size_t sz = sizeof(epoch);
-    if (hm_je_mallctl("epoch", &epoch, &sz, &epoch, sz)) return HM_ERROR_UNKNOWN;
-    const char *names[] = {"small.allocated", "large.allocated"};
-    size_t total = 0;
-    for (int i = 0; i < 2; i++) {
-        char name[64];
-        snprintf(name, sizeof(name), "stats.arenas.%u.%s", jp->arena, names[i]);
-        size_t v = 0;
-        sz = sizeof(v);
-        if (hm_je_mallctl(name, &v, &sz, NULL, 0)) return HM_ERROR_UNKNOWN;
-        total += v;
-    }
     /* Blocks in thread caches count as allocated (jemalloc's view). */
-    stats->bytes_requested = total;
-    /* bytes_from_provider / provider_allocs: the front-end's tracker index. */
+    stats->bytes_requested = arena_allocated(jp);
+    /* bytes_from_provider / provider_allocs: from the provider ranges. */
+    hm__mutex_lock(&jp->range_lock);
+    for (size_t i = 0; i < jp->range_nb; i++)
+        for (prange_t *x = jp->range_tab[i]; x; x = x->next) stats->bytes_from_provider += x->size;
+    stats->provider_allocs = jp->range_n;
+    hm__mutex_unlock(&jp->range_lock);
     return HM_SUCCESS;
 }
 
