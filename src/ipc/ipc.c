@@ -127,17 +127,41 @@ static inline uint64_t mix64(uint64_t z) {
 /* ------------------------------------------------------------------------ */
 /* data structures                                                          */
 
+/* imp_t.state: (generation << 32) | ST_STALE | refs. The generation changes
+ * (imp_kill) when the entry leaves its pool's hashes for good, so a
+ * per-thread cache slot that remembers (entry, generation) can never act on
+ * a closed or reused entry: its compare-and-swap fails. */
+#define ST_REFS 0x7fffffffu
+#define ST_STALE 0x80000000u
+static inline uint32_t st_gen(uint64_t w) { return (uint32_t)(w >> 32); }
+static inline uint32_t st_refs(uint64_t w) { return (uint32_t)w & ST_REFS; }
+
+/* An opened mapping. Type-stable: the memory of an imp_t is never given
+ * back to malloc, only recycled through imp_free_list (its state word keeps
+ * counting generations), so a thread may read `state` of an entry it only
+ * remembers. Everything but `state` is guarded as the table at the top of
+ * this file says. */
+#define IMP_INLINE 160 /* header + payloads up to 56 bytes (the OS provider's: 48) */
 typedef struct imp {
-    struct imp *knext, *lnext; /* pool hashes (pi->lock) */
-    struct imp *rprev, *rnext; /* CLOCK ring (gc.lock) */
-    struct hm_ipc_pool *pi;
-    uint64_t pid, nonce, rbase, alloc_id, rsize;
+    /* what a hit touches first, then the handle copy right after it */
+    _Atomic uint64_t state; /* first: kept across reuse */
+    struct imp *knext;      /* key hash (pi->lock) */
+    uint64_t rbase, nonce, pid;
     uintptr_t local;
     size_t size;
-    _Atomic uint32_t refs;
-    bool in_key, in_local; /* pi->lock */
-    bool in_ring, claimed, dead; /* gc.lock */
+    unsigned char *copy; /* the last fully validated handle that named this
+                            entry (pi->lock): identical bytes skip the decode;
+                            points to inl[] or, if longer, to the heap */
+    uint32_t copy_len;
     _Atomic uint8_t used;
+    bool in_key, in_local;       /* pi->lock */
+    bool in_ring, claimed, dead; /* gc.lock */
+    unsigned char inl[IMP_INLINE];
+    struct imp *lnext;         /* local-address hash (pi->lock) */
+    struct imp *rprev, *rnext; /* CLOCK ring (gc.lock) */
+    struct imp *fnext;         /* free list (fl.lock) */
+    struct hm_ipc_pool *pi;
+    uint64_t alloc_id, rsize;
 } imp_t;
 
 typedef struct xview {
@@ -172,24 +196,32 @@ struct hm_ipc_pool {
     hm_pool_t *pool;
     imp_t **kb, **lb; /* key hash, local-address hash; cap buckets each */
     size_t cap, n;
+    uint64_t hits; /* pi->lock; folded into gc.hits at destroy */
     _Atomic int evictors;
     xent_t *xhead; /* this pool's export entries (gx.lock) */
-    struct hm_ipc_pool *gprev, *gnext; /* pilist (fork handling) */
+    struct hm_ipc_pool *gprev, *gnext; /* pilist (fork handling, stats) */
 };
 typedef struct hm_ipc_pool hm_ipc_pool_t;
 
 static pthread_mutex_t pilist_lock = PTHREAD_MUTEX_INITIALIZER;
 static hm_ipc_pool_t *pilist;
 
-/* The opened-handle cache's global part. */
+/* The opened-handle cache's global part: the CLOCK ring for the bound and
+ * counters that only misses, evictions and destroys touch. */
 static struct {
     pthread_mutex_t lock;
     imp_t *hand; /* CLOCK ring, NULL when empty */
     size_t count, bytes;
-    _Atomic size_t a_count, a_bytes, in_use;
+    _Atomic size_t a_count, a_bytes;
     _Atomic size_t max_entries, max_bytes;
-    _Atomic uint64_t hits, misses, evictions, stale;
+    _Atomic uint64_t hits, misses, evictions, stale; /* hits: of destroyed pools */
 } gc = {.lock = PTHREAD_MUTEX_INITIALIZER, .max_entries = 4096};
+
+/* Recycled imp_t memory (see imp_t). */
+static struct {
+    pthread_mutex_t lock;
+    imp_t *head;
+} fl = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* The export cache. */
 static struct {
@@ -201,6 +233,34 @@ static struct {
     _Atomic size_t count;
 } gx = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+/* Per-thread cache of the mappings this thread opened last, for
+ * hm_ipc_close(): a slot is (range, entry, generation); a close inside the
+ * range drops its reference with one compare-and-swap on the entry's state,
+ * which fails if the generation moved on (entry closed, evicted, its pool
+ * destroyed, memory reused). Initial-exec TLS: 232 bytes of the static TLS
+ * block, no __tls_get_addr call (the library is linked, not dlopen'ed, by
+ * its users; glibc keeps a reserve for dlopen'ed ones). */
+#define TC_SLOTS 8
+typedef struct tcache {
+    uintptr_t lo[TC_SLOTS];
+    size_t len[TC_SLOTS]; /* 0: empty */
+    imp_t *e[TC_SLOTS];
+    uint32_t gen[TC_SLOTS];
+    unsigned next;
+} tcache_t;
+static __thread tcache_t tc __attribute__((tls_model("initial-exec")));
+
+static inline void tc_note(imp_t *e, uint32_t gen, uintptr_t local, size_t size) {
+    tcache_t *t = &tc;
+    for (unsigned i = 0; i < TC_SLOTS; i++)
+        if (t->e[i] == e && t->gen[i] == gen && t->len[i]) return;
+    unsigned i = t->next++ & (TC_SLOTS - 1);
+    t->lo[i] = local;
+    t->len[i] = size;
+    t->e[i] = e;
+    t->gen[i] = gen;
+}
+
 /* ------------------------------------------------------------------------ */
 /* fork                                                                     */
 
@@ -209,8 +269,10 @@ static void ipc_atfork_prepare(void) {
     for (hm_ipc_pool_t *pi = pilist; pi; pi = pi->gnext) hm__mutex_lock(&pi->lock);
     hm__mutex_lock(&gc.lock);
     hm__mutex_lock(&gx.lock);
+    hm__mutex_lock(&fl.lock);
 }
 static void ipc_atfork_parent(void) {
+    hm__mutex_unlock(&fl.lock);
     hm__mutex_unlock(&gx.lock);
     hm__mutex_unlock(&gc.lock);
     for (hm_ipc_pool_t *pi = pilist; pi; pi = pi->gnext) hm__mutex_unlock(&pi->lock);
@@ -241,6 +303,7 @@ static void ipc_atfork_child(void) {
     atomic_store(&gx.count, 0);
     pthread_mutex_init(&gx.lock, NULL);
     pthread_mutex_init(&gc.lock, NULL);
+    pthread_mutex_init(&fl.lock, NULL);
     pthread_mutex_init(&pilist_lock, NULL);
     pthread_mutex_init(&ident_lock, NULL);
 }
@@ -256,6 +319,51 @@ static void ipc_init_once(void) {
 static void ipc_lazy_init(void) {
     hm__init();
     pthread_once(&cfg.once, ipc_init_once);
+}
+
+/* ------------------------------------------------------------------------ */
+/* entries                                                                  */
+
+static imp_t *imp_alloc(uint32_t copy_len) {
+    unsigned char *heap = NULL;
+    if (copy_len > IMP_INLINE && !(heap = malloc(copy_len))) return NULL;
+    hm__mutex_lock(&fl.lock);
+    imp_t *e = fl.head;
+    if (e) fl.head = e->fnext;
+    hm__mutex_unlock(&fl.lock);
+    if (!e) {
+        void *m = NULL;
+        if (posix_memalign(&m, HM_CACHE_LINE, sizeof(*e))) {
+            free(heap);
+            return NULL;
+        }
+        e = m;
+        atomic_init(&e->state, 0);
+    }
+    memset((char *)e + offsetof(imp_t, knext), 0, sizeof(*e) - offsetof(imp_t, knext));
+    e->copy = heap ? heap : e->inl;
+    e->copy_len = copy_len;
+    return e;
+}
+
+/* Back to the free list (already out of every hash, the ring and every
+ * claim; killed if it was ever published). */
+static void imp_free(imp_t *e) {
+    if (e->copy != e->inl) free(e->copy);
+    e->copy = NULL;
+    hm__mutex_lock(&fl.lock);
+    e->fnext = fl.head;
+    fl.head = e;
+    hm__mutex_unlock(&fl.lock);
+}
+
+/* New generation, no references: every per-thread slot naming e is dead.
+ * Called by whoever unlinks e from its pool's local hash, pi->lock held. */
+static void imp_kill(imp_t *e) {
+    uint64_t w = atomic_load_explicit(&e->state, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&e->state, &w, (uint64_t)(st_gen(w) + 1) << 32,
+                                                  memory_order_acq_rel, memory_order_relaxed)) {
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -305,9 +413,15 @@ static inline uint64_t key_hash(uint64_t pid, uint64_t nonce, uint64_t rbase) {
     return mix64(rbase ^ mix64(nonce ^ (pid << 40)));
 }
 
-static imp_t *kfind(hm_ipc_pool_t *pi, uint64_t h, const hm_wire_t *w) {
-    for (imp_t *e = pi->kb[h & (pi->cap - 1)]; e; e = e->knext)
-        if (e->rbase == w->base && e->nonce == w->nonce && e->pid == w->pid) return e;
+static inline imp_t *kfind(hm_ipc_pool_t *pi, uint64_t h, uint64_t pid, uint64_t nonce,
+                           uint64_t rbase) {
+    for (imp_t *e = pi->kb[h & (pi->cap - 1)]; e; e = e->knext) {
+        /* the inline handle copy's lines, for the caller's memcmp */
+        __builtin_prefetch((const char *)e + 64);
+        __builtin_prefetch((const char *)e + 128);
+        __builtin_prefetch((const char *)e + 192);
+        if (e->rbase == rbase && e->nonce == nonce && e->pid == pid) return e;
+    }
     return NULL;
 }
 static imp_t *lfind(hm_ipc_pool_t *pi, uintptr_t local) {
@@ -411,7 +525,7 @@ static void close_mapping(hm_pool_t *pool, uintptr_t local, size_t size) {
                      (void *)local, size, hm_result_string(r));
 }
 
-/* e is out of both pool hashes and unused; the caller is its closer. */
+/* e is out of both pool hashes, killed, unused; the caller is its closer. */
 static void retire(imp_t *e) {
     hm_pool_t *pool = e->pi->pool;
     uintptr_t local = e->local;
@@ -425,7 +539,7 @@ static void retire(imp_t *e) {
     }
     hm__mutex_unlock(&gc.lock);
     close_mapping(pool, local, size);
-    if (free_it) free(e);
+    if (free_it) imp_free(e);
 }
 
 /* Close unused mappings, least recently used first, until the cache is
@@ -443,7 +557,7 @@ static void evict_over_bound(void) {
         for (size_t steps = 2 * gc.count + 1; steps && gc.hand; steps--) {
             imp_t *e = gc.hand;
             gc.hand = e->rnext;
-            if (atomic_load_explicit(&e->refs, memory_order_relaxed)) continue;
+            if (st_refs(atomic_load_explicit(&e->state, memory_order_relaxed))) continue;
             if (atomic_exchange_explicit(&e->used, 0, memory_order_relaxed)) continue;
             v = e;
             break;
@@ -460,9 +574,14 @@ static void evict_over_bound(void) {
 
         int outcome; /* 0: we close it, 1: back in use, 2: someone else closes */
         hm__mutex_lock(&pi->lock);
-        if (v->in_local && atomic_load_explicit(&v->refs, memory_order_relaxed) == 0) {
+        /* Under pi->lock nobody can add a reference (opens hold it; closes
+         * only drop them), so refs == 0 seen here stays 0. Acquire: the
+         * last user's accesses happen before the unmap. */
+        if (v->in_local &&
+            st_refs(atomic_load_explicit(&v->state, memory_order_acquire)) == 0) {
             if (v->in_key) kunlink(pi, v);
             lunlink(pi, v);
+            imp_kill(v);
             outcome = 0;
         } else if (v->in_local) {
             hm__mutex_lock(&gc.lock);
@@ -476,14 +595,14 @@ static void evict_over_bound(void) {
         hm__mutex_unlock(&pi->lock);
         if (outcome == 0) {
             close_mapping(pi->pool, v->local, v->size);
-            free(v);
+            imp_free(v);
             atomic_fetch_add_explicit(&gc.evictions, 1, memory_order_relaxed);
         } else if (outcome == 2) {
             hm__mutex_lock(&gc.lock);
             v->claimed = false;
             bool free_it = v->dead;
             hm__mutex_unlock(&gc.lock);
-            if (free_it) free(v);
+            if (free_it) imp_free(v);
         }
         atomic_fetch_sub_explicit(&pi->evictors, 1, memory_order_release);
     }
@@ -505,24 +624,31 @@ static const char *family_name(uint32_t f) {
 }
 
 /* An entry at the same key with another allocation id: unlink it from the
- * key hash; if unused it is returned for the caller to retire after
- * unlocking. pi->lock held. */
+ * key hash; if unused it is returned (killed) for the caller to retire
+ * after unlocking, else marked stale and closed at its last close.
+ * pi->lock held. */
 static imp_t *unlink_stale(hm_ipc_pool_t *pi, imp_t *e) {
     kunlink(pi, e);
     atomic_fetch_add_explicit(&gc.stale, 1, memory_order_relaxed);
-    if (atomic_load_explicit(&e->refs, memory_order_relaxed)) return NULL; /* closed at its last close */
+    uint64_t w = atomic_fetch_or_explicit(&e->state, ST_STALE, memory_order_acq_rel);
+    if (st_refs(w)) return NULL; /* closed at its last close */
     lunlink(pi, e);
+    imp_kill(e);
     return e;
 }
 
-static inline void take_ref(imp_t *e) {
-    if (atomic_fetch_add_explicit(&e->refs, 1, memory_order_relaxed) == 0)
-        atomic_fetch_add_explicit(&gc.in_use, 1, memory_order_relaxed);
+/* One more reference (pi->lock held). false: the count is saturated. */
+static inline bool take_ref(imp_t *e, uint32_t *gen) {
+    uint64_t w = atomic_load_explicit(&e->state, memory_order_relaxed);
+    if (hm_unlikely(st_refs(w) == ST_REFS)) return false;
+    w = atomic_fetch_add_explicit(&e->state, 1, memory_order_relaxed);
+    *gen = st_gen(w);
     atomic_store_explicit(&e->used, 1, memory_order_relaxed);
+    return true;
 }
 
 static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, const hm_wire_t *w,
-                                         uint64_t kh, int fd_in, void **ptr) {
+                                         const void *bytes, uint64_t kh, int fd_in, void **ptr) {
     hm_provider_t *prov = pool->provider;
     if (!hm__handle_is_live(pool, HM_HANDLE_POOL)) {
         HM_LOG_ERROR("hm_ipc_open: %p is not a live pool", (void *)pool);
@@ -553,7 +679,7 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
         HM_LOG_ERROR("hm_ipc_open: provider '%s' returned success and NULL", prov->info.name);
         return HM_ERROR_UNKNOWN;
     }
-    imp_t *e = calloc(1, sizeof(*e));
+    imp_t *e = imp_alloc(w->total_size);
     if (!e) {
         r = HM_ERROR_OUT_OF_HOST_MEMORY;
         goto fail_entry;
@@ -570,17 +696,26 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
     e->alloc_id = w->alloc_id;
     e->local = (uintptr_t)local;
     e->size = (size_t)w->size;
+    memcpy(e->copy, bytes, w->total_size);
 
     imp_t *victim = NULL;
+    uint32_t gen = 0;
     hm__mutex_lock(&pi->lock);
-    imp_t *o = kfind(pi, kh, w);
+    imp_t *o = kfind(pi, kh, w->pid, w->nonce, w->base);
     if (o && o->alloc_id == w->alloc_id && o->rsize == w->size) {
         /* Another thread opened it meanwhile: share theirs, undo ours. */
-        take_ref(o);
+        bool ok = take_ref(o, &gen);
         uintptr_t theirs = o->local;
+        size_t theirs_size = o->size;
+        if (ok) pi->hits++;
         hm__mutex_unlock(&pi->lock);
+        if (ok) tc_note(o, gen, theirs, theirs_size);
         close_mapping(pool, (uintptr_t)local, (size_t)w->size);
-        free(e);
+        imp_free(e); /* never published */
+        if (!ok) {
+            HM_LOG_ERROR("hm_ipc_open: mapping opened %u times, never closed", ST_REFS);
+            return HM_ERROR_LIMIT;
+        }
         *ptr = (void *)(theirs + w->offset);
         return HM_SUCCESS;
     }
@@ -593,31 +728,39 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
     pi->lb[lb] = e;
     e->in_key = e->in_local = true;
     pi->n++;
-    take_ref(e);
+    (void)take_ref(e, &gen);
     hm__mutex_lock(&gc.lock);
     ring_insert(e);
     hm__mutex_unlock(&gc.lock);
     hm__mutex_unlock(&pi->lock);
+    tc_note(e, gen, e->local, e->size);
     if (victim) retire(victim);
     if (over_bound()) evict_over_bound();
     *ptr = (char *)local + w->offset;
     return HM_SUCCESS;
 
 fail_track:
-    free(e);
+    imp_free(e);
 fail_entry:
     (void)prov->ops.ipc.close(prov->state, local, (size_t)w->size);
     return r;
 }
 
-hm_result_t hm_ipc_open_fd(hm_pool_t *pool, const hm_ipc_handle_t *handle, size_t size, int fd,
-                           void **ptr) {
-    if (hm_unlikely(!ptr || !pool || !handle)) {
-        HM_LOG_ERROR("hm_ipc_open: %s is NULL", !ptr ? "ptr" : !pool ? "pool" : "handle");
-        if (ptr) *ptr = NULL;
-        return HM_ERROR_INVALID_ARGUMENT;
-    }
-    *ptr = NULL;
+/* The validated handle bytes b (decoded as w) equal e's cached handle in
+ * everything but the offset field and the checksum. pi->lock held. */
+static bool same_but_offset(const imp_t *e, const void *bytes, const hm_wire_t *w) {
+    const unsigned char *b = bytes, *c = e->copy;
+    return e->copy_len == w->total_size &&
+           memcmp(b, c, HM__WIRE_OFF_OFFSET) == 0 &&
+           memcmp(b + HM__WIRE_OFF_OFFSET + 8, c + HM__WIRE_OFF_OFFSET + 8,
+                  HM__WIRE_CRC_OFF - HM__WIRE_OFF_OFFSET - 8) == 0 &&
+           memcmp(b + HM_IPC_HEADER_SIZE, c + HM_IPC_HEADER_SIZE, w->payload_len) == 0;
+}
+
+/* Everything but a hit on a handle byte-identical to a cached one: full
+ * validation (checksum and fields), then the cache, then the miss. */
+static HM_NOINLINE hm_result_t open_slow(hm_pool_t *pool, const hm_ipc_handle_t *handle,
+                                         size_t size, int fd, void **ptr) {
     hm_wire_t w;
     hm_result_t r = hm__wire_decode(handle, size, &w);
     if (hm_unlikely(r != HM_SUCCESS)) {
@@ -648,36 +791,89 @@ hm_result_t hm_ipc_open_fd(hm_pool_t *pool, const hm_ipc_handle_t *handle, size_
     hm_ipc_pool_t *pi = pool_ipc_make(pool);
     if (hm_unlikely(!pi)) return HM_ERROR_OUT_OF_HOST_MEMORY;
     uint64_t kh = key_hash(w.pid, w.nonce, w.base);
-    imp_t *victim = NULL;
     hm__mutex_lock(&pi->lock);
-    imp_t *e = kfind(pi, kh, &w);
+    imp_t *e = kfind(pi, kh, w.pid, w.nonce, w.base);
     if (hm_likely(e != NULL)) {
-        if (hm_likely(e->alloc_id == w.alloc_id && e->rsize == w.size)) {
-            take_ref(e);
+        /* A hit needs every byte but the offset (and so the checksum) equal
+         * to the cached handle's: a handle that differs elsewhere (another
+         * allocation at that address, or a forgery) goes the miss path's
+         * full way, and only a successful open there replaces the entry
+         * (a forged handle cannot evict a genuine mapping). */
+        if (hm_likely(same_but_offset(e, handle, &w))) {
+            uint32_t gen = 0;
+            if (hm_unlikely(!take_ref(e, &gen))) {
+                hm__mutex_unlock(&pi->lock);
+                HM_LOG_ERROR("hm_ipc_open: mapping opened %u times, never closed", ST_REFS);
+                return HM_ERROR_LIMIT;
+            }
+            /* Remember these bytes: the next open of them is a memcmp. */
+            if (e->copy_len == w.total_size) memcpy(e->copy, handle, w.total_size);
             uintptr_t local = e->local;
+            size_t lsize = e->size;
+            pi->hits++;
             hm__mutex_unlock(&pi->lock);
-            atomic_fetch_add_explicit(&gc.hits, 1, memory_order_relaxed);
+            tc_note(e, gen, local, lsize);
             *ptr = (void *)(local + w.offset);
             return HM_SUCCESS;
         }
-        victim = unlink_stale(pi, e);
     }
     hm__mutex_unlock(&pi->lock);
-    if (victim) retire(victim);
     atomic_fetch_add_explicit(&gc.misses, 1, memory_order_relaxed);
     if (hm_unlikely(prov->ops.ipc.handle_size(prov->state) != w.payload_len)) {
         HM_LOG_ERROR("hm_ipc_open: payload of %u bytes; provider '%s' reads %zu", w.payload_len,
                      prov->info.name, prov->ops.ipc.handle_size(prov->state));
         return HM_ERROR_INVALID_HANDLE;
     }
-    return open_miss(pool, pi, &w, kh, fd, ptr);
+    return open_miss(pool, pi, &w, handle, kh, fd, ptr);
+}
+
+hm_result_t hm_ipc_open_fd(hm_pool_t *pool, const hm_ipc_handle_t *handle, size_t size, int fd,
+                           void **ptr) {
+    if (hm_unlikely(!ptr || !pool || !handle)) {
+        HM_LOG_ERROR("hm_ipc_open: %s is NULL", !ptr ? "ptr" : !pool ? "pool" : "handle");
+        if (ptr) *ptr = NULL;
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    *ptr = NULL;
+    /* Hit: the bytes equal those of a handle that was fully validated when
+     * it was opened through this pool (its checksum, fields, exporter
+     * identity, provider family): no decode, no checksum. The key fields
+     * are read unvalidated only to find the candidate. */
+    hm_ipc_pool_t *pi = pool_ipc(pool);
+    if (hm_likely(pi != NULL && size >= HM_IPC_HEADER_SIZE)) {
+        const unsigned char *b = (const unsigned char *)handle;
+        /* The handle's lines (the memcmp reads them all) load in parallel
+         * with the bucket and entry, not one after the other. */
+        __builtin_prefetch(b + 64);
+        __builtin_prefetch(b + 128);
+        uint64_t pid = hm__wire_peek64(b, HM__WIRE_OFF_PID);
+        uint64_t nonce = hm__wire_peek64(b, HM__WIRE_OFF_NONCE);
+        uint64_t base = hm__wire_peek64(b, HM__WIRE_OFF_BASE);
+        uint64_t kh = key_hash(pid, nonce, base);
+        hm__mutex_lock(&pi->lock);
+        imp_t *e = kfind(pi, kh, pid, nonce, base);
+        uint32_t gen = 0;
+        if (hm_likely(e != NULL && size >= e->copy_len &&
+                      memcmp(b, e->copy, e->copy_len) == 0 && take_ref(e, &gen))) {
+            uintptr_t local = e->local;
+            size_t lsize = e->size;
+            pi->hits++;
+            hm__mutex_unlock(&pi->lock);
+            tc_note(e, gen, local, lsize);
+            *ptr = (void *)(local + hm__wire_peek64(b, HM__WIRE_OFF_OFFSET));
+            return HM_SUCCESS;
+        }
+        hm__mutex_unlock(&pi->lock);
+    }
+    return open_slow(pool, handle, size, fd, ptr);
 }
 
 hm_result_t hm_ipc_open(hm_pool_t *pool, const hm_ipc_handle_t *handle, size_t size, void **ptr) {
     return hm_ipc_open_fd(pool, handle, size, -1, ptr);
 }
 
-hm_result_t hm_ipc_close(void *ptr) {
+/* Close through the tracker and the pool's local-address hash. */
+static HM_NOINLINE hm_result_t close_slow(void *ptr) {
     hm_tracker_entry_t te;
     if (hm_unlikely(!ptr || !hm__tracker_lookup(ptr, &te))) {
         HM_LOG_ERROR("hm_ipc_close(%p): not memory hetmem knows", ptr);
@@ -699,25 +895,52 @@ hm_result_t hm_ipc_close(void *ptr) {
         HM_LOG_ERROR("hm_ipc_close(%p): no open mapping there (closed concurrently?)", ptr);
         return HM_ERROR_INVALID_ARGUMENT;
     }
-    uint32_t refs = atomic_load_explicit(&e->refs, memory_order_relaxed);
-    if (hm_unlikely(!refs)) {
-        hm__mutex_unlock(&pi->lock);
-        HM_LOG_ERROR("hm_ipc_close(%p): closed more times than opened", ptr);
-        return HM_ERROR_DOUBLE_FREE;
-    }
-    atomic_store_explicit(&e->refs, refs - 1, memory_order_relaxed);
-    bool retire_now = false;
-    if (refs == 1) {
-        atomic_fetch_sub_explicit(&gc.in_use, 1, memory_order_relaxed);
-        if (!e->in_key) { /* stale: its last user is gone */
-            lunlink(pi, e);
-            retire_now = true;
+    /* Lock-free closers may decrement concurrently: compare-and-swap. */
+    uint64_t w = atomic_load_explicit(&e->state, memory_order_relaxed);
+    do {
+        if (hm_unlikely(!st_refs(w))) {
+            hm__mutex_unlock(&pi->lock);
+            HM_LOG_ERROR("hm_ipc_close(%p): closed more times than opened", ptr);
+            return HM_ERROR_DOUBLE_FREE;
         }
+    } while (!atomic_compare_exchange_weak_explicit(&e->state, &w, w - 1, memory_order_release,
+                                                    memory_order_relaxed));
+    bool last = st_refs(w) == 1, retire_now = false;
+    if (last && !e->in_key) { /* stale: its last user is gone */
+        lunlink(pi, e);
+        imp_kill(e);
+        retire_now = true;
     }
     hm__mutex_unlock(&pi->lock);
     if (retire_now) retire(e);
-    else if (refs == 1 && over_bound()) evict_over_bound();
+    else if (last && over_bound()) evict_over_bound();
     return HM_SUCCESS;
+}
+
+hm_result_t hm_ipc_close(void *ptr) {
+    /* Fast: ptr lies in a mapping this thread opened recently; drop the
+     * reference with one CAS, unless it is the last one of a stale entry
+     * (that needs the closer's work) or the slot is out of date. */
+    tcache_t *t = &tc;
+    uintptr_t p = (uintptr_t)ptr;
+    for (unsigned i = 0; i < TC_SLOTS; i++) {
+        if (p - t->lo[i] >= t->len[i]) continue;
+        imp_t *e = t->e[i];
+        uint64_t w = atomic_load_explicit(&e->state, memory_order_relaxed);
+        for (;;) {
+            uint32_t r = st_refs(w);
+            if (st_gen(w) != t->gen[i] || r == 0 || (r == 1 && (w & ST_STALE))) break;
+            /* release: this user's accesses happen before an evictor's unmap */
+            if (atomic_compare_exchange_weak_explicit(&e->state, &w, w - 1, memory_order_release,
+                                                      memory_order_relaxed)) {
+                if (r == 1 && hm_unlikely(over_bound())) evict_over_bound();
+                return HM_SUCCESS;
+            }
+        }
+        if (st_gen(w) != t->gen[i]) t->len[i] = 0;
+        break;
+    }
+    return close_slow(ptr);
 }
 
 hm_result_t hm__ipc_refuse_free(const void *ptr) {
@@ -1066,39 +1289,54 @@ void hm__ipc_pool_destroy(hm_pool_t *pool) {
     if (!pi) return;
     exports_pool_destroy(pi);
 
-    /* Detach every mapping from the pool's hashes (only this pool's lock). */
-    imp_t *list = NULL;
-    size_t open_count = 0, n = 0;
-    hm__mutex_lock(&pi->lock);
-    for (size_t i = 0; i < pi->cap; i++) {
-        for (imp_t *e = pi->lb[i], *nx; e; e = nx) {
-            nx = e->lnext;
-            if (atomic_load_explicit(&e->refs, memory_order_relaxed)) {
-                open_count++;
-                atomic_store_explicit(&e->refs, 0, memory_order_relaxed);
-                atomic_fetch_sub_explicit(&gc.in_use, 1, memory_order_relaxed);
+    /* Take the mappings out of the pool's hashes DESTROY_BATCH at a time
+     * (pi->lock held for that many unlinks; only an evictor that claimed one
+     * of ours waits on it), out of the CLOCK ring with one gc.lock hold per
+     * batch, then unmap them with no lock held. */
+    enum { DESTROY_BATCH = 16 };
+    size_t open_count = 0, n = 0, bucket = 0;
+    for (;;) {
+        imp_t *batch[DESTROY_BATCH];
+        size_t k = 0;
+        hm__mutex_lock(&pi->lock);
+        while (k < DESTROY_BATCH && bucket < pi->cap) {
+            imp_t *e = pi->lb[bucket];
+            if (!e) {
+                bucket++;
+                continue;
             }
-            e->in_key = e->in_local = false;
-            e->lnext = list;
-            list = e;
-            n++;
+            pi->lb[bucket] = e->lnext;
+            e->in_local = false;
+            pi->n--;
+            if (e->in_key) kunlink(pi, e);
+            if (st_refs(atomic_load_explicit(&e->state, memory_order_acquire))) open_count++;
+            imp_kill(e);
+            batch[k++] = e;
         }
-        pi->lb[i] = pi->kb[i] = NULL;
+        hm__mutex_unlock(&pi->lock);
+        if (!k) break;
+        n += k;
+        bool mine[DESTROY_BATCH];
+        hm__mutex_lock(&gc.lock);
+        for (size_t i = 0; i < k; i++) {
+            if (batch[i]->in_ring) ring_unlink(batch[i]);
+            mine[i] = !batch[i]->claimed;
+            if (!mine[i]) batch[i]->dead = true; /* its evictor frees it */
+        }
+        hm__mutex_unlock(&gc.lock);
+        for (size_t i = 0; i < k; i++) {
+            close_mapping(pool, batch[i]->local, batch[i]->size);
+            if (mine[i]) imp_free(batch[i]);
+        }
     }
-    pi->n = 0;
-    hm__mutex_unlock(&pi->lock);
     if (open_count)
         HM_LOG_WARN("pool '%s' destroyed with %zu IPC mappings still open (of %zu cached); "
-                    "closing them", pool->ops.name, open_count, n);
-    /* Close them one by one: each takes the ring lock for one unlink. */
-    for (imp_t *e = list, *nx; e; e = nx) {
-        nx = e->lnext;
-        retire(e);
-    }
+                    "closed them", pool->ops.name, open_count, n);
     /* An evictor may still hold a claim on one of ours. */
     while (atomic_load_explicit(&pi->evictors, memory_order_acquire)) sched_yield();
 
     hm__mutex_lock(&pilist_lock);
+    atomic_fetch_add_explicit(&gc.hits, pi->hits, memory_order_relaxed);
     if (pi->gprev) pi->gprev->gnext = pi->gnext;
     else pilist = pi->gnext;
     if (pi->gnext) pi->gnext->gprev = pi->gprev;
@@ -1160,8 +1398,23 @@ hm_result_t hm_ipc_get_cache_stats(hm_ipc_cache_stats_t *st) {
     st->entries = gc.count;
     st->bytes = gc.bytes;
     hm__mutex_unlock(&gc.lock);
-    st->in_use = atomic_load(&gc.in_use);
-    st->hits = atomic_load(&gc.hits);
+    /* In-use entries and hits are per pool (no shared counter on the hit
+     * paths): summed here. */
+    size_t in_use = 0;
+    uint64_t hits = 0;
+    hm__mutex_lock(&pilist_lock);
+    hits = atomic_load(&gc.hits);
+    for (hm_ipc_pool_t *pi = pilist; pi; pi = pi->gnext) {
+        hm__mutex_lock(&pi->lock);
+        hits += pi->hits;
+        for (size_t i = 0; i < pi->cap; i++)
+            for (imp_t *e = pi->lb[i]; e; e = e->lnext)
+                in_use += st_refs(atomic_load_explicit(&e->state, memory_order_relaxed)) != 0;
+        hm__mutex_unlock(&pi->lock);
+    }
+    hm__mutex_unlock(&pilist_lock);
+    st->in_use = in_use;
+    st->hits = hits;
     st->misses = atomic_load(&gc.misses);
     st->evictions = atomic_load(&gc.evictions);
     st->stale = atomic_load(&gc.stale);

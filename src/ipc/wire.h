@@ -33,11 +33,32 @@
 
 #include "internal.h"
 
+#include <string.h>
+
 #define HM__WIRE_MAGIC 0x50494d48u
 #define HM__WIRE_VERSION 1u
 #define HM__WIRE_CRC_OFF 100u
 
 enum { HM__WIRE_HAS_FD = 1u << 0 };
+
+/* Offsets of the fields the caches read without decoding. */
+enum {
+    HM__WIRE_OFF_PID = 32,
+    HM__WIRE_OFF_NONCE = 40,
+    HM__WIRE_OFF_BASE = 64,
+    HM__WIRE_OFF_OFFSET = 80,
+};
+
+/* The little-endian 64-bit field at off (no validation: a cache key, or a
+ * field of bytes already known to equal a validated handle's). */
+static inline uint64_t hm__wire_peek64(const unsigned char *b, unsigned off) {
+    uint64_t v;
+    memcpy(&v, b + off, sizeof(v));
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
 
 /* A decoded header; payload points into the caller's bytes. */
 typedef struct hm_wire {
