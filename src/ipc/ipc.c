@@ -165,6 +165,9 @@ typedef struct imp {
 } imp_t;
 
 typedef struct xview {
+    struct xview *pnext; /* gx.vb, by exported pointer (while its xent is live) */
+    uintptr_t ptr;       /* the exported pointer: base + offset */
+    struct xent *x;
     struct xview *next;
     uint64_t offset;
     uint32_t refs;
@@ -231,6 +234,9 @@ static struct {
     xent_t *hand;
     xent_t *orphans;
     _Atomic size_t count;
+    xview_t **vb; /* views of live entries by exported pointer: a repeated
+                     get of a pointer needs no tracker lookup */
+    size_t vcap, vn;
 } gx = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Per-thread cache of the mappings this thread opened last, for
@@ -289,6 +295,8 @@ static void ipc_atfork_child(void) {
         }
         gx.b[i] = NULL;
     }
+    if (gx.vb) memset(gx.vb, 0, gx.vcap * sizeof(*gx.vb));
+    gx.vn = 0;
     for (xent_t *x = gx.orphans, *nx; x; x = nx) {
         nx = x->onext;
         xent_free(x);
@@ -1004,6 +1012,48 @@ static void xprovider_put(xent_t *x) {
                     (void *)x->base, hm_result_string(r));
 }
 
+/* ---- views by exported pointer (gx.lock held) ---- */
+static inline size_t vbucket(uintptr_t ptr) { return mix64(ptr) & (gx.vcap - 1); }
+static inline xview_t *vfind(uintptr_t ptr) {
+    if (hm_unlikely(!gx.vcap)) return NULL;
+    for (xview_t *v = gx.vb[vbucket(ptr)]; v; v = v->pnext)
+        if (v->ptr == ptr) return v;
+    return NULL;
+}
+static void vinsert(xview_t *v) {
+    if (gx.vn >= gx.vcap) { /* double (best effort: without memory chains grow) */
+        size_t cap = gx.vcap ? gx.vcap * 2 : 64;
+        xview_t **b = calloc(cap, sizeof(*b));
+        if (b) {
+            for (size_t i = 0; i < gx.vcap; i++)
+                for (xview_t *w = gx.vb[i], *nw; w; w = nw) {
+                    nw = w->pnext;
+                    size_t k = mix64(w->ptr) & (cap - 1);
+                    w->pnext = b[k];
+                    b[k] = w;
+                }
+            free(gx.vb);
+            gx.vb = b;
+            gx.vcap = cap;
+        } else if (!gx.vcap) {
+            return; /* no index at all: gets take the tracker path */
+        }
+    }
+    size_t k = vbucket(v->ptr);
+    v->pnext = gx.vb[k];
+    gx.vb[k] = v;
+    gx.vn++;
+}
+static void vunlink(xview_t *v) {
+    if (!gx.vcap) return;
+    xview_t **p = &gx.vb[vbucket(v->ptr)];
+    while (*p && *p != v) p = &(*p)->pnext;
+    if (*p) {
+        *p = v->pnext;
+        gx.vn--;
+    }
+}
+
 /* Take x out of the hash and ring (gx.lock held). Unused: released now.
  * Used: moved to gx.orphans and released at its last put; it also stays in
  * its pool's list so that a pool destroy releases the provider export
@@ -1019,6 +1069,7 @@ static void xdetach(xent_t *x) {
         x->rnext->rprev = x->rprev;
     }
     x->live = false;
+    for (xview_t *v = x->views; v; v = v->next) vunlink(v);
     gx.n--;
     atomic_store_explicit(&gx.count, gx.n, memory_order_relaxed);
     if (!x->refs) {
@@ -1135,6 +1186,9 @@ static xview_t *xview_make(xent_t *x, uint64_t offset, const ident_t *me) {
     hm__wire_encode(&w, v->wire);
     v->next = x->views;
     x->views = v;
+    v->x = x;
+    v->ptr = x->base + offset;
+    vinsert(v);
     return v;
 }
 
@@ -1146,7 +1200,21 @@ hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size) 
     }
     *handle = NULL;
     *size = 0;
-    const ident_t *me = self_ident();
+    /* Hit: this very pointer was exported and its allocation is still the
+     * same (the pool front-end detaches an export, taking its views out of
+     * gx.vb, before it frees, splits or merges the range). */
+    hm__mutex_lock(&gx.lock);
+    xview_t *hv = vfind((uintptr_t)ptr);
+    if (hm_likely(hv != NULL)) {
+        hv->refs++;
+        hv->x->refs++;
+        hv->x->used = 1;
+        *handle = (hm_ipc_handle_t *)hv->wire;
+        *size = hv->len;
+        hm__mutex_unlock(&gx.lock);
+        return HM_SUCCESS;
+    }
+    hm__mutex_unlock(&gx.lock);
     hm_tracker_entry_t te;
     if (hm_unlikely(!hm__tracker_lookup(ptr, &te))) {
         HM_LOG_ERROR("hm_ipc_get(%p): not memory of a tracked hetmem pool", ptr);
@@ -1183,7 +1251,7 @@ hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size) 
     }
     xview_t *v = x->views;
     while (v && v->offset != offset) v = v->next;
-    if (hm_unlikely(!v) && !(v = xview_make(x, offset, me))) {
+    if (hm_unlikely(!v) && !(v = xview_make(x, offset, self_ident()))) {
         r = HM_ERROR_OUT_OF_HOST_MEMORY;
         goto out;
     }
@@ -1209,21 +1277,13 @@ hm_result_t hm_ipc_put(hm_ipc_handle_t *handle) {
         HM_LOG_ERROR("hm_ipc_put(NULL)");
         return HM_ERROR_INVALID_ARGUMENT;
     }
-    size_t total;
-    hm_wire_t w;
-    hm_result_t r = hm__wire_length(handle, HM_IPC_HEADER_SIZE, &total);
-    if (r == HM_SUCCESS) r = hm__wire_decode(handle, total, &w);
-    if (hm_unlikely(r != HM_SUCCESS)) {
-        HM_LOG_ERROR("hm_ipc_put: not a valid handle");
-        return HM_ERROR_INVALID_HANDLE;
-    }
-    const ident_t *me = self_ident();
-    if (hm_unlikely(w.pid != me->pid || w.nonce != me->nonce)) {
-        HM_LOG_ERROR("hm_ipc_put: the handle was not made by this process");
-        return HM_ERROR_INVALID_HANDLE;
-    }
+    /* No decode: only a pointer hm_ipc_get returned is accepted, and it is
+     * found by identity among the views of the export its base names (a
+     * copy of the bytes, or a corrupted handle, is not one of them). */
+    uintptr_t base = (uintptr_t)hm__wire_peek64((const unsigned char *)handle,
+                                                HM__WIRE_OFF_BASE);
     hm__mutex_lock(&gx.lock);
-    xent_t *x = xfind((uintptr_t)w.base);
+    xent_t *x = xfind(base);
     xview_t *v = xview_of(x, handle);
     if (!v) { /* detached (freed, or its pool destroyed) while outstanding */
         x = NULL;
