@@ -43,14 +43,34 @@ void hm__ipc_allow_ptrace(void) {
                     strerror(errno));
 }
 
-hm_result_t hm__ipc_fetch_fd(const hm_wire_t *w, int *fd) {
-    *fd = -1;
-    if (!hm__ipc_pidfd_enabled()) {
-        HM_LOG_ERROR("hm_ipc_open: the handle's memory is a file descriptor and the pidfd "
-                     "transport is off (HM_IPC_PIDFD=0): receive it with hm_ipc_channel_recv() "
-                     "and open it with hm_ipc_open_fd()");
-        return HM_ERROR_NOT_SUPPORTED;
-    }
+/* Verified pidfds, one per exporter identity (pid, nonce, start time), so
+ * that pidfd_open and the /proc start-time check (4 system calls and a
+ * parse) run once per exporter instead of once per open miss. A pidfd pins
+ * one process: verified once, it names the exporter for the exporter's
+ * whole life, and once the exporter exits pidfd_getfd fails with ESRCH and
+ * the slot is dropped. Bounded: PC_SLOTS exporters, least recently used
+ * replaced; a slot in use by a fetch is never closed under it (`users`). */
+#define PC_SLOTS 32
+typedef struct pc_slot {
+    uint64_t pid, nonce, start, last;
+    int fd1;   /* pidfd + 1; 0: empty */
+    int users; /* fetches using the pidfd now */
+    bool dead; /* exporter gone: closed by the last user */
+} pc_slot_t;
+static struct {
+    pthread_mutex_t lock;
+    uint64_t tick;
+    pc_slot_t s[PC_SLOTS];
+} pc = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+void hm__ipc_pidfd_cache_atfork(int phase) {
+    if (phase == 0) hm__mutex_lock(&pc.lock);
+    else if (phase == 1) hm__mutex_unlock(&pc.lock);
+    else pthread_mutex_init(&pc.lock, NULL);
+}
+
+/* pidfd_open + start-time check. */
+static hm_result_t pidfd_verified(const hm_wire_t *w, int *out) {
     int pidfd = -1;
     hm_result_t r = hm__prim_pidfd_open((pid_t)w->pid, &pidfd);
     if (r != HM_SUCCESS) {
@@ -75,9 +95,71 @@ hm_result_t hm__ipc_fetch_fd(const hm_wire_t *w, int *fd) {
                      (unsigned long long)start, (unsigned long long)w->start_time);
         return HM_ERROR_STALE_HANDLE;
     }
-    r = hm__prim_pidfd_getfd(pidfd, w->fd, fd);
+    *out = pidfd;
+    return HM_SUCCESS;
+}
+
+hm_result_t hm__ipc_fetch_fd(const hm_wire_t *w, int *fd) {
+    *fd = -1;
+    if (!hm__ipc_pidfd_enabled()) {
+        HM_LOG_ERROR("hm_ipc_open: the handle's memory is a file descriptor and the pidfd "
+                     "transport is off (HM_IPC_PIDFD=0): receive it with hm_ipc_channel_recv() "
+                     "and open it with hm_ipc_open_fd()");
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    int pidfd = -1, evicted = -1;
+    pc_slot_t *slot = NULL;
+    hm__mutex_lock(&pc.lock);
+    for (int i = 0; i < PC_SLOTS; i++) {
+        pc_slot_t *s = &pc.s[i];
+        if (s->fd1 && !s->dead && s->pid == w->pid && s->nonce == w->nonce &&
+            s->start == w->start_time) {
+            slot = s;
+            s->users++;
+            s->last = ++pc.tick;
+            pidfd = s->fd1 - 1;
+            break;
+        }
+    }
+    hm__mutex_unlock(&pc.lock);
+    if (!slot) {
+        hm_result_t r = pidfd_verified(w, &pidfd);
+        if (r != HM_SUCCESS) return r;
+        hm__mutex_lock(&pc.lock);
+        for (int i = 0; i < PC_SLOTS; i++) { /* empty first, else least recent unused */
+            pc_slot_t *s = &pc.s[i];
+            if (s->users) continue;
+            if (!s->fd1) {
+                slot = s;
+                break;
+            }
+            if (!slot || s->last < slot->last) slot = s;
+        }
+        if (slot) {
+            if (slot->fd1) evicted = slot->fd1 - 1;
+            *slot = (pc_slot_t){.pid = w->pid, .nonce = w->nonce, .start = w->start_time,
+                                .last = ++pc.tick, .fd1 = pidfd + 1, .users = 1};
+        }
+        hm__mutex_unlock(&pc.lock);
+        if (evicted >= 0) (void)hm__prim_close(evicted);
+    }
+    hm_result_t r = hm__prim_pidfd_getfd(pidfd, w->fd, fd);
     int64_t e = r ? hm_last_native_error(NULL) : 0;
-    (void)hm__prim_close(pidfd);
+    if (slot) {
+        int to_close = -1;
+        hm__mutex_lock(&pc.lock);
+        slot->users--;
+        if (r != HM_SUCCESS && e == ESRCH) slot->dead = true;
+        if (slot->dead && !slot->users) {
+            to_close = slot->fd1 - 1;
+            slot->fd1 = 0;
+            slot->dead = false;
+        }
+        hm__mutex_unlock(&pc.lock);
+        if (to_close >= 0) (void)hm__prim_close(to_close);
+    } else {
+        (void)hm__prim_close(pidfd); /* every slot busy: not cached */
+    }
     if (r == HM_SUCCESS) return HM_SUCCESS;
     *fd = -1;
     if (e == ESRCH || e == EBADF) {

@@ -276,8 +276,10 @@ static void ipc_atfork_prepare(void) {
     hm__mutex_lock(&gc.lock);
     hm__mutex_lock(&gx.lock);
     hm__mutex_lock(&fl.lock);
+    hm__ipc_pidfd_cache_atfork(0);
 }
 static void ipc_atfork_parent(void) {
+    hm__ipc_pidfd_cache_atfork(1);
     hm__mutex_unlock(&fl.lock);
     hm__mutex_unlock(&gx.lock);
     hm__mutex_unlock(&gc.lock);
@@ -314,6 +316,7 @@ static void ipc_atfork_child(void) {
     pthread_mutex_init(&fl.lock, NULL);
     pthread_mutex_init(&pilist_lock, NULL);
     pthread_mutex_init(&ident_lock, NULL);
+    hm__ipc_pidfd_cache_atfork(2);
 }
 
 static void ipc_init_once(void) {
