@@ -53,7 +53,18 @@
 #define NV_TSAN_ACQUIRE(p) ((void)(p))
 #endif
 
-#define NV_TLS __thread __attribute__((tls_model("initial-exec")))
+/* Thread-local state in the default (dynamic) TLS model, so that
+ * libhetmem.so can be dlopen()ed; the build compiles this file with TLS
+ * descriptors (-mtls-dialect=gnu2) where the compiler has them, which make an
+ * access to a module loaded at start-up as cheap as initial-exec (one call
+ * to a two-instruction resolver). One struct: one address computation per
+ * function. */
+typedef struct nv_tls {
+    uint64_t id;           /* pool id of `heap` (one-entry cache) */
+    nv_heap_t *heap;       /* this thread's heap in that pool */
+    nv_binding_t *bindings;
+    int dead;              /* the heap destructor ran: use the orphan heaps */
+} nv_tls_t;
 
 /* ------------------------------------------------------------------------ */
 /* Size classes: 8, 16..256 step 16, then 8 per power of two up to 1 MiB.   */
@@ -85,11 +96,8 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* bindings, g_pools 
 static _Atomic uint64_t g_next_id = 1;
 static nv_pool_t *g_pools; /* live pools, for fork (g_lock) */
 
-/* Thread state: the fast path reads tl_id/tl_heap only. */
-static NV_TLS uint64_t tl_id;
-static NV_TLS nv_heap_t *tl_heap;
-static NV_TLS nv_binding_t *tl_bindings;
-static NV_TLS int tl_dead; /* the heap destructor ran: use the orphan heaps */
+/* Thread state: the fast path reads tl.id/tl.heap only. */
+static __thread nv_tls_t tl;
 
 static void tl_destructor(void *arg);
 static void atfork_prepare(void);
@@ -837,8 +845,8 @@ static void heap_abandon(nv_heap_t *h) {
 }
 
 static HM_NOINLINE nv_heap_t *heap_get_slow(nv_pool_t *nv) {
-    if (tl_dead) return NULL;
-    for (nv_binding_t **bp = &tl_bindings; *bp;) {
+    if (tl.dead) return NULL;
+    for (nv_binding_t **bp = &tl.bindings; *bp;) {
         nv_binding_t *b = *bp;
         nv_heap_t *h = atomic_load_explicit(&b->heap, memory_order_acquire);
         if (!h) { /* its pool was destroyed */
@@ -847,8 +855,8 @@ static HM_NOINLINE nv_heap_t *heap_get_slow(nv_pool_t *nv) {
             continue;
         }
         if (b->pool_id == nv->id) {
-            tl_id = nv->id;
-            tl_heap = h;
+            tl.id = nv->id;
+            tl.heap = h;
             return h;
         }
         bp = &b->next;
@@ -869,16 +877,16 @@ static HM_NOINLINE nv_heap_t *heap_get_slow(nv_pool_t *nv) {
     hm__mutex_lock(&g_lock);
     h->binding = b;
     hm__mutex_unlock(&g_lock);
-    b->next = tl_bindings;
-    tl_bindings = b;
-    pthread_setspecific(g_key, (void *)&tl_bindings);
-    tl_id = nv->id;
-    tl_heap = h;
+    b->next = tl.bindings;
+    tl.bindings = b;
+    pthread_setspecific(g_key, (void *)&tl.bindings);
+    tl.id = nv->id;
+    tl.heap = h;
     return h;
 }
 
 HM_INLINE nv_heap_t *heap_get(nv_pool_t *nv) {
-    if (hm_likely(tl_id == nv->id)) return tl_heap;
+    if (hm_likely(tl.id == nv->id)) return tl.heap;
     return heap_get_slow(nv);
 }
 
@@ -886,7 +894,7 @@ HM_INLINE nv_heap_t *heap_get(nv_pool_t *nv) {
 static void tl_destructor(void *arg) {
     (void)arg;
     hm__mutex_lock(&g_lock);
-    for (nv_binding_t *b = tl_bindings, *next; b; b = next) {
+    for (nv_binding_t *b = tl.bindings, *next; b; b = next) {
         next = b->next;
         nv_heap_t *h = atomic_load_explicit(&b->heap, memory_order_acquire);
         if (h) {
@@ -895,10 +903,10 @@ static void tl_destructor(void *arg) {
         }
         free(b);
     }
-    tl_bindings = NULL;
-    tl_id = 0;
-    tl_heap = NULL;
-    tl_dead = 1;
+    tl.bindings = NULL;
+    tl.id = 0;
+    tl.heap = NULL;
+    tl.dead = 1;
     hm__mutex_unlock(&g_lock);
 }
 
@@ -986,13 +994,13 @@ static HM_NOINLINE hm_result_t alloc_slow(nv_pool_t *nv, size_t size, size_t ali
 
 static hm_result_t nv_alloc(void *state, size_t size, size_t align, void **out) {
     nv_pool_t *nv = state;
-    if (hm_likely(size <= nv->fast_max && align <= 8 && tl_id == nv->id)) {
-        nv_cls_t *cl = &tl_heap->cls[hm__nv_cls_of8[(size + 7) >> 3]];
+    if (hm_likely(size <= nv->fast_max && align <= 8 && tl.id == nv->id)) {
+        nv_cls_t *cl = &tl.heap->cls[hm__nv_cls_of8[(size + 7) >> 3]];
         uint64_t b = cl->bits;
         if (hm_likely(b)) {
             cl->bits = b & (b - 1);
             *out = (void *)(cl->wbase + (uintptr_t)__builtin_ctzll(b) * cl->bsize);
-            stat_add_i(&tl_heap->st_bytes, (int64_t)cl->bsize);
+            stat_add_i(&tl.heap->st_bytes, (int64_t)cl->bsize);
             return HM_SUCCESS;
         }
     }
@@ -1037,8 +1045,8 @@ static HM_NOINLINE hm_result_t free_slow(nv_pool_t *nv, void *p) {
 static hm_result_t nv_free(void *state, void *p) {
     nv_pool_t *nv = state;
     nv_slab_t *s = map_get(nv, p);
-    if (hm_likely(s && tl_id == nv->id && s->owner == tl_heap)) {
-        nv_heap_t *h = tl_heap;
+    if (hm_likely(s && tl.id == nv->id && s->owner == tl.heap)) {
+        nv_heap_t *h = tl.heap;
         nv_cls_t *cl = &h->cls[s->cls];
         uintptr_t off = (uintptr_t)p - s->base;
         uint32_t idx = (uint32_t)((off * s->magic) >> 32);
@@ -1089,7 +1097,7 @@ static void heap_tidy(nv_heap_t *h) {
 
 static hm_result_t nv_trim(void *state) {
     nv_pool_t *nv = state;
-    if (!tl_dead && tl_id == nv->id) heap_tidy(tl_heap);
+    if (!tl.dead && tl.id == nv->id) heap_tidy(tl.heap);
     /* Heaps whose thread exited: take them off the list while tidying. */
     hm__mutex_lock(&nv->lock);
     nv_heap_t *ab = nv->abandoned;
@@ -1319,9 +1327,9 @@ static void nv_fini(void *state) {
         }
     }
     hm__mutex_unlock(&g_lock);
-    if (tl_id == nv->id) {
-        tl_id = 0;
-        tl_heap = NULL;
+    if (tl.id == nv->id) {
+        tl.id = 0;
+        tl.heap = NULL;
     }
 
     hm_pool_stats_t st;
@@ -1436,7 +1444,7 @@ static void atfork_child(void) {
             pthread_mutex_init(&h->mq_lock, NULL);
             if (!h->binding) continue;
             int mine = 0;
-            for (nv_binding_t *b = tl_bindings; b; b = b->next) mine |= b == h->binding;
+            for (nv_binding_t *b = tl.bindings; b; b = b->next) mine |= b == h->binding;
             if (mine) continue;
             /* Its thread is gone: the binding stays unreachable (a small,
              * deliberate leak); the heap is adopted like any other. (A
