@@ -5,7 +5,7 @@
  * thousands of create/destroy cycles (arena reuse), thread-exit tcache
  * clean-up, provider failures, fork.
  * Usage: test_jemalloc_pool [os-private|os-shared|os-untracked|os-prot-none|
- *                            fault|fixed|unit|loops|fork|all]   (default: unit)
+ *                            fault|fixed|unit|loops|limit|churn|fork|all]   (default: unit)
  * SPDX-License-Identifier: MIT */
 #include "conformance.h"
 
@@ -270,10 +270,7 @@ static void test_create_destroy_loop(void) {
     hm_test_set_context("create/destroy loop");
     hm_provider_t *prov;
     REQUIRE_OK(make_os_provider(HM_OS_PRIVATE, RW, &prov));
-    int loops = 5000;
-#if defined(HM_SANITIZE_BUILD)
-    loops = 4200; /* still past 4095 */
-#endif
+    int loops = 4500; /* past 4095: arena indices must be reused */
     for (int i = 0; i < loops; i++) {
         hm_pool_t *pool = NULL;
         hm_result_t r = hm_jemalloc_pool_create(prov, NULL, 0, &pool);
@@ -341,14 +338,11 @@ static void *churn_thread(void *argp) {
 
 static void test_thread_churn(void) {
     hm_test_set_context("thread exit destroys tcaches");
-    enum { P = 3 };
+    enum { P = 6 };
     hm_pool_t *pools[P];
     for (int k = 0; k < P; k++) pools[k] = os_pool(NULL, 0, RW);
     churn_arg_t a = {pools, P};
-    int rounds = 1500; /* 1500 threads x 3 pools = 4500 tcaches made > 4093 */
-#if defined(HM_TSAN)
-    rounds = 1400;
-#endif
+    int rounds = 720; /* 720 threads x 6 pools = 4320 tcaches made > 4093 */
     atomic_store(&g_warnings, 0);
     hm_log_set_sink(count_sink, NULL);
     hm_log_level_t old = hm_log_get_level();
@@ -522,7 +516,13 @@ int main(int argc, char **argv) {
     if (PART("loops")) {
         ran++;
         test_create_destroy_loop();
+    }
+    if (PART("limit")) {
+        ran++;
         test_arena_limit();
+    }
+    if (PART("churn")) {
+        ran++;
         test_thread_churn();
     }
     if (!ran) {

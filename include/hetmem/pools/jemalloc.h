@@ -66,7 +66,8 @@
  * |                            |                              | locks on cache misses       |
  * | first call of a thread     | every call but destroy       | global mutex (tcache list)  |
  * | thread exit                | everything                   | global mutex                |
- * | trim, get_stats            | every call but destroy       | jemalloc's ctl lock         |
+ * | trim, get_stats (O(pools): | every call but destroy       | jemalloc's ctl lock         |
+ * |   jemalloc's epoch refresh)|                              |                             |
  * | destroy                    | nothing on the same pool     | caller; global mutex        |
  * Fork: the child may keep using inherited pools (jemalloc's and this pool's
  * locks are taken around fork). */

@@ -659,8 +659,11 @@ static size_t arena_allocated(jpool_t *jp) {
     return total;
 }
 
-/* Destroy with blocks still allocated (all thread caches are flushed by now). */
+/* Destroy with blocks still allocated (all thread caches are flushed by now).
+ * jemalloc refreshes the statistics of every arena at once ("epoch"), which
+ * costs O(arenas): only done when the warning would be printed. */
 static void report_live(jpool_t *jp) {
+    if (atomic_load_explicit(&hm__log_level, memory_order_relaxed) > HM_LOG_WARN) return;
     size_t live = arena_allocated(jp);
     if (live)
         HM_LOG_WARN("jemalloc pool '%s' destroyed with %zu bytes still allocated; the memory "
