@@ -938,6 +938,10 @@ hm_result_t hm_ipc_close(void *ptr) {
         if (p - t->lo[i] >= t->len[i]) continue;
         imp_t *e = t->e[i];
         uint64_t w = atomic_load_explicit(&e->state, memory_order_relaxed);
+        if (st_gen(w) != t->gen[i]) { /* closed since: forget it, a newer slot may match */
+            t->len[i] = 0;
+            continue;
+        }
         for (;;) {
             uint32_t r = st_refs(w);
             if (st_gen(w) != t->gen[i] || r == 0 || (r == 1 && (w & ST_STALE))) break;
@@ -948,7 +952,6 @@ hm_result_t hm_ipc_close(void *ptr) {
                 return HM_SUCCESS;
             }
         }
-        if (st_gen(w) != t->gen[i]) t->len[i] = 0;
         break;
     }
     return close_slow(ptr);

@@ -7,6 +7,7 @@
 #include "ipc/wire.h"
 
 #include <dirent.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -61,6 +62,29 @@ static hm_result_t try_open(const unsigned char *b, size_t len) {
 
 /* Open a copy of the good handle with `n` bytes at `off` set to v (and the
  * checksum fixed) -> expected result. */
+typedef struct open_arg {
+    hm_pool_t *pool;
+    void *p;
+    hm_result_t r;
+} open_arg_t;
+static void *open_in_thread(void *arg) {
+    open_arg_t *a = arg;
+    a->r = hm_ipc_open(a->pool, (const hm_ipc_handle_t *)good, good_len, &a->p);
+    return NULL;
+}
+static hm_pool_t *shared_pool_make(void) {
+    hm_os_params_t *prm;
+    hm_provider_t *prov;
+    hm_pool_t *p = NULL;
+    if (hm_os_params_create(&prm)) return NULL;
+    hm_os_params_set_visibility(prm, HM_OS_SHARED);
+    if (hm_os_provider_create(prm, &prov) == HM_SUCCESS &&
+        hm_proxy_pool_create(prov, HM_POOL_FLAG_OWN_PROVIDER, &p) != HM_SUCCESS)
+        hm_provider_destroy(prov);
+    hm_os_params_destroy(prm);
+    return p;
+}
+
 static void forged(const char *what, unsigned off, int n, uint64_t v, hm_result_t expected) {
     unsigned char b[sizeof(good)];
     memcpy(b, good, good_len);
@@ -246,6 +270,34 @@ int main(void) {
     if (pidfd_ok) {
         CHECK_OK(hm_ipc_open(pool, (const hm_ipc_handle_t *)good, good_len, &p));
         if (p) CHECK_OK(hm_ipc_close(p));
+    }
+
+    /* The per-thread close cache: closes in another thread, double closes,
+     * closes after the pool went, and a slot whose entry was recycled. */
+    if (pidfd_ok) {
+        void *p1, *p2;
+        CHECK_OK(hm_ipc_open(pool, (const hm_ipc_handle_t *)good, good_len, &p1));
+        CHECK_OK(hm_ipc_open(pool, (const hm_ipc_handle_t *)good, good_len, &p2));
+        CHECK(p1 == p2);
+        CHECK_OK(hm_ipc_close(p1));
+        CHECK_OK(hm_ipc_close((char *)p2 + 100)); /* any byte of the mapping */
+        CHECK_EQ(hm_ipc_close(p2), HM_ERROR_DOUBLE_FREE);
+        pthread_t t;
+        open_arg_t oa = {.pool = pool};
+        REQUIRE(pthread_create(&t, NULL, open_in_thread, &oa) == 0);
+        pthread_join(t, NULL);
+        CHECK_OK(oa.r);
+        if (oa.r == HM_SUCCESS) CHECK_OK(hm_ipc_close(oa.p)); /* not this thread's slot */
+        CHECK_EQ(hm_ipc_close(oa.p), HM_ERROR_DOUBLE_FREE);
+        for (int round = 0; round < 3; round++) { /* entries recycled, slots outdated */
+            hm_pool_t *tmp = shared_pool_make();
+            REQUIRE(tmp);
+            void *q;
+            CHECK_OK(hm_ipc_open(tmp, (const hm_ipc_handle_t *)good, good_len, &q));
+            CHECK_OK(hm_pool_destroy(tmp)); /* closes q (logged) */
+            CHECK_EQ(hm_ipc_close(q), HM_ERROR_INVALID_ARGUMENT);
+        }
+        CHECK_EQ(cache_entries(), ent0);
     }
 
     /* The exporter dies: its handle is stale. */
