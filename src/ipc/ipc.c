@@ -6,52 +6,81 @@
  * validated by the tracker's allocation id (a new allocation at the same
  * address is a different entry). The entry holds the provider's export
  * (ipc.get once; ipc.put when the entry goes) and one encoded handle per
- * exported offset ("views"). hm_ipc_get on a cached allocation is a tracker
- * lookup (lock-free) and a hash probe under `gx.lock`: no system call (the
- * exporter identity is cached and refreshed only after fork). Bounded by
- * HM_IPC_EXPORT_CACHE_MAX entries; CLOCK eviction of unused entries. An
- * entry whose allocation is freed (hm__ipc_range_release, from the pool
- * front-end) is released at once if unused, else at its last put. All of
- * it is guarded by gx.lock (short sections, no system call; the provider's
- * ipc.get/put run under it so that a pool destroy can never race a put into
- * a destroyed provider).
+ * exported offset ("views"). Views of live entries are also indexed by the
+ * exported pointer (gx.vb): a repeated hm_ipc_get of a pointer is one probe
+ * there (no tracker lookup: an entry is detached, its views leaving the
+ * index, before the pool front-end frees, splits or merges its range); a
+ * new pointer costs a tracker lookup (lock-free) and a probe of the base
+ * hash. hm_ipc_put finds its view by pointer identity (no decode). No
+ * system call on either (the exporter identity is cached and refreshed only
+ * after fork). Bounded by HM_IPC_EXPORT_CACHE_MAX entries; CLOCK eviction
+ * of unused entries. An entry whose allocation is freed
+ * (hm__ipc_range_release) is released at once if unused, else at its last
+ * put. All of it is guarded by gx.lock (short sections, no system call on a
+ * hit; the provider's ipc.get/put run under it so that a pool destroy can
+ * never race a put into a destroyed provider).
  *
  * OPENED-HANDLE CACHE (consumer side). One entry per opened mapping:
  *   key   (exporter pid, exporter nonce, remote base) in the importing
- *         pool's hash; validated by the exporter's allocation id and size.
- *   also  by local base in the same pool's second hash (for close).
+ *         pool's hash. Hit: the handle's bytes equal the entry's copy of
+ *         the last fully validated handle (memcmp, no decode/CRC); else the
+ *         handle is decoded and validated, and hits if it differs only in
+ *         its offset (and so its CRC).
+ *   also  by local base in the same pool's second hash (close slow path).
  *   ring  a process-wide CLOCK ring of every cached mapping (F. J. Corbato,
  *         "A paging experiment with the Multics system", 1968: second-chance
  *         approximation of LRU), for the count/byte bound.
+ *   state one atomic word: generation << 32 | STALE | refs. Opens add
+ *         references under pi->lock; closes drop them by compare-and-swap,
+ *         from a per-thread cache of recently opened (range, entry,
+ *         generation) slots with no lock and no tracker lookup, or through
+ *         the tracker and pi->lock. Whoever unlinks an entry for good bumps
+ *         its generation (imp_kill), so an outdated slot's CAS fails.
+ *         Entries are type-stable: recycled through a free list, never
+ *         returned to malloc, so reading `state` through an outdated slot
+ *         is safe.
  * Each pool's index lives in its own struct hm_ipc_pool with its own lock,
  * so destroying pool A touches only A's entries (O(A's entries), no global
- * scan) and never blocks an open through pool B except for the few
- * nanoseconds of one ring unlink at a time; every unmap runs with no lock
- * held.
+ * scan) and never blocks an open through pool B: A's destroy unlinks its
+ * entries 16 per hold of A's lock (which B's opens never take), takes the
+ * ring lock once per 16 ring unlinks (B's hits never take it) and unmaps
+ * with no lock held. Hit counters are per pool; in-use counts are summed
+ * when the statistics are read: no shared counter on a hit.
  *
- *  Lock order: pool lock (pi->lock) -> ring lock (gc.lock). gx.lock and
- *  pilist_lock nest with nothing.
+ *  Lock order: pool lock (pi->lock) -> ring lock (gc.lock);
+ *  pilist_lock -> pi->lock (statistics, fork). gx.lock and fl.lock nest
+ *  with nothing.
  *
  *  Entry fields and who guards them:
- *   refs, in_key, in_local, hash links       pi->lock (refs also read
- *                                            racily, atomically, as a hint)
- *   ring links, in_ring, claimed, dead       gc.lock
- *   used (CLOCK reference bit)               atomic, no lock
+ *   refs (in state)                 added under pi->lock; dropped by CAS
+ *                                   anywhere; under pi->lock a zero count
+ *                                   stays zero (only opens add)
+ *   generation, STALE (in state)    changed under pi->lock
+ *   in_key, in_local, hash links,   pi->lock
+ *   copy
+ *   ring links, in_ring, claimed,   gc.lock
+ *   dead
+ *   used (CLOCK reference bit)      atomic, no lock
  *
  *  Lifecycle: an entry is "owned for closing" by whoever removes it from
  *  its pool's local-address hash (close of the last user of a stale entry,
  *  open replacing an unused stale entry, the evictor, the pool destroy).
  *  The evictor first claims an entry under gc.lock (removing it from the
  *  ring) and only then takes the pool lock; if someone else became the
- *  closer meanwhile, the last of the two to let go frees the memory
+ *  closer meanwhile, the last of the two to let go recycles the memory
  *  (`dead`). A destroy waits for the pool's in-flight evictors
  *  (pi->evictors) before freeing the pool's IPC state.
  *
- *  Stale entries (a newer allocation opened at the same remote base) leave
- *  the key hash at once (later opens miss) and are closed when their last
- *  user closes them — never while in use (UMF replaces them regardless).
- *  A failed open leaves no entry behind (entries are inserted only after
- *  the mapping and its tracker record exist). */
+ *  Stale entries (a newer allocation at the same remote base opened
+ *  successfully) leave the key hash then (later opens miss) and are closed
+ *  when their last user closes them — never while in use (UMF replaces them
+ *  regardless). A handle that fails to open replaces nothing, and a failed
+ *  open leaves no entry behind (entries are inserted only after the mapping
+ *  and its tracker record exist).
+ *
+ * Descriptors (channel.c): the exporter's verified pidfd is cached per
+ * exporter identity, so a miss costs pidfd_getfd + the provider's mapping,
+ * not pidfd_open + a /proc read each time. */
 #include "ipc/ipc_internal.h"
 #include "platform/prim.h"
 #include "pool_internal.h"
