@@ -283,7 +283,9 @@ typedef struct tcache {
     uint32_t gen[TC_SLOTS];
     unsigned next;
 } tcache_t;
-static __thread tcache_t tc __attribute__((tls_model("initial-exec")));
+/* Default TLS model (libhetmem.so may be dlopen()ed); the library is built
+ * with TLS descriptors where available, so this costs no __tls_get_addr call. */
+static __thread tcache_t tc;
 
 static inline void tc_note(imp_t *e, uint32_t gen, uintptr_t local, size_t size) {
     tcache_t *t = &tc;
