@@ -41,7 +41,12 @@
  *    it (hm_ipc_set_cache_limits(), or HM_IPC_CACHE_MAX_ENTRIES /
  *    HM_IPC_CACHE_MAX_BYTES; default 4096 entries, no byte limit), its
  *    importing pool is destroyed, or a newer allocation at that remote
- *    address is opened.
+ *    address is opened. A repeated open skips the full decode only when the
+ *    handle's bytes equal those of a handle already validated for that
+ *    entry (apart from the offset); any other handle is validated whole.
+ *  - The importer keeps one verified pidfd per exporter process (at most
+ *    32, closed when that exporter exits or the slot is reused), so a miss
+ *    costs no pidfd_open or /proc read.
  *  - hm_pool_destroy() closes every mapping opened through that pool (a
  *    warning names those still open); pointers into them become invalid.
  *  - Opened mappings are tracked: hm_pool_by_ptr() gives the importing pool,
