@@ -72,13 +72,13 @@ typedef struct nv_tls {
 uint32_t hm__nv_cls_size[NV_NCLS_MAX];
 uint8_t hm__nv_cls_of8[NV_FAST_MAX / 8 + 1];
 
-static unsigned cls_of_big(size_t size) { /* size > 256 */
+HM_INLINE unsigned cls_of_big(size_t size) { /* size > 256 */
     unsigned k = 63u - (unsigned)__builtin_clzll((unsigned long long)(size - 1));
     return 17u + (k - 8u) * 8u + (unsigned)((size - 1 - ((size_t)1 << k)) >> (k - 3u));
 }
 
-static unsigned cls_of(size_t size) {
-    if (size <= NV_FAST_MAX) return hm__nv_cls_of8[(size + 7) >> 3];
+HM_INLINE unsigned cls_of(size_t size) {
+    if (hm_likely(size <= NV_FAST_MAX)) return hm__nv_cls_of8[(size + 7) >> 3];
     return cls_of_big(size);
 }
 
@@ -252,6 +252,8 @@ hm_result_t hm_native_params_set_remote_batch(hm_native_params_t *params, unsign
 static hm_result_t map_init(nv_pool_t *nv) {
     unsigned bits = NV_ADDR_BITS - nv->shift;
     nv->leaf_bits = bits / 2;
+    nv->root_shift = nv->shift + nv->leaf_bits;
+    nv->leaf_mask = ((size_t)1 << nv->leaf_bits) - 1;
     nv->root_len = (size_t)1 << (bits - nv->leaf_bits);
     nv->root = calloc(nv->root_len, sizeof(*nv->root));
     return nv->root ? HM_SUCCESS : HM_ERROR_OUT_OF_HOST_MEMORY;
@@ -603,13 +605,26 @@ static void partial_unlink(nv_cls_t *cl, nv_slab_t *s) {
     s->in_partial = 0;
 }
 
+/* Bits set in x, without a libgcc call where the target lacks POPCNT
+ * (Hacker's Delight, 2nd ed., figure 5-2). */
+HM_INLINE uint32_t popcount64(uint64_t x) {
+#ifdef __POPCNT__
+    return (uint32_t)__builtin_popcountll(x);
+#else
+    x = x - ((x >> 1) & 0x5555555555555555ull);
+    x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+    x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
+    return (uint32_t)((x * 0x0101010101010101ull) >> 56);
+#endif
+}
+
 /* Move the next word with free blocks of cl->cur into cl->bits. */
 static void take_word(nv_cls_t *cl, nv_slab_t *s) {
     uint32_t i = s->scan;
     while (!s->bits[i]) i = i + 1 == s->nwords ? 0 : i + 1;
     uint64_t w = s->bits[i];
     s->bits[i] = 0;
-    s->nfree -= (uint32_t)__builtin_popcountll(w);
+    s->nfree -= popcount64(w);
     s->scan = i + 1 == s->nwords ? 0 : i + 1;
     cl->bits = w;
     cl->word = i;
@@ -622,7 +637,7 @@ static void cls_retire_cur(nv_pool_t *nv, nv_cls_t *cl) {
     if (!s) return;
     if (cl->bits) {
         s->bits[cl->word] |= cl->bits;
-        s->nfree += (uint32_t)__builtin_popcountll(cl->bits);
+        s->nfree += popcount64(cl->bits);
     }
     cl->bits = 0;
     cl->cur = NULL;
@@ -634,32 +649,43 @@ static void cls_retire_cur(nv_pool_t *nv, nv_cls_t *cl) {
 /* ------------------------------------------------------------------------ */
 /* Local free (owner of the slab)                                           */
 
-static hm_result_t double_free(const nv_slab_t *s, uint32_t idx) {
+static HM_NOINLINE hm_result_t double_free(const nv_slab_t *s, uint32_t idx) {
     HM_LOG_ERROR("native pool: double free of %p (block %u of the %u-byte slab at %p)",
                  (void *)(s->base + (uintptr_t)idx * s->bsize), idx, s->bsize, (void *)s->base);
     return HM_ERROR_DOUBLE_FREE;
 }
 
-static hm_result_t free_local(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
+/* A free changed the state of s, which is not its class's current slab: it
+ * was full (it joins the partial list) or it is now empty (it goes back to
+ * the pool). */
+static HM_NOINLINE void slab_transition(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s) {
+    if (s->nfree == s->nblocks) {
+        if (s->in_partial) partial_unlink(cl, s);
+        slab_release(h->nv, s);
+    } else if (!s->in_partial) {
+        partial_push(cl, s);
+    }
+}
+
+/* Free block idx of s, a slab of h, by h's owner: into the word being handed
+ * out when it is that word, else straight into the slab's bitmap (whichever
+ * slab of the heap it is, so a random free takes no slow path). Statistics
+ * are the caller's. Returns HM_SUCCESS or HM_ERROR_DOUBLE_FREE (logged). */
+HM_INLINE hm_result_t free_own(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
     nv_cls_t *cl = &h->cls[s->cls];
     uint32_t w = idx >> 6;
     uint64_t bit = (uint64_t)1 << (idx & 63);
     if (s == cl->cur && w == cl->word) {
-        if (cl->bits & bit) return double_free(s, idx);
+        if (hm_unlikely(cl->bits & bit)) return double_free(s, idx);
         cl->bits |= bit;
         return HM_SUCCESS;
     }
-    if (s->bits[w] & bit) return double_free(s, idx);
-    s->bits[w] |= bit;
-    s->nfree++;
-    if (s != cl->cur) {
-        if (s->nfree == s->nblocks) {
-            if (s->in_partial) partial_unlink(cl, s);
-            slab_release(h->nv, s);
-        } else if (!s->in_partial) {
-            partial_push(cl, s);
-        }
-    }
+    uint64_t x = s->bits[w];
+    if (hm_unlikely(x & bit)) return double_free(s, idx);
+    s->bits[w] = x | bit;
+    uint32_t n = ++s->nfree;
+    if (hm_unlikely(s != cl->cur && (!s->in_partial || n == s->nblocks)))
+        slab_transition(h, cl, s);
     return HM_SUCCESS;
 }
 
@@ -773,10 +799,19 @@ static void drain_batch(nv_heap_t *h, nv_batch_t *b) {
                          "(double free?)", p);
             continue;
         }
-        free_local(h, s, idx); /* a double free is logged there */
+        free_own(h, s, idx); /* a double free is logged there */
     }
     stat_add_u(&h->st_drained, b->count);
     batch_put(h, b);
+}
+
+/* May h's remote queue hold something? (owner only; a cheap look: the
+ * queue head's next is set once a first node is linked.) */
+HM_INLINE int drain_pending(nv_heap_t *h) {
+    if (h->nv->queue == HM_NATIVE_QUEUE_WFCQ)
+        return __atomic_load_n(&h->rq_head.node.next, __ATOMIC_RELAXED) != NULL ||
+               h->priv_head.node.next != NULL;
+    return atomic_load_explicit(&h->mq_list, memory_order_relaxed) != NULL;
 }
 
 /* Drain h's remote queue (owner only). Returns the blocks freed. */
@@ -934,7 +969,7 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
         take_word(cl, s);
         return HM_SUCCESS;
     }
-    if (drain(h)) {
+    if (drain_pending(h) && drain(h)) {
         if (cl->bits) return HM_SUCCESS; /* frees landed in the current word */
         s = cl->cur;
         if (s && s->nfree) {
@@ -992,16 +1027,31 @@ static HM_NOINLINE hm_result_t alloc_slow(nv_pool_t *nv, size_t size, size_t ali
     return r;
 }
 
+/* The fast path's refill: h is the caller's heap, c a class. */
+static HM_NOINLINE hm_result_t alloc_refill(nv_heap_t *h, unsigned c, void **out) {
+    hm_result_t r = alloc_small(h, c, out);
+    if (hm_unlikely(r == HM_ERROR_OUT_OF_MEMORY)) /* see alloc_slow */
+        r = large_alloc(h->nv, hm__nv_cls_size[c], 16, out);
+    return r;
+}
+
 static hm_result_t nv_alloc(void *state, size_t size, size_t align, void **out) {
     nv_pool_t *nv = state;
-    if (hm_likely(size <= nv->fast_max && align <= 8 && tl.id == nv->id)) {
-        nv_cls_t *cl = &tl.heap->cls[hm__nv_cls_of8[(size + 7) >> 3]];
-        uint64_t b = cl->bits;
-        if (hm_likely(b)) {
-            cl->bits = b & (b - 1);
-            *out = (void *)(cl->wbase + (uintptr_t)__builtin_ctzll(b) * cl->bsize);
-            stat_add_i(&tl.heap->st_bytes, (int64_t)cl->bsize);
-            return HM_SUCCESS;
+    if (hm_likely(size <= nv->class_limit && align <= 8)) {
+        nv_tls_t *t = &tl;
+        if (hm_likely(t->id == nv->id)) {
+            nv_heap_t *h = t->heap;
+            unsigned c = cls_of(size);
+            nv_cls_t *cl = &h->cls[c];
+            uint64_t b = cl->bits;
+            if (hm_likely(b)) {
+                uint32_t bsize = cl->bsize;
+                cl->bits = b & (b - 1);
+                stat_add_i(&h->st_bytes, (int64_t)bsize);
+                *out = (void *)(cl->wbase + (uintptr_t)(unsigned)__builtin_ctzll(b) * bsize);
+                return HM_SUCCESS;
+            }
+            return alloc_refill(h, c, out);
         }
     }
     return alloc_slow(nv, size, align, out);
@@ -1013,7 +1063,7 @@ static hm_result_t nv_alloc(void *state, size_t size, size_t align, void **out) 
 static hm_result_t free_block(nv_heap_t *h, nv_slab_t *s, uint32_t idx, void *p) {
     uint32_t bsize = s->bsize;
     nv_heap_t *owner = s->owner;
-    hm_result_t r = owner == h ? free_local(h, s, idx) : remote_push(h, owner, p);
+    hm_result_t r = owner == h ? free_own(h, s, idx) : remote_push(h, owner, p);
     if (r == HM_SUCCESS) stat_add_i(&h->st_bytes, -(int64_t)bsize);
     return r;
 }
@@ -1042,24 +1092,51 @@ static HM_NOINLINE hm_result_t free_slow(nv_pool_t *nv, void *p) {
     return r;
 }
 
+/* The fast path met a double free: undo its statistics, log, refuse. */
+static HM_NOINLINE hm_result_t free_double(nv_heap_t *h, const nv_slab_t *s, uint32_t idx) {
+    stat_add_i(&h->st_bytes, (int64_t)s->bsize);
+    return double_free(s, idx);
+}
+
+/* The fast path's state change of a slab (see slab_transition). */
+static HM_NOINLINE hm_result_t free_transition(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s) {
+    slab_transition(h, cl, s);
+    return HM_SUCCESS;
+}
+
+/* free_own() inlined with the heap lookup; every exit but success is a
+ * tail call, so the fast path needs no stack frame. */
 static hm_result_t nv_free(void *state, void *p) {
     nv_pool_t *nv = state;
     nv_slab_t *s = map_get(nv, p);
-    if (hm_likely(s && tl.id == nv->id && s->owner == tl.heap)) {
-        nv_heap_t *h = tl.heap;
-        nv_cls_t *cl = &h->cls[s->cls];
-        uintptr_t off = (uintptr_t)p - s->base;
-        uint32_t idx = (uint32_t)((off * s->magic) >> 32);
-        uint64_t bit = (uint64_t)1 << (idx & 63);
-        /* Into the word being handed out: set its bit back. */
-        if (hm_likely(s == cl->cur && (idx >> 6) == cl->word && (uintptr_t)idx * s->bsize == off &&
-                      !(cl->bits & bit))) {
-            cl->bits |= bit;
-            stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
-            return HM_SUCCESS;
-        }
+    if (hm_unlikely(!s)) return free_slow(nv, p);
+    nv_tls_t *t = &tl;
+    nv_heap_t *h = t->heap;
+    /* The id check matters: a stale t->heap (of a destroyed pool) may share
+     * its address with a heap of this pool bound to another thread. */
+    if (hm_unlikely(t->id != nv->id || s->owner != h)) return free_slow(nv, p);
+    uintptr_t off = (uintptr_t)p - s->base;
+    uint32_t idx = (uint32_t)((off * s->magic) >> 32);
+    uint32_t bsize = s->bsize;
+    if (hm_unlikely((uintptr_t)idx * bsize != off || idx >= s->nblocks))
+        return free_slow(nv, p);
+    stat_add_i(&h->st_bytes, -(int64_t)bsize);
+    nv_cls_t *cl = &h->cls[s->cls];
+    uint32_t w = idx >> 6;
+    uint64_t bit = (uint64_t)1 << (idx & 63);
+    if (s == cl->cur && w == cl->word) {
+        uint64_t b = cl->bits;
+        if (hm_unlikely(b & bit)) return free_double(h, s, idx);
+        cl->bits = b | bit;
+        return HM_SUCCESS;
     }
-    return free_slow(nv, p);
+    uint64_t x = s->bits[w];
+    if (hm_unlikely(x & bit)) return free_double(h, s, idx);
+    s->bits[w] = x | bit;
+    uint32_t n = ++s->nfree;
+    if (hm_unlikely(s != cl->cur && (!s->in_partial || n == s->nblocks)))
+        return free_transition(h, cl, s);
+    return HM_SUCCESS;
 }
 
 static size_t nv_usable_size(void *state, const void *p) {
@@ -1269,7 +1346,6 @@ static hm_result_t resolve_params(nv_pool_t *nv, hm_provider_t *prov,
     if (p->set & SET_LIMIT) limit = p->class_limit;
     nv->ncls = cls_of(limit) + 1;
     nv->class_limit = hm__nv_cls_size[nv->ncls - 1];
-    nv->fast_max = nv->class_limit < NV_FAST_MAX ? (uint32_t)nv->class_limit : NV_FAST_MAX;
     size_t large = (p->set & SET_LARGE) ? p->large_threshold
                                         : dev ? ((size_t)256 << 20) : ((size_t)32 << 20);
     if (large < nv->class_limit) {

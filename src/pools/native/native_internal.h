@@ -126,12 +126,13 @@ struct nv_pool {
     /* Immutable after init. */
     hm_pool_t *pool;
     uint64_t id; /* unique in the process: thread-local caches key on it */
-    uint32_t fast_max;
     uint32_t ncls;
     size_t class_limit;
     size_t slab_size;
     unsigned shift; /* log2(slab_size) */
     unsigned leaf_bits;
+    unsigned root_shift; /* shift + leaf_bits */
+    size_t leaf_mask;    /* (1 << leaf_bits) - 1 */
     size_t root_len;
     _Atomic uintptr_t *root; /* page map: root[k >> leaf_bits][k & mask] */
     size_t page;
@@ -173,13 +174,12 @@ int hm__native_owns(void *state, const void *p);
 
 /* Lock-free page-map lookup. */
 HM_INLINE nv_slab_t *map_get(const nv_pool_t *nv, const void *p) {
-    uintptr_t k = (uintptr_t)p >> nv->shift;
-    size_t ri = k >> nv->leaf_bits;
+    size_t ri = (uintptr_t)p >> nv->root_shift;
     if (hm_unlikely(ri >= nv->root_len)) return NULL;
     _Atomic uintptr_t *leaf =
         (_Atomic uintptr_t *)atomic_load_explicit(&nv->root[ri], memory_order_acquire);
     if (hm_unlikely(!leaf)) return NULL;
-    return (nv_slab_t *)atomic_load_explicit(&leaf[k & (((size_t)1 << nv->leaf_bits) - 1)],
+    return (nv_slab_t *)atomic_load_explicit(&leaf[((uintptr_t)p >> nv->shift) & nv->leaf_mask],
                                              memory_order_acquire);
 }
 
