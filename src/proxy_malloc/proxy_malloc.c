@@ -20,19 +20,28 @@
  *   other pointer (allocated before the takeover, by the guard path, or by
  *   libc functions called through dlsym) goes back to glibc.
  * - Fork: the native pool and the tracker hold their locks across fork().
- *   With HM_PROXY=shared the heap's pages stay shared with a forked child,
- *   so in the child the pool is left alone: new allocations come from glibc
- *   and frees of the parent's blocks are ignored. The child's writes to
- *   blocks it inherited are still seen by the parent: programs whose forked
- *   children go on running (shells, $(...)) must not use HM_PROXY=shared
- *   (known limitation; making the child's copy private at fork is to do).
+ *   With HM_PROXY=shared the heap is MAP_SHARED memory of a memfd, which a
+ *   forked child would keep sharing with its parent (each one's writes to
+ *   heap blocks seen by the other). So the child, in a pthread_atfork
+ *   handler, replaces every range of the inherited heap with a private copy
+ *   (an anonymous mapping filled with the resident pages, moved over the
+ *   range with mremap) and serves its own allocations from a new pool over a
+ *   private OS provider; blocks inherited from the parent are freed into the
+ *   inherited pool, now private memory. The copy costs the child a memcpy of
+ *   the resident heap at fork (pages never touched or purged stay holes;
+ *   where swap is on, non-resident pages may be swapped out, so every page
+ *   is copied, which also fills the holes). A child that cannot make its
+ *   copy (out of memory) aborts rather than write into its parent's heap.
+ *   Programs whose children exec at once (posix_spawn, vfork) pay nothing.
  * The pool is never destroyed (memory outlives every static destructor). */
 #include "pool_internal.h"
 #include "pools/native/native_internal.h"
 
 #include <dlfcn.h>
-#include <malloc.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -48,12 +57,19 @@ extern void *__libc_memalign(size_t alignment, size_t size);
 
 enum { ST_NONE = 0, ST_INIT = 1, ST_READY = 2, ST_FAILED = 3 };
 static _Atomic int g_status;
-static void *g_state; /* the native pool's state (immutable once READY) */
+/* The native pool's state (immutable once READY, but for the fork child
+ * handler, which runs alone). */
+static void *g_state;
+/* In a child of a shared-heap process: the inherited pool, its ranges made
+ * private; frees of its blocks go there. NULL otherwise. */
+static void *g_old;
+static int g_shared;  /* g_state's heap is shared memory (not yet forked) */
+static int g_tracked; /* HM_PROXY asked for tracking */
 static size_t (*g_libc_usable)(void *);
 static TLS_IE int tl_guard;
 
-/* Child of a shared-heap parent: leave the (shared) pool alone. */
-static void shared_child(void) { atomic_store(&g_status, ST_FAILED); }
+static hm_result_t pool_make(int shared, int tracked, void **state);
+static void fork_child(void);
 
 static void proxy_init(void) {
     int expect = ST_NONE;
@@ -63,6 +79,26 @@ static void proxy_init(void) {
     const char *opt = getenv("HM_PROXY");
     int shared = opt && strstr(opt, "shared");
     int tracked = shared || (opt && strstr(opt, "tracked"));
+    void *state = NULL;
+    hm_result_t r = pool_make(shared, tracked, &state);
+    if (r != HM_SUCCESS) {
+        HM_LOG_ERROR("libhetmem_proxy: cannot create the pool (%s); glibc malloc stays",
+                     hm_result_string(r));
+        tl_guard = 0;
+        atomic_store(&g_status, ST_FAILED);
+        return;
+    }
+    g_state = state;
+    g_shared = shared;
+    g_tracked = tracked;
+    if (shared && pthread_atfork(NULL, NULL, fork_child))
+        HM_LOG_WARN("libhetmem_proxy: pthread_atfork failed; do not fork with HM_PROXY=shared");
+    tl_guard = 0;
+    atomic_store_explicit(&g_status, ST_READY, memory_order_release);
+}
+
+/* A native pool over a new OS provider (the guard is set). */
+static hm_result_t pool_make(int shared, int tracked, void **state) {
     hm_os_params_t *osp = NULL;
     hm_provider_t *prov = NULL;
     hm_pool_t *pool = NULL;
@@ -77,18 +113,106 @@ static void proxy_init(void) {
                                       (tracked ? 0 : HM_POOL_FLAG_NO_TRACKING),
                                   &pool);
     if (r != HM_SUCCESS) {
-        HM_LOG_ERROR("libhetmem_proxy: cannot create the pool (%s); glibc malloc stays",
-                     hm_result_string(r));
         if (prov) hm_provider_destroy(prov);
-        tl_guard = 0;
-        atomic_store(&g_status, ST_FAILED);
+        return r;
+    }
+    *state = pool->state;
+    return HM_SUCCESS;
+}
+
+/* ---- fork of a shared-heap process: the child's heap becomes private ---- */
+
+/* Is swap on? Then a page mincore() calls absent may hold data. */
+static int swap_on(void) {
+    char buf[4096];
+    int fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 1;
+    buf[n] = 0;
+    const char *p = strstr(buf, "SwapTotal:");
+    if (!p) return 1;
+    p += strlen("SwapTotal:");
+    while (*p == ' ') p++;
+    return !(p[0] == '0' && p[1] == ' ');
+}
+
+typedef struct priv_ctx {
+    int copy_all;
+    size_t page;
+    size_t ranges, bytes;
+    int failed;
+} priv_ctx_t;
+
+/* Replace [base, +size) (a MAP_SHARED range) with a private copy. */
+static void privatize(void *arg, uintptr_t base, size_t size) {
+    priv_ctx_t *c = arg;
+    if (c->failed) return;
+    char *tmp = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (tmp == MAP_FAILED) {
+        c->failed = errno;
         return;
     }
-    g_state = pool->state;
-    if (shared && pthread_atfork(NULL, NULL, shared_child))
-        HM_LOG_WARN("libhetmem_proxy: pthread_atfork failed; do not fork with HM_PROXY=shared");
-    tl_guard = 0;
-    atomic_store_explicit(&g_status, ST_READY, memory_order_release);
+    enum { CHUNK = 4096 };
+    unsigned char vec[CHUNK];
+    for (size_t off = 0; off < size;) {
+        size_t pages = (size - off) / c->page;
+        if (pages > CHUNK) pages = CHUNK;
+        size_t len = pages * c->page;
+        if (c->copy_all || mincore((void *)(base + off), len, vec)) {
+            memcpy(tmp + off, (const void *)(base + off), len);
+        } else {
+            /* Copy runs of resident pages; absent ones are holes (no swap):
+             * reading them would allocate pages in the parent's memfd. */
+            for (size_t i = 0; i < pages;) {
+                if (!(vec[i] & 1)) {
+                    i++;
+                    continue;
+                }
+                size_t j = i;
+                while (j < pages && (vec[j] & 1)) j++;
+                memcpy(tmp + off + i * c->page, (const void *)(base + off + i * c->page),
+                       (j - i) * c->page);
+                i = j;
+            }
+        }
+        off += len;
+    }
+    if (mremap(tmp, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)base) == MAP_FAILED) {
+        c->failed = errno;
+        munmap(tmp, size);
+        return;
+    }
+    c->ranges++;
+    c->bytes += size;
+}
+
+/* pthread_atfork child handler (registered after the pool's and the
+ * tracker's, so it runs after theirs: their locks are usable). */
+static void fork_child(void) {
+    if (!g_shared || atomic_load(&g_status) != ST_READY) return;
+    int guard = tl_guard;
+    tl_guard = 1;
+    priv_ctx_t c = {.copy_all = swap_on(), .page = (size_t)sysconf(_SC_PAGESIZE)};
+    hm__native_for_each_range(g_state, privatize, &c);
+    if (c.failed)
+        HM_DIE("libhetmem_proxy: forked child cannot copy the shared heap (%s); aborting "
+               "rather than writing into the parent's memory", strerror(c.failed));
+    HM_LOG_DEBUG("libhetmem_proxy: forked child copied %zu heap ranges (%zu bytes) private",
+                 c.ranges, c.bytes);
+    g_old = g_state;
+    g_shared = 0;
+    void *state = NULL;
+    if (pool_make(0, g_tracked, &state) == HM_SUCCESS) {
+        g_state = state;
+    } else {
+        HM_LOG_ERROR("libhetmem_proxy: forked child cannot create its pool; glibc malloc "
+                     "serves it");
+        g_state = NULL;
+        atomic_store(&g_status, ST_FAILED);
+    }
+    tl_guard = guard;
 }
 
 /* Ready to serve this call from the pool? */
@@ -112,27 +236,30 @@ static void *pool_alloc(size_t size, size_t align) {
     return p;
 }
 
-HM_INLINE int pool_owns(void *p) { return hm__native_owns(g_state, p); }
-
 EXPORT void *malloc(size_t size) {
     if (hm_unlikely(!ready())) return __libc_malloc(size);
     return pool_alloc(size, 0);
 }
 
-/* Ours? Inside the pool (guard set) every pointer is glibc's. */
-HM_INLINE int ours(void *p) {
-    return hm_likely(atomic_load_explicit(&g_status, memory_order_acquire) == ST_READY) &&
-           !tl_guard && pool_owns(p);
+/* Which pool's block is p: g_state's, g_old's (a forked child's inherited
+ * heap) or neither (NULL: glibc's). Inside the pool (guard set) every
+ * pointer is glibc's. */
+HM_INLINE void *owner_of(void *p) {
+    if (hm_unlikely(tl_guard)) return NULL;
+    int st = atomic_load_explicit(&g_status, memory_order_acquire);
+    if (hm_likely(st == ST_READY) && hm__native_owns(g_state, p)) return g_state;
+    if (hm_unlikely(g_old != NULL) && (st == ST_READY || st == ST_FAILED) &&
+        hm__native_owns(g_old, p))
+        return g_old;
+    return NULL;
 }
 
 EXPORT void free(void *p) {
     if (!p) return;
-    if (hm_unlikely(atomic_load_explicit(&g_status, memory_order_relaxed) == ST_FAILED) &&
-        g_state && hm__native_owns(g_state, p))
-        return; /* a shared-heap parent's block, in the child: not ours to free */
-    if (ours(p)) {
+    void *st = owner_of(p);
+    if (st) {
         tl_guard = 1;
-        hm_native_pool_ops()->free(g_state, p);
+        hm_native_pool_ops()->free(st, p);
         tl_guard = 0;
         return;
     }
@@ -151,31 +278,24 @@ EXPORT void *calloc(size_t n, size_t size) {
     return p;
 }
 
-static size_t usable(void *p) {
+static size_t usable(void *st, void *p) {
     tl_guard = 1;
-    size_t n = hm_native_pool_ops()->usable_size(g_state, p);
+    size_t n = hm_native_pool_ops()->usable_size(st, p);
     tl_guard = 0;
     return n;
 }
 
 EXPORT void *realloc(void *p, size_t size) {
     if (!p) return malloc(size);
-    if (hm_unlikely(atomic_load_explicit(&g_status, memory_order_relaxed) == ST_FAILED) &&
-        g_state && hm__native_owns(g_state, p)) {
-        /* Shared-heap child: move the block to glibc, leave the original. */
-        size_t old = hm_native_pool_ops()->usable_size(g_state, p);
-        void *q = __libc_malloc(size);
-        if (q) memcpy(q, p, old < size ? old : size);
-        return q;
-    }
-    if (!ours(p)) return __libc_realloc(p, size); /* glibc's pointer stays glibc's */
+    void *st = owner_of(p);
+    if (!st) return __libc_realloc(p, size); /* glibc's pointer stays glibc's */
     if (!size) {
         free(p);
         return NULL;
     }
-    size_t old = usable(p);
-    if (size <= old && size >= old / 2) return p;
-    void *q = pool_alloc(size, 0);
+    size_t old = usable(st, p);
+    if (st == g_state && size <= old && size >= old / 2) return p;
+    void *q = malloc(size); /* the current pool, or glibc's in a failed child */
     if (!q) return NULL;
     memcpy(q, p, old < size ? old : size);
     free(p);
@@ -220,9 +340,7 @@ EXPORT void *pvalloc(size_t size) {
 
 EXPORT size_t malloc_usable_size(void *p) {
     if (!p) return 0;
-    if (ours(p)) return usable(p);
-    if (atomic_load_explicit(&g_status, memory_order_relaxed) == ST_FAILED && g_state &&
-        hm__native_owns(g_state, p))
-        return hm_native_pool_ops()->usable_size(g_state, p);
+    void *st = owner_of(p);
+    if (st) return usable(st, p);
     return g_libc_usable ? g_libc_usable(p) : 0;
 }

@@ -1,7 +1,9 @@
 /* hetmem tests — libhetmem_proxy.so: real programs run with and without
  * LD_PRELOAD of the malloc replacement must print the same output: python3
  * with a workload, git on this repository, a C++ program using new/delete
- * across threads, and the shell. Also: a program that forks under the proxy.
+ * across threads, and the shell. Also: programs that fork under the proxy,
+ * whose children go on running (bash $(...)), with the heap private and in
+ * shared memory (HM_PROXY=shared).
  * Skipped in sanitizer builds (the sanitizers own malloc).
  * SPDX-License-Identifier: MIT */
 #include "harness.h"
@@ -80,5 +82,14 @@ int main(void) {
     same("hetmem pools under the proxy", HM_NATIVE_TEST " remote");
     /* fork under the proxy: parent and child both allocate and free. */
     same("fork", "sh -c 'for i in 1 2 3; do (echo child $i) & done; wait' | sort");
+    /* Forked children that go on running, with the heap in shared memory
+     * (HM_PROXY=shared): they must get private copies. */
+    same("forked children", HM_FORK_PROG);
+    same("forked children, shared heap", "HM_PROXY=shared " HM_FORK_PROG);
+    if (system("bash -c true >/dev/null 2>&1") == 0) {
+        same("bash $(...), shared heap",
+             "HM_PROXY=shared bash " HM_SOURCE_DIR "/test/native/proxy_fork.sh");
+        same("bash $(...)", "bash " HM_SOURCE_DIR "/test/native/proxy_fork.sh");
+    }
     return hm_test_finish();
 }

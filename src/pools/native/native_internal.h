@@ -172,6 +172,12 @@ struct nv_pool {
  * (For the malloc replacement, which must tell its pointers from libc's.) */
 int hm__native_owns(void *state, const void *p);
 
+/* Call fn for every range the pool holds from its provider (slabs, live and
+ * cached large ranges), under the pool's locks: fn must not call into the
+ * pool. (For the malloc replacement's fork handling.) */
+void hm__native_for_each_range(void *state, void (*fn)(void *arg, uintptr_t base, size_t size),
+                               void *arg);
+
 /* Lock-free page-map lookup. */
 HM_INLINE nv_slab_t *map_get(const nv_pool_t *nv, const void *p) {
     size_t ri = (uintptr_t)p >> nv->root_shift;
