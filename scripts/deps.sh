@@ -23,7 +23,7 @@ build=(cmake make gcc g++ libc6-dev pkg-config libhwloc-dev liburcu-dev)
 # library; libclang-rt-14-dev gives clang's libFuzzer runtime (IPC decoder
 # fuzz test); the allocators compared in bench/ come as their Debian packages.
 extra=(valgrind clang libclang-rt-14-dev libjemalloc-dev libze-dev util-linux binutils
-       python3 git libjemalloc2 libmimalloc2.0 libtcmalloc-minimal4)
+       python3 git libjemalloc2 libmimalloc2.0 libtcmalloc-minimal4 debian-archive-keyring)
 
 case "$profile" in
   demo) wanted=("${build[@]}") ;;

@@ -10,7 +10,10 @@
 # failed. Logs: build-<name>/{build,test}.log.
 #
 # Environment: HM_TEST_BUILDS="release asan tsan" (a subset), HM_JOBS (build
-# parallelism, default nproc), HM_CTEST_JOBS (default 2), HM_TEST_EXTRA_CMAKE_ARGS.
+# parallelism, default nproc), HM_CTEST_JOBS (default 2), HM_TEST_EXTRA_CMAKE_ARGS,
+# HM_TEST_JEMALLOC (default ON: the jemalloc pool is built and tested; its
+# private jemalloc comes once from Debian's source package, cached in
+# ~/.cache/hetmem — see cmake/HmJemalloc.cmake).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -20,6 +23,7 @@ builds=${HM_TEST_BUILDS:-release asan tsan}
 jobs=${HM_JOBS:-$(nproc 2>/dev/null || echo 2)}
 ctest_jobs=${HM_CTEST_JOBS:-2}
 read -r -a extra_args <<<"${HM_TEST_EXTRA_CMAKE_ARGS:-}"
+extra_args=("-DHM_WITH_JEMALLOC=${HM_TEST_JEMALLOC:-ON}" "${extra_args[@]}")
 cc=${CC:-cc}
 
 # ThreadSanitizer (GCC 12's runtime) aborts with "unexpected memory mapping"
