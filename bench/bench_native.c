@@ -26,13 +26,21 @@
  *   xmalloc 2+2   2 producers allocate batches of 4096 objects (16..512 B),
  *                 2 consumers free whole batches (the xmalloc-test pattern)
  * Memory is not touched beyond one byte per block (the allocator is timed,
- * not page faults). */
+ * not page faults).
+ *
+ * Peak RSS: after the timed cases, each remote case runs once more per
+ * implementation in a fresh process (this program, re-executed with
+ * --rss-child, same environment, so the same LD_PRELOAD), for --rss N
+ * objects (default 2,000,000; 0: skip); the table shows that process's
+ * VmHWM (/proc/self/status) after set-up and at the end of the run. */
 #include "harness.h"
 
 #include <hetmem/hetmem.h>
 
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -327,7 +335,95 @@ static const char *malloc_name(void) {
     return name;
 }
 
+/* ---- peak RSS, one fresh process per run ---- */
+
+static long vm_kb(const char *field) { /* from /proc/self/status, -1 if absent */
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long kb = -1;
+    size_t n = strlen(field);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, field, n) && line[n] == ':') kb = strtol(line + n + 1, NULL, 10);
+    fclose(f);
+    return kb;
+}
+
+typedef struct rss_impl {
+    const char *name;
+    int (*setup)(const void *, void **);
+} rss_impl_t;
+
+static const rss_impl_t rss_impls[] = {
+    {"native", setup_native},        {"native-mutex", setup_mutex},
+    {"native-nobatch", setup_nobatch}, {"native-untr", setup_untracked},
+    {"malloc", setup_malloc},
+};
+static const char *const rss_cases[] = {"remote", "xmalloc"};
+
+/* --rss-child CASE IMPL N: run once, print "start_kb peak_kb". */
+static int rss_child(const char *cs, const char *impl, const char *count) {
+    static case_arg_t arg;
+    uint64_t n = strtoull(count, NULL, 10);
+    int remote = !strcmp(cs, "remote");
+    if (remote) fill_arg(&arg, 0, 64, 64, 7);
+    else fill_arg(&arg, 0, 16, 512, 9);
+    for (size_t i = 0; i < sizeof rss_impls / sizeof rss_impls[0]; i++) {
+        if (strcmp(rss_impls[i].name, impl)) continue;
+        void *ctx;
+        if (rss_impls[i].setup(&arg, &ctx)) return 1;
+        long start = vm_kb("VmHWM");
+        int r = remote ? run_remote(ctx, &arg, n) : run_xmalloc(ctx, &arg, n);
+        long peak = vm_kb("VmHWM");
+        teardown(ctx);
+        printf("%ld %ld\n", start, peak);
+        return r;
+    }
+    return 2;
+}
+
+static void rss_table(uint64_t n) {
+    char self[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) return;
+    self[len] = 0;
+    printf("\npeak RSS: one fresh process per run, %llu objects (VmHWM, MiB: after set-up, "
+           "at the end)\n", (unsigned long long)n);
+    printf("%-17s %-20s %8s %8s\n", "case", "impl", "set-up", "peak");
+    for (size_t c = 0; c < 2; c++) {
+        for (size_t i = 0; i < sizeof rss_impls / sizeof rss_impls[0]; i++) {
+            char cmd[PATH_MAX + 128];
+            snprintf(cmd, sizeof cmd, "'%s' --rss-child %s %s %llu", self, rss_cases[c],
+                     rss_impls[i].name, (unsigned long long)n);
+            FILE *f = popen(cmd, "r");
+            long start = -1, peak = -1;
+            if (f) {
+                if (fscanf(f, "%ld %ld", &start, &peak) != 2) start = peak = -1;
+                pclose(f);
+            }
+            const char *name = strcmp(rss_impls[i].name, "malloc") ? rss_impls[i].name
+                                                                     : malloc_name();
+            printf("%-17s %-20s %8.1f %8.1f\n",
+                   i ? "" : (c ? "xmalloc 2+2" : "remote 64B 1->1"), name, start / 1024.0,
+                   peak / 1024.0);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
+    if (argc == 5 && !strcmp(argv[1], "--rss-child")) return rss_child(argv[2], argv[3], argv[4]);
+    uint64_t rss_n = 2000000;
+    int quick = 0;
+    for (int i = 1; i < argc; i++) { /* take --rss N out before the harness sees it */
+        quick |= !strcmp(argv[i], "--quick");
+        if (!strcmp(argv[i], "--rss") && i + 1 < argc) {
+            rss_n = strtoull(argv[i + 1], NULL, 10);
+            for (int k = i; k + 2 <= argc; k++) argv[k] = argv[k + 2];
+            argc -= 2;
+            i--;
+        }
+    }
+    if (quick && rss_n > 20000) rss_n = 20000;
     int rc;
     hm_bench_t *b = hm_bench_create("native", &argc, argv, &rc);
     if (!b) return rc;
@@ -375,5 +471,7 @@ int main(int argc, char **argv) {
     remote_subject.run = run_xmalloc;
     for (size_t k = 0; k < 4; k++) remote_base[k].run = run_xmalloc;
     hm_bench_case(b, "xmalloc 2+2", &arg, 1, &remote_subject, remote_base, 4);
-    return hm_bench_finish(b);
+    rc = hm_bench_finish(b);
+    if (rss_n) rss_table(rss_n);
+    return rc;
 }
