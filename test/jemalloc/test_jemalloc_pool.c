@@ -10,6 +10,7 @@
 #include "conformance.h"
 
 #include <hetmem/pools/jemalloc.h>
+#include <hetmem/providers/file.h>
 
 #include <errno.h>
 #include <pthread.h>
@@ -74,23 +75,47 @@ static hm_result_t make_je_fixed(void *arg, hm_pool_t **out) {
     return r;
 }
 
-static hm_result_t make_fault(hm_provider_t **fault) {
+static hm_result_t make_fault_ops(const hm_provider_ops_t *ops, hm_provider_t **fault) {
     hm_provider_t *os;
     hm_result_t r = make_os_provider(HM_OS_PRIVATE, RW, &os);
     if (r != HM_SUCCESS) return r;
     hm_fault_params_t fp = {.inner = os, .own_inner = 1};
-    r = hm_provider_create(hm_fault_provider_ops(), &fp, fault);
+    r = hm_provider_create(ops, &fp, fault);
     if (r != HM_SUCCESS) hm_provider_destroy(os);
     return r;
 }
 
+static hm_result_t make_fault(hm_provider_t **fault) {
+    return make_fault_ops(hm_fault_provider_ops(), fault);
+}
+
+/* arg non-NULL: the wrapper cannot free (file/devdax-like media). */
 static hm_result_t make_je_fault(void *arg, hm_pool_t **out) {
-    (void)arg;
     hm_provider_t *fault;
-    hm_result_t r = make_fault(&fault);
+    hm_result_t r =
+        make_fault_ops(arg ? hm_fault_provider_nofree_ops() : hm_fault_provider_ops(), &fault);
     if (r != HM_SUCCESS) return r;
     r = hm_jemalloc_pool_create(fault, NULL, HM_POOL_FLAG_OWN_PROVIDER, out);
     if (r != HM_SUCCESS) hm_provider_destroy(fault);
+    return r;
+}
+
+/* The file provider (a file in a temporary folder, removed at destroy). */
+static char file_dir[256];
+static hm_result_t make_je_file(void *arg, hm_pool_t **out) {
+    static unsigned n;
+    char path[320];
+    snprintf(path, sizeof(path), "%s/pool-%u", file_dir, n++);
+    hm_file_params_t *fp;
+    hm_result_t r = hm_file_params_create(path, &fp);
+    if (r != HM_SUCCESS) return r;
+    hm_file_params_set_keep_file(fp, false);
+    hm_provider_t *prov;
+    r = hm_provider_create(hm_file_provider_ops(), fp, &prov);
+    hm_file_params_destroy(fp);
+    if (r != HM_SUCCESS) return r;
+    r = hm_jemalloc_pool_create(prov, NULL, HM_POOL_FLAG_OWN_PROVIDER, out);
+    if (r != HM_SUCCESS) hm_provider_destroy(prov);
     return r;
 }
 
@@ -486,6 +511,21 @@ int main(int argc, char **argv) {
         ran++, hm_test_pool_suite("jemalloc/os-prot-none", make_je_os, &os_none, &opts);
     if (PART("fault"))
         ran++, hm_test_pool_suite("jemalloc/fault(os)", make_je_fault, NULL, &opts);
+    if (PART("nofree")) {
+        hm_test_suite_opts_t nofree_opts = opts;
+        nofree_opts.can_free = 0;
+        ran++, hm_test_pool_suite("jemalloc/fault-nofree(os)", make_je_fault, "nofree",
+                                  &nofree_opts);
+    }
+    if (PART("file")) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(file_dir, sizeof(file_dir), "%s/hm-je-file-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        REQUIRE(mkdtemp(file_dir));
+        hm_test_suite_opts_t fopts = opts;
+        fopts.max_alloc = 8 * MIB;
+        ran++, hm_test_pool_suite("jemalloc/file shared", make_je_file, NULL, &fopts);
+        CHECK_MSG(rmdir(file_dir) == 0, "files left behind in %s", file_dir);
+    }
     if (PART("fixed")) {
         ran++;
         void *buf =
