@@ -787,18 +787,34 @@ static hm_result_t remote_push(nv_heap_t *h, nv_heap_t *dest, void *p) {
     return HM_SUCCESS;
 }
 
-/* Free the blocks of one drained batch into h. */
+/* Free the blocks of one drained batch into h. Consecutive blocks are often
+ * of one slab (the freeing thread frees in the order the owner allocated):
+ * the last slab found is tried before the page map. */
 static void drain_batch(nv_heap_t *h, nv_batch_t *b) {
     nv_pool_t *nv = h->nv;
+    nv_slab_t *s = NULL;
+    uintptr_t lo = 0, span = 0;
     for (uint32_t i = 0; i < b->count; i++) {
         void *p = b->ptrs[i];
-        nv_slab_t *s = map_get(nv, p);
+        if ((uintptr_t)p - lo >= span) {
+            s = map_get(nv, p);
+            if (hm_unlikely(!s || s->owner != h)) {
+                HM_LOG_ERROR("native pool: remote free of %p reached a heap that does not own "
+                             "it (double free?)", p);
+                span = 0;
+                continue;
+            }
+            lo = s->base;
+            span = s->span;
+        }
         uint32_t idx;
-        if (hm_unlikely(!s || s->owner != h || !block_index(s, p, &idx))) {
-            HM_LOG_ERROR("native pool: remote free of %p reached a heap that does not own it "
-                         "(double free?)", p);
+        if (hm_unlikely(!block_index(s, p, &idx))) {
+            HM_LOG_ERROR("native pool: remote free of %p: not the start of a block", p);
             continue;
         }
+        /* A slab this free may empty can go back to the pool (and to
+         * another heap): do not read it again, look the next one up. */
+        if (hm_unlikely(s->nfree + 1 >= s->nblocks)) span = 0;
         free_own(h, s, idx); /* a double free is logged there */
     }
     stat_add_u(&h->st_drained, b->count);
@@ -1104,6 +1120,14 @@ static HM_NOINLINE hm_result_t free_transition(nv_heap_t *h, nv_cls_t *cl, nv_sl
     return HM_SUCCESS;
 }
 
+/* A valid block of s freed by h, which does not own it. */
+static HM_NOINLINE hm_result_t free_remote(nv_heap_t *h, nv_slab_t *s, void *p) {
+    uint32_t bsize = s->bsize;
+    hm_result_t r = remote_push(h, s->owner, p);
+    if (hm_likely(r == HM_SUCCESS)) stat_add_i(&h->st_bytes, -(int64_t)bsize);
+    return r;
+}
+
 /* free_own() inlined with the heap lookup; every exit but success is a
  * tail call, so the fast path needs no stack frame. */
 static hm_result_t nv_free(void *state, void *p) {
@@ -1114,12 +1138,13 @@ static hm_result_t nv_free(void *state, void *p) {
     nv_heap_t *h = t->heap;
     /* The id check matters: a stale t->heap (of a destroyed pool) may share
      * its address with a heap of this pool bound to another thread. */
-    if (hm_unlikely(t->id != nv->id || s->owner != h)) return free_slow(nv, p);
+    if (hm_unlikely(t->id != nv->id)) return free_slow(nv, p);
     uintptr_t off = (uintptr_t)p - s->base;
     uint32_t idx = (uint32_t)((off * s->magic) >> 32);
     uint32_t bsize = s->bsize;
     if (hm_unlikely((uintptr_t)idx * bsize != off || idx >= s->nblocks))
         return free_slow(nv, p);
+    if (hm_unlikely(s->owner != h)) return free_remote(h, s, p);
     stat_add_i(&h->st_bytes, -(int64_t)bsize);
     nv_cls_t *cl = &h->cls[s->cls];
     uint32_t w = idx >> 6;
