@@ -96,7 +96,25 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* bindings, g_pools 
 static _Atomic uint64_t g_next_id = 1;
 static nv_pool_t *g_pools; /* live pools, for fork (g_lock) */
 
-/* Thread state: the fast path reads tl.id/tl.heap only. */
+/* This thread's thread pointer: one instruction on x86-64 and AArch64 (the
+ * TCB address, unique among live threads), else the address of a
+ * thread-local variable. */
+HM_INLINE uintptr_t thread_tp(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    uintptr_t tp;
+    __asm__("mov %%fs:0, %0" : "=r"(tp));
+    return tp;
+#elif defined(__aarch64__) && defined(__GNUC__)
+    uintptr_t tp;
+    __asm__("mrs %0, tpidr_el0" : "=r"(tp));
+    return tp;
+#else
+    static __thread char anchor;
+    return (uintptr_t)&anchor;
+#endif
+}
+
+/* Thread state: the alloc fast path reads tl.id/tl.heap only. */
 static __thread nv_tls_t tl;
 
 static void tl_destructor(void *arg);
@@ -480,6 +498,7 @@ static int slab_carve(nv_pool_t *nv, nv_slab_t *s, nv_heap_t *h, unsigned c) {
     uint32_t bsize = hm__nv_cls_size[c];
     s->owner = h;
     s->cls = c;
+    s->cl = &h->cls[c];
     s->bsize = bsize;
     s->nblocks = (uint32_t)(s->span / bsize);
     s->magic = ((uint64_t)1 << 32) / bsize + (((uint64_t)1 << 32) % bsize != 0);
@@ -672,7 +691,7 @@ static HM_NOINLINE void slab_transition(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s
  * slab of the heap it is, so a random free takes no slow path). Statistics
  * are the caller's. Returns HM_SUCCESS or HM_ERROR_DOUBLE_FREE (logged). */
 HM_INLINE hm_result_t free_own(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
-    nv_cls_t *cl = &h->cls[s->cls];
+    nv_cls_t *cl = s->cl;
     uint32_t w = idx >> 6;
     uint64_t bit = (uint64_t)1 << (idx & 63);
     if (s == cl->cur && w == cl->word) {
@@ -888,6 +907,7 @@ static nv_heap_t *heap_new(nv_pool_t *nv) {
 /* Publish what h holds for others and hand it to the pool (g_lock held). */
 static void heap_abandon(nv_heap_t *h) {
     nv_pool_t *nv = h->nv;
+    atomic_store_explicit(&h->tp, 0, memory_order_relaxed);
     flush_all(h);
     hm__mutex_lock(&nv->lock);
     h->aband_next = nv->abandoned;
@@ -925,6 +945,7 @@ static HM_NOINLINE nv_heap_t *heap_get_slow(nv_pool_t *nv) {
     }
     b->pool_id = nv->id;
     atomic_store_explicit(&b->heap, h, memory_order_relaxed);
+    atomic_store_explicit(&h->tp, thread_tp(), memory_order_relaxed);
     hm__mutex_lock(&g_lock);
     h->binding = b;
     hm__mutex_unlock(&g_lock);
@@ -1108,6 +1129,25 @@ static HM_NOINLINE hm_result_t free_slow(nv_pool_t *nv, void *p) {
     return r;
 }
 
+/* A valid block of s freed by a thread not bound to its owner heap. */
+static HM_NOINLINE hm_result_t free_other(nv_pool_t *nv, nv_slab_t *s, void *p) {
+    nv_tls_t *t = &tl;
+    if (hm_unlikely(t->id != nv->id)) return free_slow(nv, p);
+    nv_heap_t *h = t->heap;
+    uint32_t bsize = s->bsize;
+    nv_heap_t *owner = s->owner;
+    hm_result_t r;
+    if (hm_unlikely(owner == h)) { /* cannot be (h->tp is ours); be safe */
+        uint32_t idx;
+        block_index(s, p, &idx);
+        r = free_own(h, s, idx);
+    } else {
+        r = remote_push(h, owner, p);
+    }
+    if (hm_likely(r == HM_SUCCESS)) stat_add_i(&h->st_bytes, -(int64_t)bsize);
+    return r;
+}
+
 /* The fast path met a double free: undo its statistics, log, refuse. */
 static HM_NOINLINE hm_result_t free_double(nv_heap_t *h, const nv_slab_t *s, uint32_t idx) {
     stat_add_i(&h->st_bytes, (int64_t)s->bsize);
@@ -1120,33 +1160,23 @@ static HM_NOINLINE hm_result_t free_transition(nv_heap_t *h, nv_cls_t *cl, nv_sl
     return HM_SUCCESS;
 }
 
-/* A valid block of s freed by h, which does not own it. */
-static HM_NOINLINE hm_result_t free_remote(nv_heap_t *h, nv_slab_t *s, void *p) {
-    uint32_t bsize = s->bsize;
-    hm_result_t r = remote_push(h, s->owner, p);
-    if (hm_likely(r == HM_SUCCESS)) stat_add_i(&h->st_bytes, -(int64_t)bsize);
-    return r;
-}
-
-/* free_own() inlined with the heap lookup; every exit but success is a
- * tail call, so the fast path needs no stack frame. */
+/* free_own() inlined with the ownership test, which compares the owner
+ * heap's thread pointer with ours (no TLS access); every exit but success
+ * is a tail call, so the fast path needs no stack frame. */
 static hm_result_t nv_free(void *state, void *p) {
     nv_pool_t *nv = state;
     nv_slab_t *s = map_get(nv, p);
     if (hm_unlikely(!s)) return free_slow(nv, p);
-    nv_tls_t *t = &tl;
-    nv_heap_t *h = t->heap;
-    /* The id check matters: a stale t->heap (of a destroyed pool) may share
-     * its address with a heap of this pool bound to another thread. */
-    if (hm_unlikely(t->id != nv->id)) return free_slow(nv, p);
     uintptr_t off = (uintptr_t)p - s->base;
     uint32_t idx = (uint32_t)((off * s->magic) >> 32);
     uint32_t bsize = s->bsize;
     if (hm_unlikely((uintptr_t)idx * bsize != off || idx >= s->nblocks))
         return free_slow(nv, p);
-    if (hm_unlikely(s->owner != h)) return free_remote(h, s, p);
+    nv_heap_t *h = s->owner;
+    if (hm_unlikely(atomic_load_explicit(&h->tp, memory_order_relaxed) != thread_tp()))
+        return free_other(nv, s, p);
     stat_add_i(&h->st_bytes, -(int64_t)bsize);
-    nv_cls_t *cl = &h->cls[s->cls];
+    nv_cls_t *cl = s->cl;
     uint32_t w = idx >> 6;
     uint64_t bit = (uint64_t)1 << (idx & 63);
     if (s == cl->cur && w == cl->word) {
@@ -1566,6 +1596,7 @@ static void atfork_child(void) {
              * as it was; blocks in its outgoing batches stay there until the
              * heap is adopted and flushes them.) */
             h->binding = NULL;
+            atomic_store_explicit(&h->tp, 0, memory_order_relaxed);
             h->aband_next = nv->abandoned;
             nv->abandoned = h;
         }

@@ -31,13 +31,15 @@ typedef struct nv_pool nv_pool_t;
  * size), cut into nblocks blocks of bsize bytes. Host memory only.
  * Invariants: bit i of bits[] is set iff block i is free and not held in the
  * owner's cls word; nfree == popcount(bits). base, span never change;
- * owner, cls, bsize, nblocks, magic change only while the slab is empty and
+ * owner, cl, cls, bsize, nblocks, magic change only while the slab is empty and
  * unmapped (retained), so a thread freeing a live block may read them
  * without a lock. Everything else is the owner heap's (or, when retained,
  * the pool lock's). */
+typedef struct nv_cls nv_cls_t;
 typedef struct nv_slab {
     uintptr_t base;
     nv_heap_t *owner;
+    nv_cls_t *cl;   /* &owner->cls[cls] */
     uint64_t magic; /* ceil(2^32 / bsize) */
     uint32_t bsize;
     uint32_t nblocks;
@@ -54,14 +56,14 @@ typedef struct nv_slab {
 
 /* Per heap and size class. `bits` are free blocks of word `word` of `cur`
  * taken out of cur->bits; the fast path hands them out. */
-typedef struct nv_cls {
+struct nv_cls {
     uint64_t bits;
     uintptr_t wbase; /* address of the first block of that word */
     uint32_t bsize;
     uint32_t word;   /* UINT32_MAX: none */
     nv_slab_t *cur;
     nv_slab_t *partial; /* other slabs of this heap with free blocks */
-} nv_cls_t;
+};
 
 /* A batch of remote frees: host memory, one queue node for up to
  * NV_BATCH_CAP pointers. */
@@ -93,6 +95,12 @@ typedef struct nv_binding {
  * cache lines: enqueuers write the tail, the owner the head. */
 struct nv_heap {
     nv_pool_t *nv;
+    /* Thread pointer (thread_tp()) of the thread bound to the heap, 0 while
+     * none is: the free fast path's ownership test, without a TLS access.
+     * Unique among live threads; set by the binding thread, cleared when the
+     * heap is abandoned (its own thread, or the fork child for threads that
+     * do not exist there), so only the bound thread ever sees its own value. */
+    _Atomic uintptr_t tp;
     _Atomic int64_t st_bytes; /* class bytes allocated minus freed by this heap */
     _Atomic uint64_t st_published, st_drained;
     uint32_t out_pending; /* remote frees since the last flush */
