@@ -112,7 +112,8 @@ hm_result_t hm_pool_destroy(hm_pool_t *pool) {
 
 /* ---- the malloc family ---- */
 
-static void *fail_errno(hm_result_t r) {
+/* Out of line: the success path of hm_pool_malloc needs no stack frame. */
+static HM_NOINLINE __attribute__((cold)) void *fail_errno(hm_result_t r) {
     errno = hm__result_errno(r);
     return NULL;
 }
