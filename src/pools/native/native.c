@@ -19,8 +19,12 @@
  *   (the "free list sharding" idea of mimalloc, Leijen et al. 2019, with a
  *   bitmap instead of in-block links, since blocks cannot hold metadata).
  *   A free into that same word sets the bit back, so alloc/free pairs reuse
- *   the same block. A thread finds its heap through a one-entry thread-local
- *   cache keyed by the pool's unique id.
+ *   the same block; a free into any other word of any slab of the thread's
+ *   heap sets the bit in that slab's bitmap, also on the fast path (only a
+ *   slab that was full or becomes empty takes a non-inlined step). A thread
+ *   finds its heap for allocation through a one-entry thread-local cache
+ *   keyed by the pool's unique id; a free tells its own blocks by comparing
+ *   the owner heap's recorded thread pointer with its own (no TLS access).
  * - Remote frees (snmalloc's message passing, Lietar et al. 2019, on the
  *   queue of the glibc RFC "malloc: use wfcqueue to speed up remote frees"):
  *   a thread freeing another heap's block appends it to a host-memory batch
