@@ -10,6 +10,8 @@
  *   native-mutex  (remote cases) remote frees through a mutex-protected list
  *                 per heap instead of the wait-free queue.
  *   native-nobatch (remote cases) the wait-free queue, one free per batch.
+ *   native-mutex-nobatch (remote cases) the mutex list, one free per batch:
+ *                 with native-nobatch, what the queue buys per remote free.
  *   malloc        malloc/free of this process: glibc, or whatever LD_PRELOAD
  *                 put in front (the name shown is the preloaded library's):
  *                   LD_PRELOAD=libjemalloc.so.2 ./bench_native
@@ -132,6 +134,9 @@ static int setup_mutex(const void *a, void **ctx) {
 }
 static int setup_nobatch(const void *a, void **ctx) {
     return setup_generic(a, ctx, K_POOL, 0, HM_NATIVE_QUEUE_WFCQ, 1);
+}
+static int setup_mutex_nobatch(const void *a, void **ctx) {
+    return setup_generic(a, ctx, K_POOL, 0, HM_NATIVE_QUEUE_MUTEX, 1);
 }
 static int setup_malloc(const void *a, void **ctx) {
     return setup_generic(a, ctx, K_MALLOC, 0, HM_NATIVE_QUEUE_WFCQ, 126);
@@ -356,7 +361,8 @@ typedef struct rss_impl {
 
 static const rss_impl_t rss_impls[] = {
     {"native", setup_native},        {"native-mutex", setup_mutex},
-    {"native-nobatch", setup_nobatch}, {"native-untr", setup_untracked},
+    {"native-nobatch", setup_nobatch}, {"native-mutex-nobatch", setup_mutex_nobatch},
+    {"native-untr", setup_untracked},
     {"malloc", setup_malloc},
 };
 static const char *const rss_cases[] = {"remote", "xmalloc"};
@@ -441,11 +447,12 @@ int main(int argc, char **argv) {
     static hm_bench_impl_t remote_base[] = {
         {"native-mutex", setup_mutex, NULL, teardown},
         {"native-nobatch", setup_nobatch, NULL, teardown},
+        {"native-mutex-nobatch", setup_mutex_nobatch, NULL, teardown},
         {"native-untr", setup_untracked, NULL, teardown},
         {NULL, setup_malloc, NULL, teardown},
     };
     local_base[1].name = malloc_name();
-    remote_base[3].name = malloc_name();
+    remote_base[4].name = malloc_name();
 
     static case_arg_t arg;
     static const struct {
@@ -465,12 +472,12 @@ int main(int argc, char **argv) {
     }
     fill_arg(&arg, 0, 64, 64, 7);
     remote_subject.run = run_remote;
-    for (size_t k = 0; k < 4; k++) remote_base[k].run = run_remote;
-    hm_bench_case(b, "remote 64B 1->1", &arg, 1, &remote_subject, remote_base, 4);
+    for (size_t k = 0; k < 5; k++) remote_base[k].run = run_remote;
+    hm_bench_case(b, "remote 64B 1->1", &arg, 1, &remote_subject, remote_base, 5);
     fill_arg(&arg, 0, 16, 512, 9);
     remote_subject.run = run_xmalloc;
-    for (size_t k = 0; k < 4; k++) remote_base[k].run = run_xmalloc;
-    hm_bench_case(b, "xmalloc 2+2", &arg, 1, &remote_subject, remote_base, 4);
+    for (size_t k = 0; k < 5; k++) remote_base[k].run = run_xmalloc;
+    hm_bench_case(b, "xmalloc 2+2", &arg, 1, &remote_subject, remote_base, 5);
     rc = hm_bench_finish(b);
     if (rss_n) rss_table(rss_n);
     return rc;
