@@ -1394,6 +1394,10 @@ void hm__ipc_pool_destroy(hm_pool_t *pool) {
     size_t open_count = 0, n = 0, bucket = 0;
     for (;;) {
         imp_t *batch[DESTROY_BATCH];
+        /* The mapping of each, copied while the entry is still ours: once an
+         * entry is marked dead below, its evictor may free it at any time. */
+        uintptr_t local[DESTROY_BATCH];
+        size_t size[DESTROY_BATCH];
         size_t k = 0;
         hm__mutex_lock(&pi->lock);
         while (k < DESTROY_BATCH && bucket < pi->cap) {
@@ -1408,6 +1412,8 @@ void hm__ipc_pool_destroy(hm_pool_t *pool) {
             if (e->in_key) kunlink(pi, e);
             if (st_refs(atomic_load_explicit(&e->state, memory_order_acquire))) open_count++;
             imp_kill(e);
+            local[k] = e->local;
+            size[k] = e->size;
             batch[k++] = e;
         }
         hm__mutex_unlock(&pi->lock);
@@ -1422,7 +1428,7 @@ void hm__ipc_pool_destroy(hm_pool_t *pool) {
         }
         hm__mutex_unlock(&gc.lock);
         for (size_t i = 0; i < k; i++) {
-            close_mapping(pool, batch[i]->local, batch[i]->size);
+            close_mapping(pool, local[i], size[i]);
             if (mine[i]) imp_free(batch[i]);
         }
     }
