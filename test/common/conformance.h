@@ -41,6 +41,11 @@ void hm_test_provider_suite(const char *label, hm_test_provider_factory make, vo
 void hm_test_pool_suite(const char *label, hm_test_pool_factory make, void *arg,
                         const hm_test_suite_opts_t *opts);
 
+/* Providers made the same way by every pool test (factories.c). */
+hm_result_t hm_test_os_provider(hm_os_visibility_t vis, unsigned prot, hm_provider_t **out);
+hm_result_t hm_test_fixed_provider(void *buffer, size_t size, hm_memory_kind_t kind, bool cpu,
+                                   hm_provider_t **out);
+
 /* The fault-injecting pass-through provider (fault_provider.c): wraps another
  * provider; fails the Nth call of a kind with a chosen result; counts calls. */
 typedef enum hm_fault_op {

@@ -33,21 +33,10 @@ typedef struct os_factory {
     uint32_t flags;
 } os_factory_t;
 
-static hm_result_t make_os_provider(hm_os_visibility_t vis, unsigned prot, hm_provider_t **out) {
-    hm_os_params_t *params;
-    hm_result_t r = hm_os_params_create(&params);
-    if (r != HM_SUCCESS) return r;
-    r = hm_os_params_set_visibility(params, vis);
-    if (r == HM_SUCCESS) r = hm_os_params_set_protection(params, prot);
-    if (r == HM_SUCCESS) r = hm_os_provider_create(params, out);
-    hm_os_params_destroy(params);
-    return r;
-}
-
 static hm_result_t make_je_os(void *arg, hm_pool_t **out) {
     const os_factory_t *f = arg;
     hm_provider_t *prov;
-    hm_result_t r = make_os_provider(f->visibility, f->prot, &prov);
+    hm_result_t r = hm_test_os_provider(f->visibility, f->prot, &prov);
     if (r != HM_SUCCESS) return r;
     r = hm_jemalloc_pool_create(prov, NULL, HM_POOL_FLAG_OWN_PROVIDER | f->flags, out);
     if (r != HM_SUCCESS) hm_provider_destroy(prov);
@@ -62,13 +51,8 @@ typedef struct fixed_factory {
 
 static hm_result_t make_je_fixed(void *arg, hm_pool_t **out) {
     const fixed_factory_t *f = arg;
-    hm_fixed_params_t *params;
-    hm_result_t r = hm_fixed_params_create(f->buffer, FIXED_SIZE, &params);
-    if (r != HM_SUCCESS) return r;
-    r = hm_fixed_params_set_memory_kind(params, f->kind, f->cpu);
     hm_provider_t *prov = NULL;
-    if (r == HM_SUCCESS) r = hm_provider_create(hm_fixed_provider_ops(), params, &prov);
-    hm_fixed_params_destroy(params);
+    hm_result_t r = hm_test_fixed_provider(f->buffer, FIXED_SIZE, f->kind, f->cpu, &prov);
     if (r != HM_SUCCESS) return r;
     r = hm_jemalloc_pool_create(prov, NULL, HM_POOL_FLAG_OWN_PROVIDER, out);
     if (r != HM_SUCCESS) hm_provider_destroy(prov);
@@ -77,7 +61,7 @@ static hm_result_t make_je_fixed(void *arg, hm_pool_t **out) {
 
 static hm_result_t make_fault_ops(const hm_provider_ops_t *ops, hm_provider_t **fault) {
     hm_provider_t *os;
-    hm_result_t r = make_os_provider(HM_OS_PRIVATE, RW, &os);
+    hm_result_t r = hm_test_os_provider(HM_OS_PRIVATE, RW, &os);
     if (r != HM_SUCCESS) return r;
     hm_fault_params_t fp = {.inner = os, .own_inner = 1};
     r = hm_provider_create(ops, &fp, fault);
@@ -121,7 +105,7 @@ static hm_result_t make_je_file(void *arg, hm_pool_t **out) {
 
 static hm_pool_t *os_pool(const hm_jemalloc_params_t *params, uint32_t flags, unsigned prot) {
     hm_provider_t *prov;
-    REQUIRE_OK(make_os_provider(HM_OS_PRIVATE, prot, &prov));
+    REQUIRE_OK(hm_test_os_provider(HM_OS_PRIVATE, prot, &prov));
     hm_pool_t *pool = NULL;
     REQUIRE_OK(hm_jemalloc_pool_create(prov, params, HM_POOL_FLAG_OWN_PROVIDER | flags, &pool));
     return pool;
@@ -294,7 +278,7 @@ static void test_stats_and_trim(void) {
 static void test_create_destroy_loop(void) {
     hm_test_set_context("create/destroy loop");
     hm_provider_t *prov;
-    REQUIRE_OK(make_os_provider(HM_OS_PRIVATE, RW, &prov));
+    REQUIRE_OK(hm_test_os_provider(HM_OS_PRIVATE, RW, &prov));
     int loops = 4500; /* past 4095: arena indices must be reused */
     for (int i = 0; i < loops; i++) {
         hm_pool_t *pool = NULL;
@@ -319,7 +303,7 @@ static void test_create_destroy_loop(void) {
 static void test_arena_limit(void) {
     hm_test_set_context("arena limit");
     hm_provider_t *prov;
-    REQUIRE_OK(make_os_provider(HM_OS_PRIVATE, RW, &prov));
+    REQUIRE_OK(hm_test_os_provider(HM_OS_PRIVATE, RW, &prov));
     enum { MAX = 4200 };
     hm_pool_t **pools = calloc(MAX, sizeof(*pools));
     REQUIRE(pools);

@@ -24,17 +24,6 @@ typedef struct os_factory {
     hm_native_remote_queue_t queue;
 } os_factory_t;
 
-static hm_result_t make_os_provider(hm_os_visibility_t vis, unsigned prot, hm_provider_t **out) {
-    hm_os_params_t *params;
-    hm_result_t r = hm_os_params_create(&params);
-    if (r != HM_SUCCESS) return r;
-    r = hm_os_params_set_visibility(params, vis);
-    if (r == HM_SUCCESS) r = hm_os_params_set_protection(params, prot);
-    if (r == HM_SUCCESS) r = hm_os_provider_create(params, out);
-    hm_os_params_destroy(params);
-    return r;
-}
-
 static hm_result_t make_native(hm_provider_t *prov, hm_native_remote_queue_t queue,
                                uint32_t flags, hm_pool_t **out) {
     hm_native_params_t *np;
@@ -49,7 +38,7 @@ static hm_result_t make_native(hm_provider_t *prov, hm_native_remote_queue_t que
 static hm_result_t make_native_os(void *arg, hm_pool_t **out) {
     const os_factory_t *f = arg;
     hm_provider_t *prov;
-    hm_result_t r = make_os_provider(f->visibility, f->prot, &prov);
+    hm_result_t r = hm_test_os_provider(f->visibility, f->prot, &prov);
     if (r != HM_SUCCESS) return r;
     r = make_native(prov, f->queue, HM_POOL_FLAG_OWN_PROVIDER | f->flags, out);
     if (r != HM_SUCCESS) hm_provider_destroy(prov);
@@ -64,13 +53,8 @@ typedef struct fixed_factory {
 
 static hm_result_t make_native_fixed(void *arg, hm_pool_t **out) {
     const fixed_factory_t *f = arg;
-    hm_fixed_params_t *params;
-    hm_result_t r = hm_fixed_params_create(f->buffer, FIXED_SIZE, &params);
-    if (r != HM_SUCCESS) return r;
-    r = hm_fixed_params_set_memory_kind(params, f->kind, f->cpu);
     hm_provider_t *prov = NULL;
-    if (r == HM_SUCCESS) r = hm_provider_create(hm_fixed_provider_ops(), params, &prov);
-    hm_fixed_params_destroy(params);
+    hm_result_t r = hm_test_fixed_provider(f->buffer, FIXED_SIZE, f->kind, f->cpu, &prov);
     if (r != HM_SUCCESS) return r;
     r = hm_native_pool_create(prov, NULL, HM_POOL_FLAG_OWN_PROVIDER, out);
     if (r != HM_SUCCESS) hm_provider_destroy(prov);
@@ -79,7 +63,7 @@ static hm_result_t make_native_fixed(void *arg, hm_pool_t **out) {
 
 static hm_result_t make_native_fault(void *arg, hm_pool_t **out) {
     hm_provider_t *os, *fault;
-    hm_result_t r = make_os_provider(HM_OS_PRIVATE, HM_OS_PROT_READ | HM_OS_PROT_WRITE, &os);
+    hm_result_t r = hm_test_os_provider(HM_OS_PRIVATE, HM_OS_PROT_READ | HM_OS_PROT_WRITE, &os);
     if (r != HM_SUCCESS) return r;
     hm_fault_params_t fp = {.inner = os, .own_inner = 1};
     /* arg non-NULL: the wrapper cannot free (file/devdax-like media). */
@@ -100,7 +84,7 @@ static hm_result_t make_native_fault(void *arg, hm_pool_t **out) {
 
 static hm_pool_t *os_pool(hm_native_params_t *params, uint32_t flags, unsigned prot) {
     hm_provider_t *prov;
-    REQUIRE_OK(make_os_provider(HM_OS_PRIVATE, prot, &prov));
+    REQUIRE_OK(hm_test_os_provider(HM_OS_PRIVATE, prot, &prov));
     hm_pool_t *pool = NULL;
     REQUIRE_OK(hm_native_pool_create(prov, params, HM_POOL_FLAG_OWN_PROVIDER | flags, &pool));
     return pool;
@@ -235,7 +219,7 @@ static void test_params(void) {
     REQUIRE_OK(hm_native_params_set_size_class_limit(np, 64 * KIB));
     REQUIRE_OK(hm_native_params_set_large_threshold(np, 16 * KIB));
     hm_provider_t *prov;
-    REQUIRE_OK(make_os_provider(HM_OS_PRIVATE, RW, &prov));
+    REQUIRE_OK(hm_test_os_provider(HM_OS_PRIVATE, RW, &prov));
     hm_pool_t *pool = NULL;
     CHECK_RES(hm_native_pool_create(prov, np, 0, &pool), HM_ERROR_INVALID_ARGUMENT);
     CHECK(pool == NULL);
@@ -358,7 +342,7 @@ static void test_faults(void) {
     for (long nth = -1; nth <= 8; nth++) {
         if (nth == 0) continue;
         hm_provider_t *os, *fault;
-        REQUIRE_OK(make_os_provider(HM_OS_PRIVATE, RW, &os));
+        REQUIRE_OK(hm_test_os_provider(HM_OS_PRIVATE, RW, &os));
         hm_fault_params_t fp = {.inner = os, .own_inner = 1};
         fp.fail_nth[HM_FAULT_ALLOC] = nth;
         fp.fail_nth[HM_FAULT_FREE] = nth > 0 ? nth : 0;

@@ -18,13 +18,7 @@ typedef struct os_factory {
 } os_factory_t;
 
 static hm_result_t make_os_provider(hm_os_visibility_t vis, hm_provider_t **out) {
-    hm_os_params_t *params;
-    hm_result_t r = hm_os_params_create(&params);
-    if (r != HM_SUCCESS) return r;
-    r = hm_os_params_set_visibility(params, vis);
-    if (r == HM_SUCCESS) r = hm_os_provider_create(params, out);
-    hm_os_params_destroy(params);
-    return r;
+    return hm_test_os_provider(vis, HM_OS_PROT_READ | HM_OS_PROT_WRITE, out);
 }
 
 static hm_result_t make_proxy_os(void *arg, hm_pool_t **out) {
@@ -46,13 +40,8 @@ typedef struct fixed_factory {
 
 static hm_result_t make_proxy_fixed(void *arg, hm_pool_t **out) {
     const fixed_factory_t *f = arg;
-    hm_fixed_params_t *params;
-    hm_result_t r = hm_fixed_params_create(f->buffer, FIXED_SIZE, &params);
-    if (r != HM_SUCCESS) return r;
-    r = hm_fixed_params_set_memory_kind(params, f->kind, f->cpu);
     hm_provider_t *prov = NULL;
-    if (r == HM_SUCCESS) r = hm_provider_create(hm_fixed_provider_ops(), params, &prov);
-    hm_fixed_params_destroy(params);
+    hm_result_t r = hm_test_fixed_provider(f->buffer, FIXED_SIZE, f->kind, f->cpu, &prov);
     if (r != HM_SUCCESS) return r;
     r = hm_proxy_pool_create(prov, HM_POOL_FLAG_OWN_PROVIDER, out);
     if (r != HM_SUCCESS) hm_provider_destroy(prov);
