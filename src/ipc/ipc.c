@@ -298,6 +298,19 @@ static inline void tc_note(imp_t *e, uint32_t gen, uintptr_t local, size_t size)
     t->gen[i] = gen;
 }
 
+/* A hit on e, referenced (gen) under pi->lock: count it, drop the lock, note
+ * it for the per-thread close path, and hand out local + offset. */
+static inline hm_result_t hit_unlock(hm_ipc_pool_t *pi, imp_t *e, uint32_t gen, uint64_t offset,
+                                     void **ptr) {
+    uintptr_t local = e->local;
+    size_t lsize = e->size;
+    pi->hits++;
+    hm__mutex_unlock(&pi->lock);
+    tc_note(e, gen, local, lsize);
+    *ptr = (void *)(local + offset);
+    return HM_SUCCESS;
+}
+
 /* ------------------------------------------------------------------------ */
 /* fork                                                                     */
 
@@ -850,13 +863,7 @@ static HM_NOINLINE hm_result_t open_slow(hm_pool_t *pool, const hm_ipc_handle_t 
             }
             /* Remember these bytes: the next open of them is a memcmp. */
             if (e->copy_len == w.total_size) memcpy(e->copy, handle, w.total_size);
-            uintptr_t local = e->local;
-            size_t lsize = e->size;
-            pi->hits++;
-            hm__mutex_unlock(&pi->lock);
-            tc_note(e, gen, local, lsize);
-            *ptr = (void *)(local + w.offset);
-            return HM_SUCCESS;
+            return hit_unlock(pi, e, gen, w.offset, ptr);
         }
     }
     hm__mutex_unlock(&pi->lock);
@@ -897,13 +904,7 @@ hm_result_t hm_ipc_open_fd(hm_pool_t *pool, const hm_ipc_handle_t *handle, size_
         uint32_t gen = 0;
         if (hm_likely(e != NULL && size >= e->copy_len &&
                       memcmp(b, e->copy, e->copy_len) == 0 && take_ref(e, &gen))) {
-            uintptr_t local = e->local;
-            size_t lsize = e->size;
-            pi->hits++;
-            hm__mutex_unlock(&pi->lock);
-            tc_note(e, gen, local, lsize);
-            *ptr = (void *)(local + hm__wire_peek64(b, HM__WIRE_OFF_OFFSET));
-            return HM_SUCCESS;
+            return hit_unlock(pi, e, gen, hm__wire_peek64(b, HM__WIRE_OFF_OFFSET), ptr);
         }
         hm__mutex_unlock(&pi->lock);
     }
