@@ -77,18 +77,52 @@ static char tsan_grace;
 #endif
 
 #ifndef HM_SANITIZE_BUILD
-static inline void rd_lock(void) { _urcu_bp_read_lock(); }
-static inline void rd_unlock(void) {
+/* The urcu-bp read side with this thread's reader struct fetched once per
+ * section. liburcu's inline _urcu_bp_read_lock/_unlock (urcu/static/
+ * urcu-bp.h, 0.13) name the thread-local reader pointer four times, and in a
+ * shared library built with TLS descriptors each is a call the compiler
+ * cannot merge across the barriers: half of a hot lookup's time. Same
+ * protocol: the nest count sits in the upper bits of ctr; the outermost lock
+ * copies the global phase counter, then a compiler barrier (sys_membarrier
+ * present) or a full fence; unlock fences, then drops one nesting level.
+ * The reader struct does not move while its thread lives (urcu-bp keeps its
+ * registry in chunks it never relocates). */
+typedef struct urcu_bp_reader *rd_t;
+static inline rd_t rd_lock(void) {
+    rd_t r = URCU_TLS(urcu_bp_reader);
+    if (hm_unlikely(!r)) {
+        urcu_bp_register();
+        r = URCU_TLS(urcu_bp_reader);
+    }
+    cmm_barrier();
+    unsigned long tmp = r->ctr;
+    if (hm_likely(!(tmp & URCU_BP_GP_CTR_NEST_MASK))) {
+        _CMM_STORE_SHARED(r->ctr, _CMM_LOAD_SHARED(urcu_bp_gp.ctr));
+        urcu_bp_smp_mb_slave();
+    } else {
+        _CMM_STORE_SHARED(r->ctr, tmp + URCU_BP_GP_COUNT);
+    }
+    return r;
+}
+static inline void rd_unlock(rd_t r) {
     TSAN_READER_DONE();
-    _urcu_bp_read_unlock();
+    unsigned long tmp = r->ctr;
+    urcu_bp_smp_mb_slave();
+    _CMM_STORE_SHARED(r->ctr, tmp - URCU_BP_GP_COUNT);
+    cmm_barrier();
 }
 #else
 /* Sanitizer builds call the library: liburcu-bp 0.13 places its per-thread
  * reader struct at addresses below the 128-byte alignment its header
  * declares, which UBSan's alignment check reports inside the inline code
  * (harmless on x86-64 and aarch64; not ours to fix). */
-static inline void rd_lock(void) { urcu_bp_read_lock(); }
-static inline void rd_unlock(void) {
+typedef int rd_t;
+static inline rd_t rd_lock(void) {
+    urcu_bp_read_lock();
+    return 0;
+}
+static inline void rd_unlock(rd_t r) {
+    (void)r;
     TSAN_READER_DONE();
     urcu_bp_read_unlock();
 }
@@ -474,18 +508,18 @@ static void fill_entry(const rec_t *r, hm_tracker_entry_t *out) {
 }
 
 int hm__tracker_lookup(const void *ptr, hm_tracker_entry_t *out) {
-    rd_lock();
+    rd_t rd = rd_lock();
     rec_t *r = find_rec((uintptr_t)ptr);
     if (r && out) fill_entry(r, out);
-    rd_unlock();
+    rd_unlock(rd);
     return r != NULL;
 }
 
 hm_pool_t *hm__tracker_lookup_pool(const void *ptr) {
-    rd_lock();
+    rd_t rd = rd_lock();
     rec_t *r = find_rec((uintptr_t)ptr);
     hm_pool_t *pool = r ? r->pool : NULL;
-    rd_unlock();
+    rd_unlock(rd);
     return pool;
 }
 
@@ -953,14 +987,14 @@ hm_result_t hm__tracker_insert(hm_tracker_index_t *idx, hm_pool_t *pool, hm_prov
         return HM_ERROR_OUT_OF_HOST_MEMORY;
     }
     op_t op = {.kind = OP_INSERT, .nw = {r}, .n_new = 1, .root = root, .err = HM_SUCCESS};
-    rd_lock();
+    rd_t rd = rd_lock();
     int ok = run_op(&op, base, base + size);
     if (hm_unlikely(!ok)) {
         /* Undo what was published; lookups may have seen r meanwhile, so r
          * is reclaimed after a grace period like any removed record. */
         op_t undo = {.kind = OP_REPLACE, .tolerant = 1, .old = {r}, .n_old = 1, .root = root};
         run_op(&undo, base, base + size);
-        rd_unlock();
+        rd_unlock(rd);
         op_flush_retired(&op);
         op_flush_retired(&undo);
         retire_one(&r->retire);
@@ -972,7 +1006,7 @@ hm_result_t hm__tracker_insert(hm_tracker_index_t *idx, hm_pool_t *pool, hm_prov
                          (unsigned long)base, size);
         return op.err;
     }
-    rd_unlock();
+    rd_unlock(rd);
     op_flush_retired(&op);
     hm__mutex_lock(&idx->lock);
     index_link(idx, r);
@@ -998,15 +1032,15 @@ hm_result_t hm__tracker_remove(uintptr_t base, size_t size) {
     if (hm_unlikely(!range_ok(base, size))) return HM_ERROR_NOT_FOUND;
     root_t *root = atomic_load_explicit(&g_root, memory_order_acquire);
     if (!root) return HM_ERROR_NOT_FOUND;
-    rd_lock();
+    rd_t rd = rd_lock();
     rec_t *r = claim(base, size);
     if (!r) {
-        rd_unlock();
+        rd_unlock(rd);
         return HM_ERROR_NOT_FOUND;
     }
     op_t op = {.kind = OP_REPLACE, .old = {r}, .n_old = 1, .root = root};
     run_op(&op, base, base + size);
-    rd_unlock();
+    rd_unlock(rd);
     op_report_conflicts(&op, "remove", base, base + size);
     hm_tracker_index_t *idx = r->idx;
     hm__mutex_lock(&idx->lock);
@@ -1033,10 +1067,10 @@ hm_result_t hm__tracker_split(uintptr_t base, size_t total, size_t first) {
         HM_LOG_ERROR("tracker split: out of host memory");
         return HM_ERROR_OUT_OF_HOST_MEMORY;
     }
-    rd_lock();
+    rd_t rd = rd_lock();
     rec_t *r = claim(base, total);
     if (!r) {
-        rd_unlock();
+        rd_unlock(rd);
         free(hi_rec);
         free(lo_rec);
         return HM_ERROR_NOT_FOUND;
@@ -1049,7 +1083,7 @@ hm_result_t hm__tracker_split(uintptr_t base, size_t total, size_t first) {
     op_t op = {.kind = OP_REPLACE, .old = {r}, .n_old = 1, .nw = {lo_rec, hi_rec}, .n_new = 2,
                .root = root};
     run_op(&op, base, base + total);
-    rd_unlock();
+    rd_unlock(rd);
     op_report_conflicts(&op, "split", base, base + total);
     hm_tracker_index_t *idx = r->idx;
     hm__mutex_lock(&idx->lock);
@@ -1077,10 +1111,10 @@ hm_result_t hm__tracker_merge(uintptr_t lo, uintptr_t hi, size_t total) {
         HM_LOG_ERROR("tracker merge: out of host memory");
         return HM_ERROR_OUT_OF_HOST_MEMORY;
     }
-    rd_lock();
+    rd_t rd = rd_lock();
     rec_t *a = claim(lo, hi - lo);
     if (!a) {
-        rd_unlock();
+        rd_unlock(rd);
         free(m);
         return HM_ERROR_NOT_FOUND;
     }
@@ -1099,7 +1133,7 @@ hm_result_t hm__tracker_merge(uintptr_t lo, uintptr_t hi, size_t total) {
     }
     if (res != HM_SUCCESS) {
         atomic_store_explicit(&a->state, REC_LIVE, memory_order_release);
-        rd_unlock();
+        rd_unlock(rd);
         free(m);
         if (res == HM_ERROR_INVALID_ARGUMENT)
             HM_LOG_ERROR("tracker merge: [%#lx, +%zu) and [%#lx, ...) belong to different "
@@ -1114,7 +1148,7 @@ hm_result_t hm__tracker_merge(uintptr_t lo, uintptr_t hi, size_t total) {
     op_t op = {.kind = OP_REPLACE, .old = {a, b}, .n_old = 2, .nw = {m}, .n_new = 1,
                .root = root};
     run_op(&op, lo, lo + total);
-    rd_unlock();
+    rd_unlock(rd);
     op_report_conflicts(&op, "merge", lo, lo + total);
     hm_tracker_index_t *idx = a->idx;
     hm__mutex_lock(&idx->lock);
@@ -1157,12 +1191,12 @@ void hm__tracker_index_drain(hm_tracker_index_t *idx,
     /* 2. Unpublish them. */
     root_t *root = atomic_load_explicit(&g_root, memory_order_acquire);
     op_t op = {.kind = OP_REPLACE, .n_old = 1, .root = root};
-    rd_lock();
+    rd_t rd = rd_lock();
     for (rec_t *r = mine; r; r = r->next) {
         op.old[0] = r;
         run_op(&op, r->base, r->base + r->size);
     }
-    rd_unlock();
+    rd_unlock(rd);
     op_report_conflicts(&op, "drain", 0, 0);
 
     /* 3. One grace period for all of them, then report and free. (The
