@@ -32,9 +32,13 @@
 #       as heap corruption in test_jemalloc_isolation); without retain it
 #       checks the arena of every neighbour, asks the hook for exactly what it
 #       needs, and gives whole extents back to the provider after decay.
-# The archive is then linked into one relocatable object in which every
-# symbol but the few the pool calls is made local (objcopy -G), so
+# The archive is then linked, together with src/pools/jemalloc/je_fast.c (our
+# own fast paths, compiled here against jemalloc's internal headers, which the
+# cache keeps for that; see that file), into one relocatable object in which
+# every symbol but the few the pool calls is made local (objcopy -G), so
 # libhetmem.so and libhetmem.a carry no jemalloc symbol anyone could bind to.
+# je_fast.c relies on jemalloc internals that change between releases: it is
+# compiled only against 5.3.0 (checked here and by an #error in the file).
 #
 # Where the source comes from, in order:
 #   1. HM_JEMALLOC_SOURCE: an unpacked jemalloc-5.3.0 tree, or its release
@@ -77,7 +81,10 @@ set(_hm_je_configure_args
   --with-version=5.3.0-0-g54eaed1d8b56b1aa528be3bdd1877e59c56fa90c)
 # The only symbols the pool calls; everything else becomes local.
 set(_hm_je_keep hm_je_mallocx hm_je_dallocx hm_je_sdallocx hm_je_rallocx hm_je_xallocx
-    hm_je_sallocx hm_je_nallocx hm_je_mallctl hm_je_mallctlnametomib hm_je_mallctlbymib)
+    hm_je_sallocx hm_je_nallocx hm_je_mallctl hm_je_mallctlnametomib hm_je_mallctlbymib
+    hm__je_fast_alloc hm__je_fast_free hm__je_fast_check hm__je_fast_tl)
+set(_hm_je_fast_src "${PROJECT_SOURCE_DIR}/src/pools/jemalloc/je_fast.c")
+set(_hm_je_fast_hdr "${PROJECT_SOURCE_DIR}/src/pools/jemalloc/je_fast.h")
 # jemalloc registers its fork handlers from its load-time constructor, i.e.
 # before hetmem's; they must run in an order consistent with the pool's lock
 # order (pool registry, then jemalloc, then the tracker/providers its hooks
@@ -85,7 +92,9 @@ set(_hm_je_keep hm_je_mallocx hm_je_dallocx hm_je_sdallocx hm_je_rallocx hm_je_x
 # handlers itself at the right moment.
 set(_hm_je_redefine pthread_atfork=hm__jemalloc_pthread_atfork)
 
-string(SHA256 _hm_je_key "${_hm_je_version};${_hm_je_cflags};${_hm_je_configure_args};${CMAKE_C_COMPILER_ID};${CMAKE_C_COMPILER_VERSION};${CMAKE_SYSTEM_PROCESSOR}")
+# "internal-headers": the cache also keeps jemalloc's internal headers and
+# compiler flags (for je_fast.c).
+string(SHA256 _hm_je_key "internal-headers;${_hm_je_version};${_hm_je_cflags};${_hm_je_configure_args};${CMAKE_C_COMPILER_ID};${CMAKE_C_COMPILER_VERSION};${CMAKE_SYSTEM_PROCESSOR}")
 string(SUBSTRING "${_hm_je_key}" 0 12 _hm_je_key)
 set(_hm_je_dir "${HM_JEMALLOC_CACHE_DIR}/jemalloc-${_hm_je_version}-${_hm_je_key}")
 set(_hm_je_archive "${_hm_je_dir}/lib/libjemalloc_pic.a")
@@ -206,8 +215,10 @@ if(NOT EXISTS "${_hm_je_stamp}")
     cmake_host_system_information(RESULT _ncpu QUERY NUMBER_OF_LOGICAL_CORES)
     message(STATUS "HM_WITH_JEMALLOC: building the private jemalloc ${_hm_je_version} in ${_hm_je_dir} "
             "(once; a few minutes)")
-    file(REMOVE_RECURSE "${_hm_je_dir}/build" "${_hm_je_dir}/lib" "${_hm_je_dir}/include")
-    file(MAKE_DIRECTORY "${_hm_je_dir}/build" "${_hm_je_dir}/lib" "${_hm_je_dir}/include/hm_jemalloc")
+    file(REMOVE_RECURSE "${_hm_je_dir}/build" "${_hm_je_dir}/lib" "${_hm_je_dir}/include"
+         "${_hm_je_dir}/internal")
+    file(MAKE_DIRECTORY "${_hm_je_dir}/build" "${_hm_je_dir}/lib" "${_hm_je_dir}/include/hm_jemalloc"
+         "${_hm_je_dir}/internal")
     # Plain compiler and flags: no sanitizer or project flags reach jemalloc.
     _hm_je_run("jemalloc configure"
       ${CMAKE_COMMAND} -E env --unset=LDFLAGS --unset=CPPFLAGS --unset=MALLOC_CONF
@@ -216,6 +227,17 @@ if(NOT EXISTS "${_hm_je_stamp}")
       WORKING_DIRECTORY "${_hm_je_dir}/build")
     _hm_je_run("jemalloc build" ${_hm_make} -j${_ncpu} lib/libjemalloc_pic.a
                WORKING_DIRECTORY "${_hm_je_dir}/build")
+    # jemalloc's own compiler flags, for je_fast.c (its Makefile's CFLAGS,
+    # PIC_CFLAGS and CPPFLAGS without the include directories).
+    file(WRITE "${_hm_je_dir}/build/hm_flags.mk"
+         "hm_flags:\n\t@echo '$(CFLAGS) $(PIC_CFLAGS) $(filter-out -I%,$(CPPFLAGS))' > hm_cflags.txt\n")
+    _hm_je_run("jemalloc flags" ${_hm_make} -s -f Makefile -f hm_flags.mk hm_flags
+               WORKING_DIRECTORY "${_hm_je_dir}/build")
+    file(COPY_FILE "${_hm_je_dir}/build/hm_cflags.txt" "${_hm_je_dir}/internal/cflags.txt")
+    # Internal headers: the configured ones, then the source tree's.
+    file(COPY "${_hm_je_dir}/build/include/jemalloc" DESTINATION "${_hm_je_dir}/internal/gen")
+    file(COPY "${_hm_je_srcdir}/include/jemalloc" DESTINATION "${_hm_je_dir}/internal/src")
+    file(WRITE "${_hm_je_dir}/internal/VERSION" "${_hm_je_version}\n")
     file(COPY_FILE "${_hm_je_dir}/build/lib/libjemalloc_pic.a" "${_hm_je_archive}")
     file(COPY_FILE "${_hm_je_dir}/build/include/jemalloc/jemalloc.h"
          "${_hm_je_dir}/include/hm_jemalloc/jemalloc.h")
@@ -225,17 +247,36 @@ if(NOT EXISTS "${_hm_je_stamp}")
   endif()
   file(LOCK "${_hm_je_dir}.lock" RELEASE)
 endif()
-# This build tree's object: the archive as one relocatable object, every
-# symbol but _hm_je_keep local, pthread_atfork redirected (see above).
-string(SHA256 _hm_je_post "${_hm_je_archive};${_hm_je_keep};${_hm_je_redefine}")
+# This build tree's object: the archive and je_fast.o as one relocatable
+# object, every symbol but _hm_je_keep local, pthread_atfork redirected (see
+# above). Made at configure time; an edit of je_fast.c re-runs configure.
+set_property(DIRECTORY "${PROJECT_SOURCE_DIR}" APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+             "${_hm_je_fast_src}" "${_hm_je_fast_hdr}")
+file(READ "${_hm_je_dir}/internal/VERSION" _hm_je_int_version)
+string(STRIP "${_hm_je_int_version}" _hm_je_int_version)
+if(NOT _hm_je_int_version STREQUAL "5.3.0")
+  message(FATAL_ERROR "HM_WITH_JEMALLOC: the cached jemalloc is ${_hm_je_int_version}; "
+          "src/pools/jemalloc/je_fast.c uses jemalloc 5.3.0's internals and only those")
+endif()
+file(SHA256 "${_hm_je_fast_src}" _hm_je_fast_sum)
+file(SHA256 "${_hm_je_fast_hdr}" _hm_je_fast_hsum)
+string(SHA256 _hm_je_post "${_hm_je_archive};${_hm_je_keep};${_hm_je_redefine};${_hm_je_fast_sum};${_hm_je_fast_hsum}")
 if(NOT EXISTS "${HM_JEMALLOC_OBJECT}" OR NOT EXISTS "${HM_JEMALLOC_OBJECT}.${_hm_je_post}"
    OR "${_hm_je_archive}" IS_NEWER_THAN "${HM_JEMALLOC_OBJECT}")
   find_program(_hm_objcopy NAMES objcopy REQUIRED)
   find_program(_hm_ld NAMES ld REQUIRED)
   file(REMOVE_RECURSE "${CMAKE_BINARY_DIR}/hm_jemalloc")
   file(MAKE_DIRECTORY "${CMAKE_BINARY_DIR}/hm_jemalloc")
-  _hm_je_run("ld -r" ${_hm_ld} -r --whole-archive "${_hm_je_archive}"
-             -o "${CMAKE_BINARY_DIR}/hm_jemalloc/all.o")
+  # je_fast.c with jemalloc's flags (never sanitizer or project flags: it is
+  # part of jemalloc, whose inline functions it expands).
+  file(READ "${_hm_je_dir}/internal/cflags.txt" _hm_je_fast_flags)
+  separate_arguments(_hm_je_fast_flags UNIX_COMMAND "${_hm_je_fast_flags}")
+  _hm_je_run("compiling ${_hm_je_fast_src} against jemalloc ${_hm_je_version}'s internal headers"
+             ${CMAKE_C_COMPILER} ${_hm_je_fast_flags} -I "${_hm_je_dir}/internal/gen"
+             -I "${_hm_je_dir}/internal/src" -c "${_hm_je_fast_src}"
+             -o "${CMAKE_BINARY_DIR}/hm_jemalloc/je_fast.o")
+  _hm_je_run("ld -r" ${_hm_ld} -r "${CMAKE_BINARY_DIR}/hm_jemalloc/je_fast.o"
+             --whole-archive "${_hm_je_archive}" -o "${CMAKE_BINARY_DIR}/hm_jemalloc/all.o")
   set(_args "")
   foreach(s ${_hm_je_keep})
     list(APPEND _args -G ${s})

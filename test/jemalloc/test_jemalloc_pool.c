@@ -2,6 +2,7 @@
  * private, shared, untracked, PROT_NONE; fixed host and device-kind (a
  * PROT_NONE buffer); fault-wrapped OS), and the pool's own contract: params,
  * refused providers, memory the CPU cannot touch, statistics and trim,
+ * refusal of foreign, interior and other pools' pointers,
  * thousands of create/destroy cycles (arena reuse), thread-exit tcache
  * clean-up, provider failures, fork.
  * Usage: test_jemalloc_pool [os-private|os-shared|os-untracked|os-prot-none|
@@ -370,6 +371,118 @@ static void test_thread_churn(void) {
     for (int k = 0; k < P; k++) CHECK_OK(hm_pool_destroy(pools[k]));
 }
 
+/* ---- pointer validation (HM_POOL_OPS_VALIDATES_POINTERS) ----
+ * The pool answers "is this a live block of mine?" from jemalloc's own extent
+ * map; every refusal is HM_ERROR_INVALID_ARGUMENT (NULL + EINVAL for
+ * realloc, 0 for usable_size) and one log line, and leaves the block alone. */
+
+static _Atomic long g_errors;
+static void error_sink(hm_log_level_t level, const char *line, void *arg) {
+    (void)line, (void)arg;
+    if (level >= HM_LOG_ERROR) atomic_fetch_add(&g_errors, 1);
+}
+
+/* Every way `pool` must refuse ptr; each refusal logs. */
+static void check_refused(hm_pool_t *pool, void *ptr, const char *what) {
+    long before = atomic_load(&g_errors);
+    CHECK_MSG(hm_pool_free(pool, ptr) == HM_ERROR_INVALID_ARGUMENT, "free of %s %p accepted",
+              what, ptr);
+    CHECK_MSG(atomic_load(&g_errors) > before, "free of %s %p: no log line", what, ptr);
+    CHECK_MSG(hm_pool_malloc_usable_size(pool, ptr) == 0, "usable_size of %s %p", what, ptr);
+    errno = 0;
+    void *r = hm_pool_realloc(pool, ptr, 24);
+    CHECK_MSG(r == NULL && errno == EINVAL, "realloc of %s %p: %p errno %d", what, ptr, r,
+              errno);
+}
+
+typedef struct foreign_arg {
+    hm_pool_t *a, *b;
+    void *mine, *theirs;
+} foreign_arg_t;
+
+/* A thread that never used jemalloc (its thread data is not set up yet):
+ * validation must work there too. */
+static void *foreign_thread(void *argp) {
+    foreign_arg_t *a = argp;
+    check_refused(a->a, a->theirs, "other pool's block (fresh thread)");
+    check_refused(a->a, (char *)a->mine + 16, "interior pointer (fresh thread)");
+    CHECK_OK(hm_pool_free(a->a, a->mine));
+    return NULL;
+}
+
+static void test_foreign_pointers(void) {
+    hm_test_set_context("pointer validation");
+    hm_pool_t *a = os_pool(NULL, 0, RW);
+    hm_pool_t *b = os_pool(NULL, 0, RW);
+    hm_pool_t *u = os_pool(NULL, HM_POOL_FLAG_NO_TRACKING, RW); /* validates too */
+    hm_pool_t *none = os_pool(NULL, 0, HM_OS_PROT_NONE);
+    atomic_store(&g_errors, 0);
+    hm_log_set_sink(error_sink, NULL);
+    hm_log_level_t old = hm_log_get_level();
+    hm_log_set_level(HM_LOG_ERROR);
+    /* Powers of two, other small classes (slab regions not a divisor of the
+     * page), the largest lookup class, small above it, large, huge. */
+    static const size_t sizes[] = {8, 16, 48, 80, 100, 112, 640, 4096, 5000, 14336,
+                                   20000, 64 * KIB, 3 * MIB};
+    enum { NS = sizeof(sizes) / sizeof(sizes[0]) };
+    hm_pool_t *owners[] = {a, u, none};
+    for (int o = 0; o < 3; o++) {
+        hm_pool_t *own = owners[o];
+        hm_pool_t *other = own == a ? b : a;
+        for (int i = 0; i < NS; i++) {
+            void *p = hm_pool_malloc(own, sizes[i]);
+            REQUIRE(p);
+            size_t us = hm_pool_malloc_usable_size(own, p);
+            CHECK_MSG(us >= sizes[i], "usable %zu < %zu", us, sizes[i]);
+            check_refused(other, p, "other pool's block");
+            check_refused(b == other ? u : b, p, "other pool's block");
+            /* (p + 8 is the next region in the 8-byte class: a block start,
+             * possibly in a thread cache, which cannot be told apart.) */
+            if (us > 8) check_refused(own, (char *)p + 8, "interior pointer");
+            check_refused(own, (char *)p + 1, "unaligned pointer");
+            if (us > 64) check_refused(own, (char *)p + (us / 2 & ~(size_t)7), "interior");
+            if (us >= 8 * KIB) check_refused(own, (char *)p + 4 * KIB, "next page");
+            CHECK(hm_pool_malloc_usable_size(own, p) == us); /* untouched */
+            CHECK_OK(hm_pool_free(own, p));
+        }
+    }
+    /* Not jemalloc's at all. */
+    void *m = malloc(64);
+    REQUIRE(m);
+    static char in_data[64] __attribute__((aligned(16)));
+    char on_stack[64] __attribute__((aligned(16)));
+    check_refused(a, m, "malloc() block");
+    check_refused(a, in_data, "static data");
+    check_refused(a, on_stack, "stack");
+    check_refused(a, (void *)(uintptr_t)0x1000, "low address");
+    check_refused(a, (void *)(uintptr_t)0xffff800000001000ull, "kernel-half address");
+    check_refused(a, (void *)(((uintptr_t)1 << 47) + 4096), "address above 2^47");
+    free(m);
+    /* A large block freed (its extent is no longer active) is refused. */
+    void *big = hm_pool_malloc(a, 3 * MIB);
+    REQUIRE(big);
+    CHECK_OK(hm_pool_free(a, big));
+    if (hm_pool_malloc_usable_size(a, big) == 0) check_refused(a, big, "freed large block");
+    /* A fresh thread. */
+    foreign_arg_t fa = {a, b, hm_pool_malloc(a, 48), hm_pool_malloc(b, 48)};
+    REQUIRE(fa.mine && fa.theirs);
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, foreign_thread, &fa) == 0);
+    pthread_join(t, NULL);
+    CHECK_OK(hm_pool_free(b, fa.theirs));
+    /* hm_free still finds the pool through the tracker. */
+    void *x = hm_pool_malloc(b, 200);
+    REQUIRE(x);
+    CHECK(hm_pool_by_ptr(x) == b);
+    CHECK_OK(hm_free(x));
+    hm_log_set_level(old);
+    hm_log_set_sink(NULL, NULL);
+    CHECK_OK(hm_pool_destroy(none));
+    CHECK_OK(hm_pool_destroy(u));
+    CHECK_OK(hm_pool_destroy(b));
+    CHECK_OK(hm_pool_destroy(a));
+}
+
 /* Provider failures: allocation fails cleanly, the pool recovers. */
 static void test_faults(void) {
     hm_test_set_context("provider failures");
@@ -531,6 +644,7 @@ int main(int argc, char **argv) {
         test_minimal_provider();
         test_prot_none();
         test_stats_and_trim();
+        test_foreign_pointers();
         test_faults();
     }
     if (PART("fork")) {

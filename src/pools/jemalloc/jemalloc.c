@@ -19,6 +19,7 @@
  *   coalesced only within one arena (through the merge hook), and decayed
  *   extents go to the dalloc hook; refused ones are purged and kept. */
 #include "pool_internal.h"
+#include "je_fast.h"
 
 #include <hetmem/pools/jemalloc.h>
 
@@ -52,6 +53,7 @@ typedef struct tc_node tc_node_t;
  * g_lock. */
 typedef struct jpool {
     extent_hooks_t hooks;
+    hm_je_key_t key;  /* slot, arena, gen: what the fast paths need */
     hm_pool_t *pool;
     unsigned arena;
     int arena_flags;  /* MALLOCX_ARENA(arena) */
@@ -60,8 +62,8 @@ typedef struct jpool {
     bool can_purge_lazy, can_purge_force;
     size_t page;      /* the provider's page size */
     bool use_tcache;
-    unsigned slot;    /* index in g_slots */
-    uint64_t gen;     /* unique per pool creation, never 0 */
+    unsigned slot;    /* index in g_slots (= key.slot) */
+    uint64_t gen;     /* unique per pool creation, never 0 (= key.gen) */
     tc_node_t *tcaches;
     /* The provider ranges (see "provider ranges"), guarded by range_lock. */
     pthread_mutex_t range_lock;
@@ -81,16 +83,9 @@ struct tc_node {
  * destroyed; the generation tells a stale entry from a live one, so no thread
  * ever writes another thread's table. */
 
-typedef struct tl_entry {
-    uint64_t gen;
-    int flags;       /* arena | tcache flags for this (thread, pool) */
-    tc_node_t *node; /* NULL when running without a tcache */
-} tl_entry_t;
-
-typedef struct tl_table {
-    tl_entry_t *e;
-    unsigned cap;
-} tl_table_t;
+typedef hm_je_tl_entry_t tl_entry_t; /* .flags: arena | tcache flags; .node: a
+                                       * tc_node_t, NULL without a tcache */
+typedef hm_je_tl_table_t tl_table_t;
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static jpool_t **g_slots;     /* live pools by slot, NULL = free */
@@ -102,12 +97,12 @@ static pthread_key_t g_key;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_once_failed;
 
-/* Not initial-exec: one initial-exec access anywhere in libhetmem.so puts
- * the module's whole TLS block, jemalloc's 2.6 KiB tsd included, in glibc's
- * static TLS, which a dlopen()ed library cannot get. This file is compiled
- * with -mtls-dialect=gnu2 (TLS descriptors: a static offset when the library
- * is loaded at start-up). */
-static __thread tl_table_t *tl_table;
+/* The thread's table is je_fast.c's (hm__je_fast_tl), next to jemalloc's
+ * thread data. Not initial-exec: one initial-exec access anywhere in
+ * libhetmem.so puts the module's whole TLS block, jemalloc's 2.6 KiB tsd
+ * included, in glibc's static TLS, which a dlopen()ed library cannot get.
+ * This file is compiled with -mtls-dialect=gnu2 (TLS descriptors: a static
+ * offset when the library is loaded at start-up). */
 static __thread bool tl_exiting;
 
 /* ---- fork ----
@@ -151,14 +146,14 @@ static bool je_tcache_destroy(unsigned tc) {
 static void tl_destructor(void *arg) {
     tl_table_t *t = arg;
     tl_exiting = true;
-    tl_table = NULL;
+    *hm__je_fast_tl() = NULL;
     if (!t) return;
     hm__mutex_lock(&g_lock);
     for (unsigned i = 0; i < t->cap; i++) {
         tl_entry_t *e = &t->e[i];
         if (!e->gen || !e->node) continue;
         if (i < g_nslots && g_slots[i] && g_slots[i]->gen == e->gen) {
-            tc_node_t *n = e->node;
+            tc_node_t *n = (tc_node_t *)e->node;
             je_tcache_destroy(n->tc);
             *n->prevp = n->next;
             if (n->next) n->next->prevp = n->prevp;
@@ -190,7 +185,8 @@ static void once_init(void) {
 static HM_NOINLINE int flags_slow(jpool_t *jp) {
     int none = jp->arena_flags | MALLOCX_TCACHE_NONE;
     if (!jp->use_tcache || tl_exiting) return none;
-    tl_table_t *t = tl_table;
+    tl_table_t **tlp = hm__je_fast_tl();
+    tl_table_t *t = *tlp;
     if (!t) {
         t = calloc(1, sizeof(*t));
         if (!t) return none;
@@ -198,7 +194,7 @@ static HM_NOINLINE int flags_slow(jpool_t *jp) {
             free(t);
             return none;
         }
-        tl_table = t;
+        *tlp = t;
     }
     if (jp->slot >= t->cap) {
         unsigned cap = t->cap ? t->cap : 8;
@@ -214,6 +210,7 @@ static HM_NOINLINE int flags_slow(jpool_t *jp) {
      * that pool's destroy already destroyed its tcache. */
     e->gen = 0;
     e->node = NULL;
+    e->tc = HM_JE_NO_TCACHE;
     tc_node_t *n = malloc(sizeof(*n));
     unsigned tc = 0;
     size_t sz = sizeof(tc);
@@ -237,13 +234,14 @@ static HM_NOINLINE int flags_slow(jpool_t *jp) {
     jp->tcaches = n;
     hm__mutex_unlock(&g_lock);
     e->node = n;
+    e->tc = tc;
     e->flags = jp->arena_flags | MALLOCX_TCACHE(tc);
     e->gen = jp->gen;
     return e->flags;
 }
 
 HM_INLINE int flags_of(jpool_t *jp) {
-    tl_table_t *t = tl_table;
+    tl_table_t *t = *hm__je_fast_tl();
     if (hm_likely(t && jp->slot < t->cap && t->e[jp->slot].gen == jp->gen))
         return t->e[jp->slot].flags;
     return flags_slow(jp);
@@ -559,8 +557,8 @@ static hm_result_t slot_take(jpool_t *jp) {
     }
     if (s == g_nslots) g_nslots++;
     g_slots[s] = jp;
-    jp->slot = s;
-    jp->gen = g_next_gen++;
+    jp->slot = jp->key.slot = s;
+    jp->gen = jp->key.gen = g_next_gen++;
     g_live++;
     return HM_SUCCESS;
 }
@@ -617,7 +615,7 @@ static hm_result_t jp_init(hm_pool_t *pool, const void *params_in, void **state)
         free(jp);
         return r;
     }
-    jp->arena = ind;
+    jp->arena = jp->key.arena = ind;
     /* MALLOCX_ARENA(ind) without its signed overflow for ind >= 2047 (the
      * flag word keeps the arena in bits 20..31). */
     jp->arena_flags = (int)((unsigned)(ind + 1) << 20);
@@ -691,8 +689,10 @@ static void jp_fini(void *state) {
     free(jp);
 }
 
-static hm_result_t jp_alloc(void *state, size_t size, size_t alignment, void **ptr) {
-    jpool_t *jp = state;
+/* Not the fast path: no tcache yet, cache empty, large, aligned, or a
+ * jemalloc thread event due (je_fast.h). */
+static HM_NOINLINE hm_result_t alloc_slow(jpool_t *jp, size_t size, size_t alignment,
+                                          void **ptr) {
     int flags = flags_of(jp);
     if (alignment > 1) {
         if (hm_unlikely(alignment > ((size_t)1 << 62))) return HM_ERROR_OUT_OF_MEMORY;
@@ -704,21 +704,43 @@ static hm_result_t jp_alloc(void *state, size_t size, size_t alignment, void **p
     return HM_SUCCESS;
 }
 
-static hm_result_t jp_free(void *state, void *ptr) {
+static hm_result_t jp_alloc(void *state, size_t size, size_t alignment, void **ptr) {
     jpool_t *jp = state;
-    if (hm_unlikely((uintptr_t)ptr & 7)) { /* jemalloc's blocks are 8-aligned at least */
-        HM_LOG_ERROR("jemalloc pool '%s': free(%p): not a block of this pool",
-                     hm_pool_name(jp->pool), ptr);
-        return HM_ERROR_INVALID_ARGUMENT;
+    if (hm_likely(alignment <= 1)) {
+        void *p = hm__je_fast_alloc(&jp->key, size);
+        if (hm_likely(p != NULL)) {
+            *ptr = p;
+            return HM_SUCCESS;
+        }
     }
+    return alloc_slow(jp, size, alignment, ptr);
+}
+
+static HM_NOINLINE __attribute__((cold)) hm_result_t refuse(jpool_t *jp, const char *what,
+                                                            const void *ptr) {
+    HM_LOG_ERROR("jemalloc pool '%s': %s(%p): not a live block of this pool (foreign or "
+                 "interior pointer, another pool's block, or freed memory)",
+                 hm_pool_name(jp->pool), what, ptr);
+    return HM_ERROR_INVALID_ARGUMENT;
+}
+
+static HM_NOINLINE hm_result_t free_slow(jpool_t *jp, void *ptr) {
     hm_je_dallocx(ptr, flags_of(jp));
     return HM_SUCCESS;
 }
 
+/* Validates ptr (HM_POOL_OPS_VALIDATES_POINTERS): see je_fast.c. */
+static hm_result_t jp_free(void *state, void *ptr) {
+    jpool_t *jp = state;
+    int r = hm__je_fast_free(&jp->key, ptr);
+    if (hm_likely(r == HM_JE_FREED)) return HM_SUCCESS;
+    if (r == HM_JE_SLOW) return free_slow(jp, ptr);
+    return refuse(jp, "free", ptr);
+}
+
 static size_t jp_usable_size(void *state, const void *ptr) {
-    (void)state;
-    if ((uintptr_t)ptr & 7) return 0;
-    return hm_je_sallocx(ptr, 0);
+    jpool_t *jp = state;
+    return hm__je_fast_check(jp->arena, ptr);
 }
 
 static hm_result_t jp_calloc(void *state, size_t size, void **ptr) {
@@ -736,6 +758,7 @@ static hm_result_t jp_calloc(void *state, size_t size, void **ptr) {
 
 static hm_result_t jp_realloc(void *state, void *ptr, size_t size, void **out) {
     jpool_t *jp = state;
+    if (hm_unlikely(!hm__je_fast_check(jp->arena, ptr))) return refuse(jp, "realloc", ptr);
     int flags = flags_of(jp);
     if (!jp->cpu) {
         /* No copy through the CPU: in place or not at all. */
@@ -757,9 +780,9 @@ static hm_result_t jp_realloc(void *state, void *ptr, size_t size, void **out) {
 static hm_result_t jp_trim(void *state) {
     jpool_t *jp = state;
     /* The calling thread's cache first, so its blocks can be purged too. */
-    tl_table_t *t = tl_table;
+    tl_table_t *t = *hm__je_fast_tl();
     if (t && jp->slot < t->cap && t->e[jp->slot].gen == jp->gen && t->e[jp->slot].node) {
-        unsigned tc = t->e[jp->slot].node->tc;
+        unsigned tc = t->e[jp->slot].tc;
         int e = hm_je_mallctl("tcache.flush", NULL, NULL, &tc, sizeof(tc));
         if (e) HM_LOG_WARN("jemalloc pool: tcache.flush(%u): %s", tc, strerror(e));
     }
@@ -797,6 +820,7 @@ static const hm_pool_ops_t jemalloc_ops = {
     .realloc = jp_realloc,
     .trim = jp_trim,
     .get_stats = jp_get_stats,
+    .flags = HM_POOL_OPS_VALIDATES_POINTERS,
 };
 
 const hm_pool_ops_t *hm_jemalloc_pool_ops(void) { return &jemalloc_ops; }
