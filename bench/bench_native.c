@@ -13,6 +13,10 @@
  *   native-nobatch (remote cases) the wait-free queue, one free per batch.
  *   native-mutex-nobatch (remote cases) the mutex list, one free per batch:
  *                 with native-nobatch, what the queue buys per remote free.
+ *   ring-only     (remote 64B only) no allocator: the producer hands addresses
+ *                 of a static array through the same ring and the consumer
+ *                 drops them. The hand-off's own cost per object, i.e. the
+ *                 floor under every implementation's remote figure.
  *   malloc        malloc/free of this process: glibc, or whatever LD_PRELOAD
  *                 put in front (the name shown is the preloaded library's):
  *                   LD_PRELOAD=libjemalloc.so.2 ./bench_native
@@ -96,6 +100,11 @@ static int setup_mutex_nobatch(const void *a, void **ctx) {
 }
 static int setup_malloc(const void *a, void **ctx) {
     return setup_generic(a, ctx, K_MALLOC, 0, HM_NATIVE_QUEUE_WFCQ, 126);
+}
+static int setup_ring(const void *a, void **ctx) {
+    const case_arg_t *ca = a;
+    if (ca->lo != 64 || ca->hi != 64) return HM_BENCH_SKIP; /* the remote case only */
+    return setup_generic(a, ctx, K_RING, 0, HM_NATIVE_QUEUE_WFCQ, 126);
 }
 
 
@@ -209,11 +218,12 @@ int main(int argc, char **argv) {
         {"native-mutex-nobatch", setup_mutex_nobatch, NULL, wl_teardown},
         {"native-untr", setup_untracked, NULL, wl_teardown},
         {NULL, setup_malloc, NULL, wl_teardown},
+        {"ring-only", setup_ring, NULL, wl_teardown},
     };
     local_base[1].name = wl_malloc_name();
     remote_base[4].name = wl_malloc_name();
 
-    wl_run_cases(b, &local_subject, local_base, 2, &remote_subject, remote_base, 5);
+    wl_run_cases(b, &local_subject, local_base, 2, &remote_subject, remote_base, 6);
     rc = hm_bench_finish(b);
     if (rss_n) rss_table(rss_n);
     return rc;

@@ -18,7 +18,10 @@
 #define SLOTS 10000
 #define NSIZES 4096 /* power of two */
 
-typedef enum kind { K_MALLOC, K_POOL } kind_t;
+/* K_RING: no allocator at all; the remote case hands precomputed addresses
+ * through its ring and the consumer drops them (the hand-off's own cost:
+ * the floor of the remote per-object figure). Other cases refuse it. */
+typedef enum kind { K_MALLOC, K_POOL, K_RING } kind_t;
 
 typedef struct impl_ctx {
     kind_t kind;

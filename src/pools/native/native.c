@@ -278,6 +278,8 @@ static hm_result_t map_init(nv_pool_t *nv) {
     nv->leaf_mask = ((size_t)1 << nv->leaf_bits) - 1;
     nv->root_len = (size_t)1 << (bits - nv->leaf_bits);
     nv->root = calloc(nv->root_len, sizeof(*nv->root));
+    atomic_init(&nv->hint_leaf, NULL);
+    atomic_init(&nv->hint_ri, SIZE_MAX);
     return nv->root ? HM_SUCCESS : HM_ERROR_OUT_OF_HOST_MEMORY;
 }
 
@@ -305,6 +307,15 @@ static int map_set(nv_pool_t *nv, uintptr_t base, size_t span, nv_slab_t *s) {
                                                         memory_order_acq_rel,
                                                         memory_order_acquire)) {
                 leaf = fresh;
+                if (!atomic_load_explicit(&nv->hint_leaf, memory_order_relaxed)) {
+                    /* The map hint, set once: threads installing
+                     * different leaves at once race through this CAS. */
+                    _Atomic uintptr_t *none = NULL;
+                    if (atomic_compare_exchange_strong_explicit(&nv->hint_leaf, &none, fresh,
+                                                                memory_order_relaxed,
+                                                                memory_order_relaxed))
+                        atomic_store_explicit(&nv->hint_ri, ri, memory_order_release);
+                }
             } else {
                 free(fresh);
                 leaf = (_Atomic uintptr_t *)expect;
@@ -494,7 +505,7 @@ static hm_result_t large_free(nv_pool_t *nv, void *p) {
 
 static size_t slab_desc_size(size_t span) {
     size_t words = (span / 8 + 63) / 64; /* enough for the 8-byte class */
-    return sizeof(nv_slab_t) + words * sizeof(uint64_t);
+    return hm_align_up(sizeof(nv_slab_t) + words * sizeof(uint64_t), HM_CACHE_LINE);
 }
 
 /* Carve s for class c of heap h and publish it in the page map. */
@@ -574,7 +585,9 @@ static hm_result_t slab_acquire(nv_pool_t *nv, nv_heap_t *h, unsigned c, nv_slab
         void *p = NULL;
         hm_result_t r = hm_pool_provider_alloc(nv->pool, span, nv->slab_size, &p);
         if (r != HM_SUCCESS) return r;
-        s = calloc(1, slab_desc_size(span));
+        size_t dsize = slab_desc_size(span);
+        s = aligned_alloc(HM_CACHE_LINE, dsize); /* see nv_slab_t's layout */
+        if (s) memset(s, 0, dsize);
         if (!s) {
             if (hm_pool_provider_free(nv->pool, p, span) != HM_SUCCESS)
                 HM_LOG_WARN("native pool: out of host memory; %zu bytes at %p lost", span, p);
@@ -739,7 +752,8 @@ static nv_batch_t *batch_get(nv_heap_t *h) {
         hm__mutex_unlock(&nv->depot_lock);
         b = h->stock;
         if (!b) {
-            b = malloc(sizeof(*b));
+            /* Whole cache lines: the freeing thread writes it, the owner reads it. */
+            b = aligned_alloc(HM_CACHE_LINE, hm_align_up(sizeof(*b), HM_CACHE_LINE));
             if (!b) return NULL;
             b->link = NULL;
             h->stock = b;
@@ -966,6 +980,33 @@ HM_INLINE nv_heap_t *heap_get(nv_pool_t *nv) {
     return heap_get_slow(nv);
 }
 
+/* ---- Heaps by thread pointer (nv->by_tp) ---- */
+
+/* What every by_tp slot holds until a heap takes it: no thread has tp 0. */
+static nv_heap_t by_tp_nobody;
+
+HM_INLINE size_t tp_slot(uintptr_t tp) { /* Fibonacci hashing, as lmap_slot */
+    return (size_t)((tp * 0x9E3779B97F4A7C15ull) >> (64 - NV_BY_TP_BITS));
+}
+
+/* The caller's heap by its thread pointer, or NULL (then ask heap_get). */
+HM_INLINE nv_heap_t *heap_by_tp(nv_pool_t *nv, uintptr_t tp) {
+    nv_heap_t *h = atomic_load_explicit(&nv->by_tp[tp_slot(tp)], memory_order_acquire);
+    return atomic_load_explicit(&h->tp, memory_order_relaxed) == tp ? h : NULL;
+}
+
+/* h is the caller's heap: enter it in by_tp unless the slot serves another
+ * live thread (that one keeps it; this thread then takes the TLS path). */
+static void by_tp_note(nv_pool_t *nv, nv_heap_t *h) {
+    uintptr_t tp = thread_tp();
+    _Atomic(nv_heap_t *) *slot = &nv->by_tp[tp_slot(tp)];
+    nv_heap_t *o = atomic_load_explicit(slot, memory_order_acquire);
+    if (o == h) return;
+    uintptr_t otp = atomic_load_explicit(&o->tp, memory_order_relaxed);
+    if (otp && tp_slot(otp) == tp_slot(tp)) return;
+    atomic_store_explicit(slot, h, memory_order_release);
+}
+
 /* pthread key destructor: abandon every heap of the exiting thread. */
 static void tl_destructor(void *arg) {
     (void)arg;
@@ -1054,6 +1095,7 @@ static HM_NOINLINE hm_result_t alloc_slow(nv_pool_t *nv, size_t size, size_t ali
     nv_heap_t *h = heap_get(nv);
     hm_result_t r;
     if (hm_likely(h)) {
+        by_tp_note(nv, h);
         r = alloc_small(h, (unsigned)c, out);
     } else {
         hm__mutex_lock(&nv->orphan_lock);
@@ -1079,9 +1121,8 @@ static HM_NOINLINE hm_result_t alloc_refill(nv_heap_t *h, unsigned c, void **out
 static hm_result_t nv_alloc(void *state, size_t size, size_t align, void **out) {
     nv_pool_t *nv = state;
     if (hm_likely(size <= nv->class_limit && align <= 8)) {
-        nv_tls_t *t = &tl;
-        if (hm_likely(t->id == nv->id)) {
-            nv_heap_t *h = t->heap;
+        nv_heap_t *h = heap_by_tp(nv, thread_tp());
+        if (hm_likely(h)) {
             unsigned c = cls_of(size);
             nv_cls_t *cl = &h->cls[c];
             uint64_t b = cl->bits;
@@ -1135,9 +1176,12 @@ static HM_NOINLINE hm_result_t free_slow(nv_pool_t *nv, void *p) {
 
 /* A valid block of s freed by a thread not bound to its owner heap. */
 static HM_NOINLINE hm_result_t free_other(nv_pool_t *nv, nv_slab_t *s, void *p) {
-    nv_tls_t *t = &tl;
-    if (hm_unlikely(t->id != nv->id)) return free_slow(nv, p);
-    nv_heap_t *h = t->heap;
+    nv_heap_t *h = heap_by_tp(nv, thread_tp());
+    if (hm_unlikely(!h)) {
+        if (hm_unlikely(tl.id != nv->id)) return free_slow(nv, p);
+        h = tl.heap;
+        by_tp_note(nv, h);
+    }
     uint32_t bsize = s->bsize;
     nv_heap_t *owner = s->owner;
     hm_result_t r;
@@ -1524,6 +1568,7 @@ static hm_result_t nv_init(hm_pool_t *pool, const void *params, void **state) {
     if (!nv) return HM_ERROR_OUT_OF_HOST_MEMORY;
     memset(nv, 0, sizeof(*nv));
     nv->pool = pool;
+    for (unsigned i = 0; i < NV_BY_TP; i++) atomic_init(&nv->by_tp[i], &by_tp_nobody);
     hm_result_t r = resolve_params(nv, prov, params);
     if (r != HM_SUCCESS) {
         free(nv);

@@ -20,6 +20,8 @@
 #define NV_FLUSH_EVERY 1024      /* remote frees between forced flushes */
 #define NV_STOCK_MAX 32          /* spare batches a heap keeps */
 #define NV_STOCK_MOVE 16         /* batches moved to/from the depot at once */
+#define NV_BY_TP_BITS 6
+#define NV_BY_TP (1u << NV_BY_TP_BITS) /* heaps found by thread pointer */
 
 extern uint32_t hm__nv_cls_size[NV_NCLS_MAX];
 extern uint8_t hm__nv_cls_of8[NV_FAST_MAX / 8 + 1];
@@ -28,27 +30,34 @@ typedef struct nv_heap nv_heap_t;
 typedef struct nv_pool nv_pool_t;
 
 /* A slab: `span` bytes of provider memory at `base` (aligned to the slab
- * size), cut into nblocks blocks of bsize bytes. Host memory only.
+ * size), cut into nblocks blocks of bsize bytes. Host memory only, aligned to
+ * a cache line.
  * Invariants: bit i of bits[] is set iff block i is free and not held in the
  * owner's cls word; nfree == popcount(bits). base, span never change;
  * owner, cl, cls, bsize, nblocks, magic change only while the slab is empty and
  * unmapped (retained), so a thread freeing a live block may read them
  * without a lock. Everything else is the owner heap's (or, when retained,
- * the pool lock's). */
+ * the pool lock's).
+ * Layout: the first cache line holds only what any free reads (and nothing
+ * anyone writes while the slab is live), so a remote free does not pull the
+ * line the owner writes on every allocation refill and local free; the
+ * owner's fields start on the second line, the bitmap follows them. */
 typedef struct nv_cls nv_cls_t;
 typedef struct nv_slab {
+    /* Read by every free; fixed while the slab is live. */
     uintptr_t base;
+    uint64_t magic; /* ceil(2^32 / bsize) */
     nv_heap_t *owner;
     nv_cls_t *cl;   /* &owner->cls[cls] */
-    uint64_t magic; /* ceil(2^32 / bsize) */
     uint32_t bsize;
     uint32_t nblocks;
     uint32_t cls;
-    uint32_t nfree;
+    size_t span;
+    /* The owner's. */
+    uint32_t nfree HM_CACHE_ALIGNED;
     uint32_t nwords;
     uint32_t scan; /* next word take_word looks at */
     uint32_t in_partial;
-    size_t span;
     struct nv_slab *prev, *next;         /* owner's partial list | pool's retained list */
     struct nv_slab *all_prev, *all_next; /* pool's list of every slab (pool lock) */
     uint64_t bits[];
@@ -94,6 +103,8 @@ typedef struct nv_binding {
  * counters, which others read relaxed. rq_head and rq_tail sit on their own
  * cache lines: enqueuers write the tail, the owner the head. */
 struct nv_heap {
+    /* Read by other threads' frees (the ownership test); written only at
+     * binding and abandonment. Alone on the first cache line. */
     nv_pool_t *nv;
     /* Thread pointer (thread_tp()) of the thread bound to the heap, 0 while
      * none is: the free fast path's ownership test, without a TLS access.
@@ -101,7 +112,8 @@ struct nv_heap {
      * heap is abandoned (its own thread, or the fork child for threads that
      * do not exist there), so only the bound thread ever sees its own value. */
     _Atomic uintptr_t tp;
-    _Atomic int64_t st_bytes; /* class bytes allocated minus freed by this heap */
+    /* The owner's, from the second line on. */
+    _Atomic int64_t st_bytes HM_CACHE_ALIGNED; /* class bytes allocated minus freed by this heap */
     _Atomic uint64_t st_published, st_drained;
     uint32_t out_pending; /* remote frees since the last flush */
     uint32_t nstock;
@@ -143,6 +155,12 @@ struct nv_pool {
     size_t leaf_mask;    /* (1 << leaf_bits) - 1 */
     size_t root_len;
     _Atomic uintptr_t *root; /* page map: root[k >> leaf_bits][k & mask] */
+    /* The first leaf installed and its root index, set once (hint_leaf
+     * first, then hint_ri with release; hint_ri is SIZE_MAX until then):
+     * a lookup in that leaf's span skips the root load, so its only load
+     * that depends on the address is the leaf entry. */
+    _Atomic size_t hint_ri;
+    _Atomic uintptr_t *_Atomic hint_leaf;
     size_t page;
     size_t large_threshold;
     size_t retained_max;
@@ -151,7 +169,14 @@ struct nv_pool {
     bool can_free, can_purge_lazy, can_purge_force;
     size_t cls_span[NV_NCLS_MAX];
 
-    pthread_mutex_t lock; /* heaps, abandoned, retained, all_slabs */
+    /* Heaps by thread pointer, for the allocation fast path without a TLS
+     * access: slot tp_slot(tp) holds a heap that was bound to a thread with
+     * that hash. A reader trusts the entry only if heap->tp equals its own
+     * thread pointer (only the bound thread can see its own value there).
+     * Written on the slow path; heaps live as long as the pool. */
+    _Atomic(nv_heap_t *) by_tp[NV_BY_TP] HM_CACHE_ALIGNED;
+
+    pthread_mutex_t lock HM_CACHE_ALIGNED; /* heaps, abandoned, retained, all_slabs */
     nv_heap_t *heaps;
     nv_heap_t *abandoned;
     nv_slab_t *retained;
@@ -189,10 +214,14 @@ void hm__native_for_each_range(void *state, void (*fn)(void *arg, uintptr_t base
 /* Lock-free page-map lookup. */
 HM_INLINE nv_slab_t *map_get(const nv_pool_t *nv, const void *p) {
     size_t ri = (uintptr_t)p >> nv->root_shift;
-    if (hm_unlikely(ri >= nv->root_len)) return NULL;
-    _Atomic uintptr_t *leaf =
-        (_Atomic uintptr_t *)atomic_load_explicit(&nv->root[ri], memory_order_acquire);
-    if (hm_unlikely(!leaf)) return NULL;
+    _Atomic uintptr_t *leaf;
+    if (hm_likely(ri == atomic_load_explicit(&nv->hint_ri, memory_order_acquire))) {
+        leaf = atomic_load_explicit(&nv->hint_leaf, memory_order_relaxed);
+    } else {
+        if (hm_unlikely(ri >= nv->root_len)) return NULL;
+        leaf = (_Atomic uintptr_t *)atomic_load_explicit(&nv->root[ri], memory_order_acquire);
+        if (hm_unlikely(!leaf)) return NULL;
+    }
     return (nv_slab_t *)atomic_load_explicit(&leaf[((uintptr_t)p >> nv->shift) & nv->leaf_mask],
                                              memory_order_acquire);
 }
