@@ -12,6 +12,13 @@
  *                     kernel for its identity every time (UMF does).
  *   open+close (hit)  hm_ipc_open + hm_ipc_close of a cached mapping, 10^4
  *                     mappings cached.
+ *                     Baseline "2-misses": two dependent loads over 10^4
+ *                     random 320-byte records, the floor of any lookup that
+ *                     reads an index bucket and then the entry when both are
+ *                     cold.
+ *   ..., handle just received  the same, the handle two steps ahead prefetched
+ *                     (the importer's usual case: the bytes were just received
+ *                     into a buffer, the cache entry is cold).
  *   ... 8 hot          the same with 8 allocations/handles used in turn: the
  *                     cost without cache misses on the cache's own data.
  *   open+close (miss) cache bound 1: every open maps (pidfd_open, start-time
@@ -211,6 +218,57 @@ static int getpid_run(void *ctx, const void *arg, uint64_t iters) {
     return 0;
 }
 
+
+/* ---- the memory floor: two dependent loads over as many cache entries ----
+ * A cache hit must read an index bucket and then the entry it names: two
+ * dependent cache misses when the entries are cold. This baseline makes
+ * exactly that, over n 320-byte records (an opened-entry's size) linked in a
+ * random cycle: its ns/op is what two dependent misses cost on this machine
+ * at this footprint, whatever the cache does. */
+typedef struct chase_ctx {
+    unsigned char *mem;
+    size_t n, at;
+} chase_ctx_t;
+static int chase_setup(const void *arg, void **ctx) {
+    size_t n = *(const size_t *)arg;
+    chase_ctx_t *c = calloc(1, sizeof(*c));
+    size_t *perm = malloc(n * sizeof(size_t));
+    c->mem = aligned_alloc(64, n * 320);
+    c->n = n;
+    if (!c->mem || !perm) return 1;
+    for (size_t i = 0; i < n; i++) perm[i] = i;
+    uint64_t x = 88172645463325252ull;
+    for (size_t i = n - 1; i > 0; i--) { /* Fisher-Yates with xorshift64 (Marsaglia 2003) */
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        size_t j = x % (i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t nx = perm[(i + 1) % n];
+        memcpy(c->mem + perm[i] * 320, &nx, sizeof(nx));
+    }
+    free(perm);
+    *ctx = c;
+    return 0;
+}
+static int chase_run(void *ctx, const void *arg, uint64_t iters) {
+    (void)arg;
+    chase_ctx_t *c = ctx;
+    size_t at = c->at;
+    for (uint64_t k = 0; k < 2 * iters; k++) memcpy(&at, c->mem + at * 320, sizeof(at));
+    c->at = at;
+    hm_bench_escape(&c->at);
+    return 0;
+}
+static void chase_teardown(void *ctx) {
+    chase_ctx_t *c = ctx;
+    free(c->mem);
+    free(c);
+}
+
 /* ---- open+close ---- */
 typedef struct open_ctx {
     hm_pool_t *pool;
@@ -256,6 +314,29 @@ static int open_run(void *ctx, const void *arg, uint64_t iters) {
     }
     return 0;
 }
+/* The importer's usual case: the handle arrived just now (the receive wrote
+ * it, so its bytes are in cache) but the cache entry it names was last used
+ * 10^4 opens ago. The handle two steps ahead is prefetched while the current
+ * one is opened (the "just received" bytes); entries stay cold. */
+static int open_recv_run(void *ctx, const void *arg, uint64_t iters) {
+    (void)arg;
+    open_ctx_t *c = ctx;
+    size_t next = (c->i + 7919) % c->n, next2 = (next + 7919) % c->n;
+    for (uint64_t k = 0; k < iters; k++) {
+        const unsigned char *h2 = (const unsigned char *)H(next2);
+        __builtin_prefetch(h2);
+        __builtin_prefetch(h2 + 64);
+        __builtin_prefetch(h2 + 128);
+        void *p;
+        if (hm_ipc_open(c->pool, H(c->i), hlens[c->i], &p)) return 1;
+        hm_bench_escape(p);
+        if (hm_ipc_close(p)) return 1;
+        c->i = next;
+        next = next2;
+        next2 = (next2 + 7919) % c->n;
+    }
+    return 0;
+}
 static int open_hot_run(void *ctx, const void *arg, uint64_t iters) { /* 8 handles */
     (void)arg;
     open_ctx_t *c = ctx;
@@ -272,6 +353,96 @@ static void open_teardown(void *ctx) {
     open_ctx_t *c = ctx;
     hm_pool_destroy(c->pool);
     free(c);
+}
+
+
+/* ---- each call timed on its own ----
+ * The harness cases time pairs. Here get, put, open and close are timed
+ * apart: over all n cached entries in stride order, in batches of 8 (the
+ * per-thread close cache's size); each batch's 8 gets are timed together,
+ * then its 8 puts (opens, then closes), with clock_gettime per batch (its
+ * own cost, measured on empty batches, is subtracted). Open is timed twice:
+ * with the handle bytes cold (read from the big array, as in the harness
+ * case) and "just received": the batch's handles are copied into a receive
+ * buffer before its timer starts, so the bytes are in cache and only the
+ * cache's own entries are cold. Median of `reps` passes. */
+static int cmp_d(const void *a, const void *b);
+static void split_ops(size_t n, int reps) {
+    enum { BATCH = 8 };
+    get_ctx_t *g = NULL;
+    open_ctx_t *o = NULL;
+    if (get_setup(&n, (void **)&g) || open_hit_setup(&n, (void **)&o)) {
+        printf("separate calls: set-up failed\n");
+        return;
+    }
+    double ovh_v[64];
+    for (int k = 0; k < 64; k++) {
+        double a = now_ns();
+        ovh_v[k] = now_ns() - a;
+    }
+    qsort(ovh_v, 64, sizeof(double), cmp_d);
+    double ovh = ovh_v[32];
+    double r_get[16], r_put[16], r_oc[16], r_oh[16], r_cl[16];
+    static unsigned char rbuf[BATCH][HSTRIDE] __attribute__((aligned(64)));
+    size_t batches = n / BATCH;
+    for (int r = 0; r < reps && r < 16; r++) {
+        double sg = 0, sp = 0, soc = 0, soh = 0, scl = 0;
+        size_t idx = 0, idx2 = n / 2;
+        for (size_t bt = 0; bt < batches; bt++) {
+            size_t id[BATCH], id2[BATCH];
+            for (int j = 0; j < BATCH; j++) {
+                id[j] = idx;
+                idx = (idx + 7919) % n;
+                id2[j] = idx2;
+                idx2 = (idx2 + 7919) % n;
+            }
+            hm_ipc_handle_t *h[BATCH];
+            void *p[BATCH];
+            size_t len;
+            double t0 = now_ns();
+            for (int j = 0; j < BATCH; j++) (void)hm_ipc_get(g->mem[id[j]], &h[j], &len);
+            double t1 = now_ns();
+            for (int j = 0; j < BATCH; j++) (void)hm_ipc_put(h[j]);
+            double t2 = now_ns();
+            sg += t1 - t0 - ovh;
+            sp += t2 - t1 - ovh;
+            t0 = now_ns();
+            for (int j = 0; j < BATCH; j++) (void)hm_ipc_open(o->pool, H(id[j]), hlens[id[j]], &p[j]);
+            t1 = now_ns();
+            for (int j = 0; j < BATCH; j++) (void)hm_ipc_close(p[j]);
+            soc += t1 - t0 - ovh;
+            for (int j = 0; j < BATCH; j++) memcpy(rbuf[j], H(id2[j]), hlens[id2[j]]);
+            t0 = now_ns();
+            for (int j = 0; j < BATCH; j++)
+                (void)hm_ipc_open(o->pool, (const hm_ipc_handle_t *)rbuf[j], hlens[id2[j]], &p[j]);
+            t1 = now_ns();
+            for (int j = 0; j < BATCH; j++) (void)hm_ipc_close(p[j]);
+            t2 = now_ns();
+            soh += t1 - t0 - ovh;
+            scl += t2 - t1 - ovh;
+        }
+        double ops = (double)(batches * BATCH);
+        r_get[r] = sg / ops;
+        r_put[r] = sp / ops;
+        r_oc[r] = soc / ops;
+        r_oh[r] = soh / ops;
+        r_cl[r] = scl / ops;
+    }
+    int m = reps < 16 ? reps : 16;
+    qsort(r_get, (size_t)m, sizeof(double), cmp_d);
+    qsort(r_put, (size_t)m, sizeof(double), cmp_d);
+    qsort(r_oc, (size_t)m, sizeof(double), cmp_d);
+    qsort(r_oh, (size_t)m, sizeof(double), cmp_d);
+    qsort(r_cl, (size_t)m, sizeof(double), cmp_d);
+    printf("separate calls, %zu entries cached, stride order, batches of %d, timer cost %.0f ns "
+           "per batch subtracted, median of %d passes (ns per call):\n"
+           "  get (hit) %.1f   put %.1f   (get+put %.1f)\n"
+           "  open (hit), handle bytes cold %.1f   open (hit), handle just received %.1f   "
+           "close %.1f   (open+close, received %.1f)\n",
+           n, BATCH, ovh, m, r_get[m / 2], r_put[m / 2], r_get[m / 2] + r_put[m / 2],
+           r_oc[m / 2], r_oh[m / 2], r_cl[m / 2], r_oh[m / 2] + r_cl[m / 2]);
+    open_teardown(o);
+    get_teardown(g);
 }
 
 /* ---- destroy of pool A next to a busy pool B ----
@@ -481,8 +652,16 @@ static size_t max_maps(void) {
 }
 
 int main(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
+    int cases_only = 0;
+    for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
+        if (!strcmp(argv[i], "--cases-only")) { /* the table only, no experiments */
+            cases_only = 1;
+            memmove(&argv[i], &argv[i + 1], (size_t)(argc - i) * sizeof(*argv));
+            argc--;
+            i--;
+        }
+    }
     /* Exports cached for the get case: 10^4 needs a bound above the default. */
     setenv("HM_IPC_EXPORT_CACHE_MAX", "20000", 0);
     size_t a_entries = quick ? 200 : 4000;
@@ -516,11 +695,16 @@ int main(int argc, char **argv) {
     hm_bench_t *b = hm_bench_create("ipc", &argc, argv, &code);
     if (!b) return code;
     const hm_bench_impl_t get_impl = {"hetmem", get_setup, get_run, get_teardown};
-    const hm_bench_impl_t getpid_impl = {"getpid", NULL, getpid_run, NULL};
-    hm_bench_case(b, "get+put (hit), 10^4 exports cached", &cached, 1, &get_impl, &getpid_impl,
-                  1);
+    const hm_bench_impl_t getpid_impl[2] = {{"getpid", NULL, getpid_run, NULL},
+                                            {"2-misses", chase_setup, chase_run, chase_teardown}};
+    hm_bench_case(b, "get+put (hit), 10^4 exports cached", &cached, 1, &get_impl, getpid_impl,
+                  2);
     const hm_bench_impl_t hit_impl = {"hetmem", open_hit_setup, open_run, open_teardown};
-    hm_bench_case(b, "open+close (hit), 10^4 mappings cached", &cached, 1, &hit_impl, NULL, 0);
+    hm_bench_case(b, "open+close (hit), 10^4 mappings cached", &cached, 1, &hit_impl,
+                  &getpid_impl[1], 1);
+    const hm_bench_impl_t recv_impl = {"hetmem", open_hit_setup, open_recv_run, open_teardown};
+    hm_bench_case(b, "open+close (hit), 10^4 cached, handle just received", &cached, 1,
+                  &recv_impl, &getpid_impl[1], 1);
     const hm_bench_impl_t get_hot = {"hetmem", get_setup, get_hot_run, get_teardown};
     hm_bench_case(b, "get+put (hit), 8 hot of 10^4 exports cached", &cached, 1, &get_hot, NULL, 0);
     const hm_bench_impl_t open_hot = {"hetmem", open_hit_setup, open_hot_run, open_teardown};
@@ -528,6 +712,12 @@ int main(int argc, char **argv) {
     const hm_bench_impl_t miss_impl = {"hetmem", open_miss_setup, open_run, open_teardown};
     hm_bench_case(b, "open+close (miss: map, then evict)", &cached, 1, &miss_impl, NULL, 0);
     code = hm_bench_finish(b);
+    split_ops(cached, quick ? 1 : 9);
+    if (cases_only) {
+        close(done_fd);
+        waitpid(exp, NULL, 0);
+        return code;
+    }
 
     for (int rep = 1; rep <= (quick ? 1 : 3); rep++) destroy_latency(a_entries, rep, 0);
     /* The same with thread 2 at real-time priority where allowed: other

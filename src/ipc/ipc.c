@@ -48,7 +48,7 @@
  * when the statistics are read: no shared counter on a hit.
  *
  *  Lock order: pool lock (pi->lock) -> ring lock (gc.lock);
- *  pilist_lock -> pi->lock (statistics, fork). gx.lock and fl.lock nest
+ *  pilist_lock -> pi->lock (statistics, fork). gx.lock and the arenas' locks nest
  *  with nothing.
  *
  *  Entry fields and who guards them:
@@ -170,39 +170,122 @@ static inline uint32_t st_refs(uint64_t w) { return (uint32_t)w & ST_REFS; }
  * counting generations), so a thread may read `state` of an entry it only
  * remembers. Everything but `state` is guarded as the table at the top of
  * this file says. */
-#define IMP_INLINE 160 /* header + payloads up to 56 bytes (the OS provider's: 48) */
+#define IMP_INLINE 192 /* header + payloads up to 88 bytes (the OS provider's: 48) inline;
+                          longer handles are copied to the heap */
+/* Layout: a hit reads line 0 (state, chain link, key, local range), then
+ * the handle copy in lines 1-3 (prefetched together with line 0), nothing
+ * else. 320 bytes, from the huge-page object arena (arena_t). */
 typedef struct imp {
-    /* what a hit touches first, then the handle copy right after it */
+    /* line 0: what a hit needs besides the copy */
     _Atomic uint64_t state; /* first: kept across reuse */
     struct imp *knext;      /* key hash (pi->lock) */
-    uint64_t rbase, nonce, pid;
+    uint64_t pid, nonce, rbase;
+    uint64_t alloc_id;
     uintptr_t local;
-    size_t size;
-    unsigned char *copy; /* the last fully validated handle that named this
-                            entry (pi->lock): identical bytes skip the decode;
-                            points to inl[] or, if longer, to the heap */
+    size_t size;            /* of the mapping = the exporter's allocation size */
+    /* lines 1-3: the last fully validated handle that named this entry
+     * (pi->lock): identical bytes skip the decode; inl[] or, if longer, the
+     * heap */
+    unsigned char *copy;
     uint32_t copy_len;
-    _Atomic uint8_t used;
-    bool in_key, in_local;       /* pi->lock */
-    bool in_ring, claimed, dead; /* gc.lock */
+    _Atomic uint8_t used; /* CLOCK reference bit, atomic, no lock (set on a hit) */
     unsigned char inl[IMP_INLINE];
+    /* cold: slow paths only */
     struct imp *lnext;         /* local-address hash (pi->lock) */
     struct imp *rprev, *rnext; /* CLOCK ring (gc.lock) */
-    struct imp *fnext;         /* free list (fl.lock) */
+    struct imp *fnext;         /* arena free list (arena lock) */
     struct hm_ipc_pool *pi;
-    uint64_t alloc_id, rsize;
-} imp_t;
+    bool in_key, in_local;       /* pi->lock */
+    bool in_ring, claimed, dead; /* gc.lock */
+} HM_CACHE_ALIGNED imp_t;
+_Static_assert(sizeof(imp_t) == 320, "imp_t: five cache lines");
 
+/* Object arena for the caches' entries (imp_t) and export views (xview_t):
+ * fixed-size objects carved from chunks that are never unmapped, recycled
+ * through a free list (so entries are type-stable, see imp_t). The first
+ * chunk is 256 KiB of ordinary pages; later ones are 2 MiB, 2 MiB-aligned
+ * and advised MADV_HUGEPAGE: a hit with 10^4 entries cached touches entries
+ * spread over megabytes, and one TLB entry per 2 MiB instead of one per
+ * 4 KiB pays most where page walks are dear (virtual machines: nested
+ * paging). A process that opens or exports a few handles pays no more than
+ * the first chunk. Chunks are recorded (append-only, read without a lock)
+ * so that hm_ipc_put can tell a view's address from any other pointer. */
+#define ARENA_FIRST ((size_t)256 << 10)
+#define ARENA_CHUNK ((size_t)2 << 20)
+#define ARENA_MAX_CHUNKS 1024
+typedef struct arena {
+    pthread_mutex_t lock;
+    size_t objsize, link_off; /* the free-list link's offset in an object */
+    void *free;
+    char *bump, *end;
+    _Atomic size_t nchunks;
+    uintptr_t chunk_base[ARENA_MAX_CHUNKS];
+    size_t chunk_size[ARENA_MAX_CHUNKS];
+} arena_t;
+
+static void *arena_alloc(arena_t *a) {
+    hm__mutex_lock(&a->lock);
+    void *o = a->free;
+    if (o) {
+        memcpy(&a->free, (char *)o + a->link_off, sizeof(void *));
+    } else {
+        if ((size_t)(a->end - a->bump) < a->objsize) {
+            size_t n = atomic_load_explicit(&a->nchunks, memory_order_relaxed);
+            size_t sz = n ? ARENA_CHUNK : ARENA_FIRST;
+            void *m = NULL;
+            if (n == ARENA_MAX_CHUNKS ||
+                hm__prim_map(sz, n ? ARENA_CHUNK : 0, HM_PRIM_PROT_READ | HM_PRIM_PROT_WRITE, 0,
+                             -1, 0, &m) != HM_SUCCESS) {
+                hm__mutex_unlock(&a->lock);
+                return NULL; /* the callers fall back to malloc */
+            }
+            if (n) (void)hm__prim_advise(m, sz, HM_PRIM_ADVISE_HUGEPAGE);
+            a->chunk_base[n] = (uintptr_t)m;
+            a->chunk_size[n] = sz;
+            atomic_store_explicit(&a->nchunks, n + 1, memory_order_release);
+            a->bump = m;
+            a->end = (char *)m + sz;
+        }
+        o = a->bump;
+        a->bump += a->objsize;
+    }
+    hm__mutex_unlock(&a->lock);
+    return o;
+}
+static void arena_free(arena_t *a, void *o) {
+    hm__mutex_lock(&a->lock);
+    memcpy((char *)o + a->link_off, &a->free, sizeof(void *));
+    a->free = o;
+    hm__mutex_unlock(&a->lock);
+}
+/* p is the start of an object of a (allocated or free). No lock. */
+static inline bool arena_owns(arena_t *a, const void *p) {
+    size_t n = atomic_load_explicit(&a->nchunks, memory_order_acquire);
+    for (size_t i = 0; i < n; i++) {
+        uintptr_t d = (uintptr_t)p - a->chunk_base[i];
+        if (d < a->chunk_size[i]) return d % a->objsize == 0 && d + a->objsize <= a->chunk_size[i];
+    }
+    return false;
+}
+
+/* One exported offset of an export entry: the handle given to users.
+ * Reference counts and the CLOCK bit live here, not in the entry, so that a
+ * get or put hit touches the view's first line only (plus the index
+ * bucket). gx.lock guards every field. */
 typedef struct xview {
-    struct xview *pnext; /* gx.vb, by exported pointer (while its xent is live) */
+    struct xview *pnext; /* gx.vb, by exported pointer (while its xent is live);
+                            arena free list when free */
     uintptr_t ptr;       /* the exported pointer: base + offset */
-    struct xent *x;
-    struct xview *next;
-    uint64_t offset;
-    uint32_t refs;
-    uint32_t len;
+    uint32_t refs;       /* gets not yet put */
+    uint32_t len;        /* of wire */
+    uint8_t used;        /* CLOCK reference bit (for the entry) */
+    uint8_t gone;        /* its entry is detached: release at the last put */
+    uint8_t in_arena;
+    struct xview *next;  /* the entry's views */
+    struct xent *x;      /* NULL while free (arena) */
     unsigned char wire[]; /* the handle given to the user */
 } xview_t;
+#define VIEW_SIZE 256 /* arena slot: handles up to 208 bytes (OS: 152) */
 
 typedef struct xent {
     struct xent *hnext;        /* gx hash (live entries) */
@@ -215,13 +298,34 @@ typedef struct xent {
     size_t size;
     uint64_t id;
     int fd;
-    uint32_t refs; /* sum of views' refs */
     bool live, put_done;
-    uint8_t used;
     xview_t *views;
     uint32_t payload_len;
     unsigned char payload[]; /* the provider's native handle, for put */
 } xent_t;
+
+static arena_t imp_arena = {.lock = PTHREAD_MUTEX_INITIALIZER,
+                            .objsize = sizeof(imp_t),
+                            .link_off = offsetof(imp_t, fnext)};
+static arena_t view_arena = {.lock = PTHREAD_MUTEX_INITIALIZER,
+                             .objsize = VIEW_SIZE,
+                             .link_off = offsetof(xview_t, pnext)};
+
+/* Outstanding gets of x (sum over its views; gx.lock). */
+static uint32_t xrefs(const xent_t *x) {
+    uint32_t n = 0;
+    for (const xview_t *v = x->views; v; v = v->next) n += v->refs;
+    return n;
+}
+/* CLOCK: whether any view was used since the last visit; clears the bits. */
+static bool xused_clear(xent_t *x) {
+    bool u = false;
+    for (xview_t *v = x->views; v; v = v->next) {
+        u |= v->used != 0;
+        v->used = 0;
+    }
+    return u;
+}
 
 struct hm_ipc_pool {
     pthread_mutex_t lock;
@@ -248,12 +352,6 @@ static struct {
     _Atomic size_t max_entries, max_bytes;
     _Atomic uint64_t hits, misses, evictions, stale; /* hits: of destroyed pools */
 } gc = {.lock = PTHREAD_MUTEX_INITIALIZER, .max_entries = 4096};
-
-/* Recycled imp_t memory (see imp_t). */
-static struct {
-    pthread_mutex_t lock;
-    imp_t *head;
-} fl = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* The export cache. */
 static struct {
@@ -319,12 +417,14 @@ static void ipc_atfork_prepare(void) {
     for (hm_ipc_pool_t *pi = pilist; pi; pi = pi->gnext) hm__mutex_lock(&pi->lock);
     hm__mutex_lock(&gc.lock);
     hm__mutex_lock(&gx.lock);
-    hm__mutex_lock(&fl.lock);
+    hm__mutex_lock(&imp_arena.lock);
+    hm__mutex_lock(&view_arena.lock);
     hm__ipc_pidfd_cache_atfork(0);
 }
 static void ipc_atfork_parent(void) {
     hm__ipc_pidfd_cache_atfork(1);
-    hm__mutex_unlock(&fl.lock);
+    hm__mutex_unlock(&view_arena.lock);
+    hm__mutex_unlock(&imp_arena.lock);
     hm__mutex_unlock(&gx.lock);
     hm__mutex_unlock(&gc.lock);
     for (hm_ipc_pool_t *pi = pilist; pi; pi = pi->gnext) hm__mutex_unlock(&pi->lock);
@@ -357,7 +457,8 @@ static void ipc_atfork_child(void) {
     atomic_store(&gx.count, 0);
     pthread_mutex_init(&gx.lock, NULL);
     pthread_mutex_init(&gc.lock, NULL);
-    pthread_mutex_init(&fl.lock, NULL);
+    pthread_mutex_init(&imp_arena.lock, NULL);
+    pthread_mutex_init(&view_arena.lock, NULL);
     pthread_mutex_init(&pilist_lock, NULL);
     pthread_mutex_init(&ident_lock, NULL);
     hm__ipc_pidfd_cache_atfork(2);
@@ -382,11 +483,10 @@ static void ipc_lazy_init(void) {
 static imp_t *imp_alloc(uint32_t copy_len) {
     unsigned char *heap = NULL;
     if (copy_len > IMP_INLINE && !(heap = malloc(copy_len))) return NULL;
-    hm__mutex_lock(&fl.lock);
-    imp_t *e = fl.head;
-    if (e) fl.head = e->fnext;
-    hm__mutex_unlock(&fl.lock);
+    imp_t *e = arena_alloc(&imp_arena);
     if (!e) {
+        /* Arena exhausted (or no mapping): plain memory, recycled the same
+         * way (never given back, so still type-stable). */
         void *m = NULL;
         if (posix_memalign(&m, HM_CACHE_LINE, sizeof(*e))) {
             free(heap);
@@ -395,6 +495,7 @@ static imp_t *imp_alloc(uint32_t copy_len) {
         e = m;
         atomic_init(&e->state, 0);
     }
+    /* A fresh arena object is zero (state 0); a recycled one keeps its state. */
     memset((char *)e + offsetof(imp_t, knext), 0, sizeof(*e) - offsetof(imp_t, knext));
     e->copy = heap ? heap : e->inl;
     e->copy_len = copy_len;
@@ -406,10 +507,7 @@ static imp_t *imp_alloc(uint32_t copy_len) {
 static void imp_free(imp_t *e) {
     if (e->copy != e->inl) free(e->copy);
     e->copy = NULL;
-    hm__mutex_lock(&fl.lock);
-    e->fnext = fl.head;
-    fl.head = e;
-    hm__mutex_unlock(&fl.lock);
+    arena_free(&imp_arena, e);
 }
 
 /* New generation, no references: every per-thread slot naming e is dead.
@@ -747,7 +845,6 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
     e->pid = w->pid;
     e->nonce = w->nonce;
     e->rbase = w->base;
-    e->rsize = w->size;
     e->alloc_id = w->alloc_id;
     e->local = (uintptr_t)local;
     e->size = (size_t)w->size;
@@ -757,7 +854,7 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
     uint32_t gen = 0;
     hm__mutex_lock(&pi->lock);
     imp_t *o = kfind(pi, kh, w->pid, w->nonce, w->base);
-    if (o && o->alloc_id == w->alloc_id && o->rsize == w->size) {
+    if (o && o->alloc_id == w->alloc_id && o->size == w->size) {
         /* Another thread opened it meanwhile: share theirs, undo ours. */
         bool ok = take_ref(o, &gen);
         uintptr_t theirs = o->local;
@@ -1007,10 +1104,18 @@ static xent_t *xfind(uintptr_t base) {
     return NULL;
 }
 
+static void xview_free(xview_t *v) {
+    if (v->in_arena) {
+        v->x = NULL; /* a put naming this slot is refused from now on */
+        arena_free(&view_arena, v);
+    } else {
+        free(v);
+    }
+}
 static void xent_free(xent_t *x) {
     for (xview_t *v = x->views, *nv; v; v = nv) {
         nv = v->next;
-        free(v);
+        xview_free(v);
     }
     free(x);
 }
@@ -1107,10 +1212,13 @@ static void xdetach(xent_t *x) {
         x->rnext->rprev = x->rprev;
     }
     x->live = false;
-    for (xview_t *v = x->views; v; v = v->next) vunlink(v);
+    for (xview_t *v = x->views; v; v = v->next) {
+        vunlink(v);
+        v->gone = 1;
+    }
     gx.n--;
     atomic_store_explicit(&gx.count, gx.n, memory_order_relaxed);
-    if (!x->refs) {
+    if (!xrefs(x)) {
         xprovider_put(x);
         xlist_unlink(&x->pi->xhead, x);
         xent_free(x);
@@ -1143,11 +1251,8 @@ static void xevict(void) {
     while (gx.n >= cfg.export_max && gx.hand && steps--) {
         xent_t *x = gx.hand;
         gx.hand = x->rnext;
-        if (x->refs) continue;
-        if (x->used) {
-            x->used = 0;
-            continue;
-        }
+        if (xrefs(x)) continue;
+        if (xused_clear(x)) continue;
         xdetach(x);
     }
 }
@@ -1202,9 +1307,13 @@ static hm_result_t xcreate(const hm_tracker_entry_t *te, hm_ipc_pool_t *pi, xent
 
 static xview_t *xview_make(xent_t *x, uint64_t offset, const ident_t *me) {
     uint32_t len = HM_IPC_HEADER_SIZE + x->payload_len;
-    xview_t *v = calloc(1, sizeof(*v) + len);
-    if (!v) return NULL;
-    v->offset = offset;
+    xview_t *v = NULL;
+    if (sizeof(*v) + len <= VIEW_SIZE && (v = arena_alloc(&view_arena))) {
+        memset(v, 0, VIEW_SIZE);
+        v->in_arena = 1;
+    } else if (!(v = calloc(1, sizeof(*v) + len))) {
+        return NULL;
+    }
     v->len = len;
     hm_wire_t w = {
         .family = (uint32_t)x->prov->info.family,
@@ -1245,8 +1354,7 @@ hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size) 
     xview_t *hv = vfind((uintptr_t)ptr);
     if (hm_likely(hv != NULL)) {
         hv->refs++;
-        hv->x->refs++;
-        hv->x->used = 1;
+        hv->used = 1;
         *handle = (hm_ipc_handle_t *)hv->wire;
         *size = hv->len;
         hm__mutex_unlock(&gx.lock);
@@ -1288,14 +1396,13 @@ hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size) 
         }
     }
     xview_t *v = x->views;
-    while (v && v->offset != offset) v = v->next;
+    while (v && v->ptr != (uintptr_t)ptr) v = v->next;
     if (hm_unlikely(!v) && !(v = xview_make(x, offset, self_ident()))) {
         r = HM_ERROR_OUT_OF_HOST_MEMORY;
         goto out;
     }
     v->refs++;
-    x->refs++;
-    x->used = 1;
+    v->used = 1;
     *handle = (hm_ipc_handle_t *)v->wire;
     *size = v->len;
 out:
@@ -1315,18 +1422,19 @@ hm_result_t hm_ipc_put(hm_ipc_handle_t *handle) {
         HM_LOG_ERROR("hm_ipc_put(NULL)");
         return HM_ERROR_INVALID_ARGUMENT;
     }
-    /* No decode: only a pointer hm_ipc_get returned is accepted, and it is
-     * found by identity among the views of the export its base names (a
-     * copy of the bytes, or a corrupted handle, is not one of them). */
-    uintptr_t base = (uintptr_t)hm__wire_peek64((const unsigned char *)handle,
-                                                HM__WIRE_OFF_BASE);
+    /* No decode: only a pointer hm_ipc_get returned is accepted. A view in
+     * the arena is recognised by its address (a slot of the view arena
+     * holding a view: one line, already hot after the get); any other
+     * handle is found by identity among the views of the export its base
+     * names, or of the detached ones (a copy of the bytes, or a corrupted
+     * handle, is not one of them). */
+    xview_t *v = (xview_t *)(void *)((unsigned char *)handle - offsetof(xview_t, wire));
     hm__mutex_lock(&gx.lock);
-    xent_t *x = xfind(base);
-    xview_t *v = xview_of(x, handle);
-    if (!v) { /* detached (freed, or its pool destroyed) while outstanding */
-        x = NULL;
-        for (xent_t *o = gx.orphans; o && !v; o = o->onext)
-            if ((v = xview_of(o, handle))) x = o;
+    if (hm_unlikely(!arena_owns(&view_arena, v) || !v->x)) {
+        uintptr_t base = (uintptr_t)hm__wire_peek64((const unsigned char *)handle,
+                                                    HM__WIRE_OFF_BASE);
+        v = xview_of(xfind(base), handle);
+        for (xent_t *o = gx.orphans; o && !v; o = o->onext) v = xview_of(o, handle);
     }
     if (hm_unlikely(!v || !v->refs)) {
         hm__mutex_unlock(&gx.lock);
@@ -1335,8 +1443,8 @@ hm_result_t hm_ipc_put(hm_ipc_handle_t *handle) {
         return v ? HM_ERROR_DOUBLE_FREE : HM_ERROR_INVALID_HANDLE;
     }
     v->refs--;
-    x->refs--;
-    if (!x->refs && !x->live) { /* the last user of a detached export */
+    xent_t *x = v->x;
+    if (hm_unlikely(v->gone) && !v->refs && !xrefs(x)) { /* last user of a detached export */
         xprovider_put(x);
         olist_unlink(x);
         if (x->pi) xlist_unlink(&x->pi->xhead, x);
@@ -1363,7 +1471,7 @@ static void exports_pool_destroy(hm_ipc_pool_t *pi) {
     for (xent_t *x = pi->xhead, *nx; x; x = nx) {
         nx = x->lnext;
         if (x->live) {
-            bool used = x->refs != 0;
+            bool used = xrefs(x) != 0;
             xdetach(x); /* unused: freed here; used: now an orphan */
             if (!used) continue;
         }
