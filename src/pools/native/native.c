@@ -806,9 +806,13 @@ static void flush_all(nv_heap_t *h) {
     h->out_pending = 0;
 }
 
+/* The outgoing slot of a destination heap (direct-mapped). */
+HM_INLINE size_t out_slot(const nv_heap_t *dest) {
+    return (size_t)(((uintptr_t)dest * 0x9E3779B97F4A7C15ull) >> 58) & (NV_OUT_SLOTS - 1);
+}
+
 static hm_result_t remote_push(nv_heap_t *h, nv_heap_t *dest, void *p) {
-    uintptr_t k = (uintptr_t)dest * 0x9E3779B97F4A7C15ull;
-    nv_out_t *o = &h->out[(k >> 58) & (NV_OUT_SLOTS - 1)];
+    nv_out_t *o = &h->out[out_slot(dest)];
     if (o->b && o->dest != dest) publish(h, o);
     if (!o->b) {
         o->b = batch_get(h);
@@ -824,16 +828,59 @@ static hm_result_t remote_push(nv_heap_t *h, nv_heap_t *dest, void *p) {
     return HM_SUCCESS;
 }
 
+/* Free the blocks of mask (bits of word w of s, a slab of h) into h, as
+ * free_own does block by block: a bit already free is a double free (logged,
+ * skipped). Returns 1 if s may have gone back to the pool (the caller must
+ * not read it again). */
+static int drain_word(nv_heap_t *h, nv_slab_t *s, uint32_t w, uint64_t mask) {
+    nv_cls_t *cl = s->cl;
+    uint64_t dup;
+    int gone = 0;
+    if (s == cl->cur && w == cl->word) {
+        dup = cl->bits & mask;
+        cl->bits |= mask;
+    } else {
+        uint64_t x = s->bits[w];
+        dup = x & mask;
+        s->bits[w] = x | mask;
+        uint32_t n = s->nfree += popcount64(mask & ~dup);
+        if (s != cl->cur && (!s->in_partial || n == s->nblocks)) {
+            gone = n == s->nblocks;
+            slab_transition(h, cl, s);
+        }
+    }
+    while (hm_unlikely(dup)) {
+        uint32_t i = (uint32_t)__builtin_ctzll(dup);
+        dup &= dup - 1;
+        /* s is still h's: the log reads only its immutable fields. */
+        HM_LOG_ERROR("native pool: double free of %p (block %u of the %u-byte slab at %p, "
+                     "remote)", (void *)(s->base + ((uintptr_t)w * 64 + i) * s->bsize),
+                     w * 64 + i, s->bsize, (void *)s->base);
+    }
+    return gone;
+}
+
 /* Free the blocks of one drained batch into h. Consecutive blocks are often
- * of one slab (the freeing thread frees in the order the owner allocated):
- * the last slab found is tried before the page map. */
+ * of one slab and one bitmap word (the freeing thread frees in the order the
+ * owner allocated): the last slab found is tried before the page map, and
+ * the blocks of one word are gathered into a mask applied at once (a block
+ * twice in the mask is a double free too). */
 static void drain_batch(nv_heap_t *h, nv_batch_t *b) {
     nv_pool_t *nv = h->nv;
     nv_slab_t *s = NULL;
     uintptr_t lo = 0, span = 0;
-    for (uint32_t i = 0; i < b->count; i++) {
+    uint64_t magic = 0;
+    uint32_t bsize = 0, nblocks = 0;
+    uint32_t cur_w = UINT32_MAX;
+    uint64_t mask = 0;
+    const uint32_t count = b->count;
+    for (uint32_t i = 0; i < count; i++) {
         void *p = b->ptrs[i];
-        if ((uintptr_t)p - lo >= span) {
+        uintptr_t off = (uintptr_t)p - lo;
+        if (off >= span) {
+            if (mask) drain_word(h, s, cur_w, mask);
+            mask = 0;
+            cur_w = UINT32_MAX;
             s = map_get(nv, p);
             if (hm_unlikely(!s || s->owner != h)) {
                 HM_LOG_ERROR("native pool: remote free of %p reached a heap that does not own "
@@ -841,19 +888,41 @@ static void drain_batch(nv_heap_t *h, nv_batch_t *b) {
                 span = 0;
                 continue;
             }
+            /* Fixed while the slab is live (nv_slab_t): kept in registers. */
             lo = s->base;
             span = s->span;
+            magic = s->magic;
+            bsize = s->bsize;
+            nblocks = s->nblocks;
+            off = (uintptr_t)p - lo;
         }
-        uint32_t idx;
-        if (hm_unlikely(!block_index(s, p, &idx))) {
+        uint32_t idx = (uint32_t)((off * magic) >> 32); /* as block_index() */
+        if (hm_unlikely((uintptr_t)idx * bsize != off || idx >= nblocks)) {
             HM_LOG_ERROR("native pool: remote free of %p: not the start of a block", p);
             continue;
         }
-        /* A slab this free may empty can go back to the pool (and to
-         * another heap): do not read it again, look the next one up. */
-        if (hm_unlikely(s->nfree + 1 >= s->nblocks)) span = 0;
-        free_own(h, s, idx); /* a double free is logged there */
+        uint32_t w = idx >> 6;
+        uint64_t bit = (uint64_t)1 << (idx & 63);
+        if (w != cur_w) {
+            if (mask && drain_word(h, s, cur_w, mask)) {
+                /* s went back to the pool (it may already be another
+                 * heap's): look it up again. */
+                mask = 0;
+                cur_w = UINT32_MAX;
+                span = 0;
+                i--;
+                continue;
+            }
+            cur_w = w;
+            mask = 0;
+        }
+        if (hm_unlikely(mask & bit)) {
+            HM_LOG_ERROR("native pool: double free of %p (twice in one remote batch)", p);
+            continue;
+        }
+        mask |= bit;
     }
+    if (mask) drain_word(h, s, cur_w, mask);
     stat_add_u(&h->st_drained, b->count);
     batch_put(h, b);
 }
@@ -1175,9 +1244,11 @@ static HM_NOINLINE hm_result_t free_slow(nv_pool_t *nv, void *p) {
 }
 
 /* A valid block of s freed by a thread not bound to its owner heap. */
-static HM_NOINLINE hm_result_t free_other(nv_pool_t *nv, nv_slab_t *s, void *p) {
-    nv_heap_t *h = heap_by_tp(nv, thread_tp());
-    if (hm_unlikely(!h)) {
+/* free_other's general case: h is the caller's heap (bound, or the thread
+ * has none yet: h NULL). */
+static HM_NOINLINE hm_result_t free_other_slow(nv_pool_t *nv, nv_heap_t *h, nv_slab_t *s,
+                                               void *p) {
+    if (!h) {
         if (hm_unlikely(tl.id != nv->id)) return free_slow(nv, p);
         h = tl.heap;
         by_tp_note(nv, h);
@@ -1194,6 +1265,29 @@ static HM_NOINLINE hm_result_t free_other(nv_pool_t *nv, nv_slab_t *s, void *p) 
     }
     if (hm_likely(r == HM_SUCCESS)) stat_add_i(&h->st_bytes, -(int64_t)bsize);
     return r;
+}
+
+/* A valid block of s freed by a thread not bound to its owner heap. The
+ * common case, appending to an open batch for that owner that stays below
+ * its cap and the flush bound, takes no call and no stack frame. */
+static HM_NOINLINE hm_result_t free_other(nv_pool_t *nv, nv_slab_t *s, void *p) {
+    nv_heap_t *h = heap_by_tp(nv, thread_tp());
+    if (hm_unlikely(!h)) return free_other_slow(nv, NULL, s, p);
+    nv_heap_t *owner = s->owner;
+    nv_out_t *o = &h->out[out_slot(owner)];
+    nv_batch_t *b = o->b;
+    if (hm_likely(b && o->dest == owner)) {
+        uint32_t n = b->count + 1;
+        uint32_t pend = h->out_pending + 1;
+        if (hm_likely(n < nv->batch_cap && pend < NV_FLUSH_EVERY)) {
+            b->ptrs[n - 1] = p;
+            b->count = n;
+            h->out_pending = pend;
+            stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
+            return HM_SUCCESS;
+        }
+    }
+    return free_other_slow(nv, h, s, p);
 }
 
 /* The fast path met a double free: undo its statistics, log, refuse. */
