@@ -30,9 +30,17 @@
  *    (HM_IPC_EXPORT_CACHE_MAX, default 1024 allocations); unused entries are
  *    released when the allocation is freed or when the bound is hit.
  *  - Freeing an allocation while handles are outstanding (got, not put) is
- *    allowed: the provider export lives until the last put, so an importer's
- *    mapping keeps seeing the same memory (OS shared provider: the file
- *    range is not reused meanwhile) until it closes it.
+ *    allowed and defined the same way for every provider with IPC: the
+ *    importer's mapping stays valid until it closes it, and the exporter
+ *    does not hand the same bytes out again until the last hm_ipc_put()
+ *    (OS shared provider: the memfd range; file and devdax providers: the
+ *    file / device range stays allocated, its free deferred to that put).
+ *    Meanwhile the exporter must not touch the freed pointer; the importer
+ *    may keep reading and writing its mapping. Splitting or merging an
+ *    exported range is refused by the provider (HM_ERROR_BUSY; pools treat
+ *    that as "not now"). After the last put the range is reused normally:
+ *    a mapping still open in an importer then sees the new allocation's
+ *    bytes (the medium is shared) — close before putting where that matters.
  *  - Opened mappings are cached process-wide, keyed by (exporter, remote
  *    base, importing pool) and validated by the exporter's allocation id: a
  *    repeated open of the same allocation returns the same mapping and takes

@@ -16,7 +16,19 @@ static hm_pool_t *pools[PEER_POOLS];
 static void *slots[PEER_SLOTS];
 static unsigned char buf[4096 + 256];
 
+static int file_mode; /* "file": the pools have file providers (file-family handles) */
+
 static hm_pool_t *make_pool(void) {
+    if (file_mode) {
+        static unsigned seq;
+        char path[128];
+        snprintf(path, sizeof(path), "/tmp/hm_ipc_peer_%d_%u", (int)getpid(), seq++);
+        hm_provider_t *prov;
+        hm_pool_t *pool;
+        if (hm_file_provider_create(path, &prov)) return NULL;
+        if (hm_proxy_pool_create(prov, HM_POOL_FLAG_OWN_PROVIDER, &pool)) return NULL;
+        return pool;
+    }
     hm_os_params_t *p;
     hm_provider_t *prov;
     hm_pool_t *pool;
@@ -35,6 +47,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     int scm = !strcmp(argv[2], "scm");
+    file_mode = !strcmp(argv[2], "file");
     hm_ipc_channel_t *ch;
     if (hm_ipc_channel_from_fd(atoi(argv[1]), &ch)) return 3;
     for (int i = 0; i < PEER_POOLS; i++)

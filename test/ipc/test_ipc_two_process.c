@@ -233,6 +233,52 @@ static void producer_exits(peer_t *pe) {
     }
 }
 
+/* File provider: freeing an exported allocation while its handle is
+ * outstanding keeps the file range out of reuse until the last put (the
+ * same defined behaviour as the OS provider's): the importer's mapping keeps
+ * its bytes, and a new allocation gets other bytes. */
+static void file_free_while_exported(void) {
+    hm_test_set_context("file provider: free while exported");
+    peer_t pe;
+    peer_start(&pe, "file");
+    char path[128];
+    snprintf(path, sizeof(path), "/tmp/hm_ipc_test_file_%d", (int)getpid());
+    hm_provider_t *prov;
+    hm_pool_t *pool;
+    REQUIRE_OK(hm_file_provider_create(path, &prov));
+    REQUIRE_OK(hm_proxy_pool_create(prov, HM_POOL_FLAG_OWN_PROVIDER, &pool));
+    unsigned char *p = hm_pool_malloc(pool, 64 * KB);
+    REQUIRE(p);
+    memset(p, 0x11, 64 * KB);
+    hm_ipc_handle_t *h;
+    size_t len;
+    REQUIRE_OK(hm_ipc_get(p, &h, &len));
+    CHECK_OK(peer_open(&pe, PEER_OPEN, 0, 0, h, len, 0).result);
+    CHECK_EQ(peer_cmd(&pe, PEER_READ, 0, 0, 5, 0, 0).v[0], 0x11);
+    CHECK_OK(hm_pool_free(pool, p)); /* handle outstanding */
+    unsigned char *q[4];
+    for (int i = 0; i < 4; i++) { /* none of them may land on p's range */
+        q[i] = hm_pool_malloc(pool, 64 * KB);
+        REQUIRE(q[i]);
+        CHECK_MSG(q[i] + 64 * KB <= p || q[i] >= p + 64 * KB,
+                  "allocation %d reuses the exported range %p", i, (void *)p);
+        memset(q[i], 0x22, 64 * KB);
+    }
+    CHECK_EQ(peer_cmd(&pe, PEER_READ, 0, 0, 5, 0, 0).v[0], 0x11); /* the importer's bytes */
+    CHECK_OK(peer_cmd(&pe, PEER_WRITE, 0, 0, 100, 0x55, 8).result);
+    for (int i = 0; i < 4; i++) CHECK_EQ(q[i][100], 0x22);
+    CHECK_OK(peer_cmd(&pe, PEER_CLOSE, 0, 0, 0, 0, 0).result);
+    CHECK_OK(hm_ipc_put(h)); /* the last put: the range is free now */
+    unsigned char *r = hm_pool_malloc(pool, 64 * KB);
+    REQUIRE(r);
+    CHECK_MSG(r == p, "after the last put the range is reusable (%p, freed %p)", (void *)r,
+              (void *)p);
+    hm_pool_free(pool, r);
+    for (int i = 0; i < 4; i++) CHECK_OK(hm_pool_free(pool, q[i]));
+    CHECK_EQ(peer_stop(&pe), 0);
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
 static void run(const char *mode) {
     printf("--- transport: %s\n", mode);
     fflush(stdout);
@@ -254,5 +300,6 @@ int main(int argc, char **argv) {
     if (pidfd_getfd_works()) run("pidfd");
     else printf("pidfd_getfd refused here: only the SCM_RIGHTS transport is tested\n");
     run("scm");
+    file_free_while_exported();
     return hm_test_finish();
 }

@@ -42,6 +42,7 @@ typedef struct devdax_state {
     size_t align; /* device alignment */
     size_t page;
     dev_t rdev;
+    hm_file_holds_t holds; /* exported ranges: freed only at their last put */
 } devdax_state_t;
 
 /* ---- sysfs ---- */
@@ -222,6 +223,7 @@ static hm_result_t devdax_init(const void *params, void **state) {
     devdax_state_t *s = calloc(1, sizeof(*s));
     if (!s) return HM_ERROR_OUT_OF_HOST_MEMORY;
     s->fd = -1;
+    hm__file_holds_init(&s->holds);
     s->page = page;
     s->align = (size_t)align;
     s->rdev = st.st_rdev;
@@ -258,6 +260,7 @@ fail:
 static void devdax_fini(void *state) {
     devdax_state_t *s = state;
     hm__coarse_destroy(s->coarse);
+    hm__file_holds_fini(&s->holds);
     if (s->base) (void)hm__prim_unmap(s->base, s->size);
     if (s->fd >= 0) (void)hm__prim_close(s->fd);
     free(s->path);
@@ -282,18 +285,39 @@ static hm_result_t devdax_alloc(void *state, size_t size, size_t alignment, void
     return hm__coarse_alloc(s->coarse, size, alignment, ptr);
 }
 
+/* The device offset of ptr (one region, tagged 0, at s->base). */
+static inline uint64_t dev_off(const devdax_state_t *s, const void *ptr) {
+    return (uint64_t)((uintptr_t)ptr - (uintptr_t)s->base);
+}
+
 static hm_result_t devdax_free(void *state, void *ptr, size_t size) {
     devdax_state_t *s = state;
+    /* Exported: the range stays allocated until its last put. */
+    if (hm_unlikely(hm__file_holds_any(&s->holds)) &&
+        hm__file_holds_defer_free(&s->holds, dev_off(s, ptr), ptr, size))
+        return HM_SUCCESS;
     return hm__coarse_free(s->coarse, ptr, size);
+}
+
+static bool devdax_exported(devdax_state_t *s, void *ptr) {
+    return hm__file_holds_any(&s->holds) && hm__file_holds_busy(&s->holds, dev_off(s, ptr));
 }
 
 static hm_result_t devdax_split(void *state, void *ptr, size_t total, size_t first) {
     devdax_state_t *s = state;
+    if (devdax_exported(s, ptr)) {
+        HM_LOG_ERROR("devdax provider: split(%p): IPC handles outstanding", ptr);
+        return HM_ERROR_BUSY;
+    }
     return hm__coarse_split(s->coarse, ptr, total, first);
 }
 
 static hm_result_t devdax_merge(void *state, void *lo, void *hi, size_t total) {
     devdax_state_t *s = state;
+    if (devdax_exported(s, lo) || devdax_exported(s, hi)) {
+        HM_LOG_ERROR("devdax provider: merge(%p, %p): IPC handles outstanding", lo, hi);
+        return HM_ERROR_BUSY;
+    }
     return hm__coarse_merge(s->coarse, lo, hi, total);
 }
 
@@ -322,11 +346,28 @@ static hm_result_t devdax_ipc_get(void *state, void *ptr, size_t size, void *pay
     p->dev = (uint64_t)s->rdev;
     p->flags = HM_FILE_IPC_MAP_SYNC;
     *fd = p->path_len ? -1 : s->fd; /* the path names the device */
+    r = hm__file_holds_get(&s->holds, p->offset, ptr, len);
+    if (r != HM_SUCCESS) return r;
     memcpy(payload, p, sizeof(*p));
     return HM_SUCCESS;
 }
 
-static hm_result_t devdax_ipc_put(void *state, void *payload) { return HM_SUCCESS; }
+/* The last put of a range freed while exported frees it now. */
+static hm_result_t devdax_ipc_put(void *state, void *payload) {
+    devdax_state_t *s = state;
+    hm_file_ipc_payload_t p;
+    if (!payload) return HM_ERROR_INVALID_ARGUMENT;
+    memcpy(&p, payload, sizeof(p));
+    if (p.magic != HM_DEVDAX_IPC_MAGIC) {
+        HM_LOG_ERROR("devdax provider: ipc put: not a handle of this provider");
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    void *fp;
+    size_t fs;
+    hm_result_t r = hm__file_holds_put(&s->holds, p.offset, &fp, &fs);
+    if (r == HM_SUCCESS && fp) r = hm__coarse_free(s->coarse, fp, fs);
+    return r;
+}
 
 static hm_result_t devdax_ipc_open(void *state, const void *payload, int fd, size_t size,
                                    void **ptr) {

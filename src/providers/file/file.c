@@ -55,6 +55,7 @@ typedef struct file_state {
     pthread_mutex_t grow_lock;
     uint64_t file_end; /* guarded by grow_lock */
     _Atomic bool punched;
+    hm_file_holds_t holds; /* exported ranges: freed only at their last put */
 } file_state_t;
 
 /* ---- helpers shared with devdax ---- */
@@ -97,6 +98,151 @@ hm_result_t hm__file_map(int fd, uint64_t offset, size_t size, size_t alignment,
     if (at + size < w + span) munmap(at + size, (size_t)(w + span - (at + size)));
     *out = at;
     return HM_SUCCESS;
+}
+
+/* ---- ranges held for IPC (see file.h) ---- */
+
+struct hm_file_hold {
+    hm_file_hold_t *next;
+    uint64_t off;
+    void *ptr;
+    size_t len;         /* exported length */
+    size_t free_size;   /* the size the deferred free gives back */
+    uint32_t exports;
+    bool freed;         /* freed while exported: give back at the last put */
+};
+
+static inline size_t hold_bucket(const hm_file_holds_t *h, uint64_t off) {
+    /* Fibonacci hashing (Knuth, TAOCP vol. 3, 6.4) of the page number. */
+    return (size_t)(((off >> 12) * 0x9E3779B97F4A7C15ull) >> 32) & (h->cap - 1);
+}
+
+void hm__file_holds_init(hm_file_holds_t *h) {
+    memset(h, 0, sizeof(*h));
+    pthread_mutex_init(&h->lock, NULL);
+}
+
+void hm__file_holds_fini(hm_file_holds_t *h) {
+    size_t held = 0;
+    for (size_t i = 0; i < h->cap; i++)
+        for (hm_file_hold_t *r = h->b[i], *n; r; r = n) {
+            n = r->next;
+            held++;
+            free(r);
+        }
+    if (held)
+        HM_LOG_WARN("provider destroyed with %zu IPC exports not put back", held);
+    free(h->b);
+    pthread_mutex_destroy(&h->lock);
+}
+
+static hm_file_hold_t **hold_find(hm_file_holds_t *h, uint64_t off) {
+    if (!h->cap) return NULL;
+    hm_file_hold_t **p = &h->b[hold_bucket(h, off)];
+    while (*p && (*p)->off != off) p = &(*p)->next;
+    return *p ? p : NULL;
+}
+
+hm_result_t hm__file_holds_get(hm_file_holds_t *h, uint64_t off, void *ptr, size_t len) {
+    hm__mutex_lock(&h->lock);
+    hm_file_hold_t **p = hold_find(h, off);
+    if (p) {
+        hm_file_hold_t *r = *p;
+        hm_result_t res = HM_SUCCESS;
+        if (r->freed || r->ptr != ptr) {
+            HM_LOG_ERROR("IPC export of %p: the range was freed", ptr);
+            res = HM_ERROR_INVALID_ARGUMENT;
+        } else if (r->exports == UINT32_MAX) {
+            res = HM_ERROR_LIMIT;
+        } else {
+            r->exports++;
+        }
+        hm__mutex_unlock(&h->lock);
+        return res;
+    }
+    size_t n = atomic_load_explicit(&h->live, memory_order_relaxed);
+    if (n >= h->cap) { /* grow (load <= 1) */
+        size_t cap = h->cap ? h->cap * 2 : 16;
+        hm_file_hold_t **b = calloc(cap, sizeof(*b));
+        if (!b) {
+            hm__mutex_unlock(&h->lock);
+            return HM_ERROR_OUT_OF_HOST_MEMORY;
+        }
+        size_t old = h->cap;
+        hm_file_hold_t **ob = h->b;
+        h->b = b;
+        h->cap = cap;
+        for (size_t i = 0; i < old; i++)
+            for (hm_file_hold_t *r = ob[i], *nx; r; r = nx) {
+                nx = r->next;
+                size_t k = hold_bucket(h, r->off);
+                r->next = b[k];
+                b[k] = r;
+            }
+        free(ob);
+    }
+    hm_file_hold_t *r = calloc(1, sizeof(*r));
+    if (!r) {
+        hm__mutex_unlock(&h->lock);
+        return HM_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    r->off = off;
+    r->ptr = ptr;
+    r->len = len;
+    r->exports = 1;
+    size_t k = hold_bucket(h, off);
+    r->next = h->b[k];
+    h->b[k] = r;
+    atomic_store_explicit(&h->live, n + 1, memory_order_relaxed);
+    hm__mutex_unlock(&h->lock);
+    return HM_SUCCESS;
+}
+
+hm_result_t hm__file_holds_put(hm_file_holds_t *h, uint64_t off, void **free_ptr,
+                               size_t *free_size) {
+    *free_ptr = NULL;
+    *free_size = 0;
+    hm__mutex_lock(&h->lock);
+    hm_file_hold_t **p = hold_find(h, off);
+    if (!p) {
+        hm__mutex_unlock(&h->lock);
+        HM_LOG_ERROR("IPC put: no export at offset 0x%" PRIx64 " (put twice?)", off);
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    hm_file_hold_t *r = *p;
+    if (--r->exports) {
+        hm__mutex_unlock(&h->lock);
+        return HM_SUCCESS;
+    }
+    *p = r->next;
+    atomic_store_explicit(&h->live, atomic_load_explicit(&h->live, memory_order_relaxed) - 1,
+                          memory_order_relaxed);
+    hm__mutex_unlock(&h->lock);
+    if (r->freed) {
+        *free_ptr = r->ptr;
+        *free_size = r->free_size;
+    }
+    free(r);
+    return HM_SUCCESS;
+}
+
+bool hm__file_holds_defer_free(hm_file_holds_t *h, uint64_t off, void *ptr, size_t size) {
+    hm__mutex_lock(&h->lock);
+    hm_file_hold_t **p = hold_find(h, off);
+    bool held = p && !(*p)->freed && (*p)->ptr == ptr;
+    if (held) {
+        (*p)->freed = true;
+        (*p)->free_size = size;
+    }
+    hm__mutex_unlock(&h->lock);
+    return held;
+}
+
+bool hm__file_holds_busy(hm_file_holds_t *h, uint64_t off) {
+    hm__mutex_lock(&h->lock);
+    bool busy = hold_find(h, off) != NULL;
+    hm__mutex_unlock(&h->lock);
+    return busy;
 }
 
 hm_result_t hm__file_ipc_validate(const hm_file_ipc_payload_t *p, uint32_t magic, size_t size,
@@ -363,6 +509,7 @@ static hm_result_t file_init(const void *params, void **state) {
         free(s);
         return hm__errno_result(e, "pthread_mutex_init");
     }
+    hm__file_holds_init(&s->holds);
     s->shared = p->visibility == HM_FILE_SHARED;
     s->map_sync = p->map_sync;
     s->keep_file = p->keep_file;
@@ -436,6 +583,7 @@ static void file_fini(void *state) {
     if (!s->keep_file && unlink(s->path) != 0)
         (void)hm__errno_result(errno, "unlink(%s)", s->path);
     pthread_mutex_destroy(&s->grow_lock);
+    hm__file_holds_fini(&s->holds);
     free(s->path);
     free(s);
 }
@@ -484,7 +632,23 @@ static hm_result_t file_alloc(void *state, size_t size, size_t alignment, void *
 
 static hm_result_t file_free(void *state, void *ptr, size_t size) {
     file_state_t *s = state;
+    if (hm_unlikely(hm__file_holds_any(&s->holds))) {
+        /* Exported: the range stays allocated until its last put. */
+        uint64_t off;
+        hm_coarse_range_t rg;
+        if (offset_of(s, ptr, size ? size : 1, &off, &rg) == HM_SUCCESS &&
+            hm__file_holds_defer_free(&s->holds, off, ptr, size))
+            return HM_SUCCESS;
+    }
     return hm__coarse_free(s->coarse, ptr, size);
+}
+
+/* The range at ptr is exported (split/merge must not change it). */
+static bool file_exported(file_state_t *s, void *ptr) {
+    if (hm_likely(!hm__file_holds_any(&s->holds))) return false;
+    uint64_t off;
+    hm_coarse_range_t rg;
+    return offset_of(s, ptr, 1, &off, &rg) == HM_SUCCESS && hm__file_holds_busy(&s->holds, off);
 }
 
 static hm_result_t file_purge_force(void *state, void *ptr, size_t size) {
@@ -506,11 +670,19 @@ static hm_result_t file_purge_force(void *state, void *ptr, size_t size) {
 
 static hm_result_t file_split(void *state, void *ptr, size_t total, size_t first) {
     file_state_t *s = state;
+    if (file_exported(s, ptr)) {
+        HM_LOG_ERROR("file provider: split(%p): the allocation has IPC handles outstanding", ptr);
+        return HM_ERROR_BUSY;
+    }
     return hm__coarse_split(s->coarse, ptr, total, first);
 }
 
 static hm_result_t file_merge(void *state, void *lo, void *hi, size_t total) {
     file_state_t *s = state;
+    if (file_exported(s, lo) || file_exported(s, hi)) {
+        HM_LOG_ERROR("file provider: merge(%p, %p): IPC handles outstanding", lo, hi);
+        return HM_ERROR_BUSY;
+    }
     return hm__coarse_merge(s->coarse, lo, hi, total);
 }
 
@@ -552,11 +724,28 @@ static hm_result_t file_ipc_get(void *state, void *ptr, size_t size, void *paylo
      * needs no pidfd_getfd or channel). A path too long for the payload
      * travels as the descriptor instead. */
     *fd = p->path_len ? -1 : s->fd;
+    r = hm__file_holds_get(&s->holds, off, ptr, len);
+    if (r != HM_SUCCESS) return r;
     memcpy(payload, p, sizeof(*p));
     return HM_SUCCESS;
 }
 
-static hm_result_t file_ipc_put(void *state, void *payload) { return HM_SUCCESS; }
+/* The last put of a range freed while exported frees it now. */
+static hm_result_t file_ipc_put(void *state, void *payload) {
+    file_state_t *s = state;
+    hm_file_ipc_payload_t p;
+    if (!payload) return HM_ERROR_INVALID_ARGUMENT;
+    memcpy(&p, payload, sizeof(p));
+    if (p.magic != HM_FILE_IPC_MAGIC) {
+        HM_LOG_ERROR("file provider: ipc put: not a handle of this provider");
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    void *fp;
+    size_t fs;
+    hm_result_t r = hm__file_holds_put(&s->holds, p.offset, &fp, &fs);
+    if (r == HM_SUCCESS && fp) r = hm__coarse_free(s->coarse, fp, fs);
+    return r;
+}
 
 static hm_result_t file_ipc_open(void *state, const void *payload, int fd, size_t size,
                                  void **ptr) {

@@ -56,4 +56,40 @@ hm_result_t hm__file_ipc_validate(const hm_file_ipc_payload_t *p, uint32_t magic
 hm_result_t hm__file_ipc_open_fd(const hm_file_ipc_payload_t *p, int fd, bool is_device,
                                  int *out);
 
+/* ---- ranges held for IPC (file and devdax providers) ----
+ *
+ * An allocation exported through IPC (ipc.get without the matching put) is
+ * not handed out again when it is freed: the free is deferred to the last
+ * put, so an importer's mapping never sees another allocation's bytes while
+ * an export is outstanding (the OS provider's zombie extents do the same).
+ * Records are keyed by the range's file/device offset (unique among live
+ * ranges). A provider with nothing exported pays one relaxed load per free.
+ * Thread-safe (one mutex); the deferred free runs with it released. */
+typedef struct hm_file_hold hm_file_hold_t;
+typedef struct hm_file_holds {
+    pthread_mutex_t lock;
+    _Atomic size_t live;    /* records (exported or held) */
+    hm_file_hold_t **b;     /* chained hash by offset; cap buckets */
+    size_t cap;
+} hm_file_holds_t;
+void hm__file_holds_init(hm_file_holds_t *h);
+/* Drops every record (provider teardown: the coarse layer unmaps all). */
+void hm__file_holds_fini(hm_file_holds_t *h);
+/* ipc.get of [ptr, +len) at offset off: one more export. */
+hm_result_t hm__file_holds_get(hm_file_holds_t *h, uint64_t off, void *ptr, size_t len);
+/* ipc.put of the export at off. *free_ptr, *free_size: a deferred free that
+ * is now due (the caller gives the range back), else NULL. Not exported:
+ * HM_ERROR_INVALID_HANDLE (logged). */
+hm_result_t hm__file_holds_put(hm_file_holds_t *h, uint64_t off, void **free_ptr,
+                               size_t *free_size);
+/* Whether anything is exported (one relaxed load: the fast path of free). */
+static inline bool hm__file_holds_any(hm_file_holds_t *h) {
+    return atomic_load_explicit(&h->live, memory_order_relaxed) != 0;
+}
+/* free(ptr, size) of the range at off: true if it is exported (the free is
+ * recorded and happens at the last put), false if the caller frees now. */
+bool hm__file_holds_defer_free(hm_file_holds_t *h, uint64_t off, void *ptr, size_t size);
+/* Whether the range at off is exported (split/merge refuse: HM_ERROR_BUSY). */
+bool hm__file_holds_busy(hm_file_holds_t *h, uint64_t off);
+
 #endif
