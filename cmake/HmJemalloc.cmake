@@ -82,7 +82,10 @@ set(_hm_je_configure_args
 # The only symbols the pool calls; everything else becomes local.
 set(_hm_je_keep hm_je_mallocx hm_je_dallocx hm_je_sdallocx hm_je_rallocx hm_je_xallocx
     hm_je_sallocx hm_je_nallocx hm_je_mallctl hm_je_mallctlnametomib hm_je_mallctlbymib
-    hm__je_fast_alloc hm__je_fast_free hm__je_fast_check hm__je_fast_tl)
+    hm__je_fast_alloc hm__je_fast_free hm__je_fast_check hm__je_fast_tl
+    hm__je_fast_tcache_refresh)
+# (je_fast.c calls back hm__je_alloc_slow, hm__je_free_slow, hm__je_refuse in
+# the pool: undefined here, resolved when libhetmem is linked.)
 set(_hm_je_fast_src "${PROJECT_SOURCE_DIR}/src/pools/jemalloc/je_fast.c")
 set(_hm_je_fast_hdr "${PROJECT_SOURCE_DIR}/src/pools/jemalloc/je_fast.h")
 # jemalloc registers its fork handlers from its load-time constructor, i.e.
@@ -273,7 +276,8 @@ if(NOT EXISTS "${HM_JEMALLOC_OBJECT}" OR NOT EXISTS "${HM_JEMALLOC_OBJECT}.${_hm
   separate_arguments(_hm_je_fast_flags UNIX_COMMAND "${_hm_je_fast_flags}")
   _hm_je_run("compiling ${_hm_je_fast_src} against jemalloc ${_hm_je_version}'s internal headers"
              ${CMAKE_C_COMPILER} ${_hm_je_fast_flags} -I "${_hm_je_dir}/internal/gen"
-             -I "${_hm_je_dir}/internal/src" -c "${_hm_je_fast_src}"
+             -I "${_hm_je_dir}/internal/src" -I "${PROJECT_SOURCE_DIR}/include"
+             -c "${_hm_je_fast_src}"
              -o "${CMAKE_BINARY_DIR}/hm_jemalloc/je_fast.o")
   _hm_je_run("ld -r" ${_hm_ld} -r "${CMAKE_BINARY_DIR}/hm_jemalloc/je_fast.o"
              --whole-archive "${_hm_je_archive}" -o "${CMAKE_BINARY_DIR}/hm_jemalloc/all.o")

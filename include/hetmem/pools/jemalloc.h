@@ -50,9 +50,22 @@
  * successful forced purge the provider's memory must read as zero
  * (MADV_DONTNEED / hole punch semantics), as jemalloc assumes.
  *
- * Errors: hm_pool_free of a pointer this pool does not own is refused by the
- * front-end (tracked pools). A double free or a free of an interior pointer of
- * a live block inside the pool's memory is undefined, as in jemalloc.
+ * Fast paths: small allocations and frees (up to 4 KiB) go straight to the
+ * thread's tcache of the pool through the pool's own code written against
+ * jemalloc 5.3.0's internals (src/pools/jemalloc/je_fast.c), with jemalloc's
+ * thread-event bookkeeping kept as its own malloc/free keep it; everything
+ * else goes through mallocx/dallocx.
+ *
+ * Errors: the pool validates every pointer given to free, realloc and
+ * usable_size against jemalloc's own extent map (the pool sets
+ * HM_POOL_OPS_VALIDATES_POINTERS, so the front-end skips the tracker, also
+ * for pools made with HM_POOL_FLAG_NO_TRACKING): a pointer that is not the
+ * start of a live block of this pool's arena — foreign memory, another
+ * pool's block, an interior or misaligned pointer, a freed large block — is
+ * refused with HM_ERROR_INVALID_ARGUMENT (realloc: NULL and EINVAL;
+ * usable_size: 0) and one log line. Not detected, as in jemalloc: a small
+ * block freed twice, or a region start of a slab that is free or sits in a
+ * thread cache (it is indistinguishable from a live block).
  * hm_pool_trim() purges the arena and flushes the calling thread's cache of
  * the pool (other threads' caches are theirs to use; they are flushed at
  * thread exit and pool destroy).

@@ -100,106 +100,125 @@ JEMALLOC_ALWAYS_INLINE tsd_t *tsd_once(void) {
 JEMALLOC_ALWAYS_INLINE tcache_t *tcache_of(const hm_je_key_t *key, hm_je_tl_table_t *t) {
     if (unlikely(t == NULL || key->slot >= t->cap)) return NULL;
     hm_je_tl_entry_t *e = &t->e[key->slot];
-    if (unlikely(e->gen != key->gen || e->tc == HM_JE_NO_TCACHE)) return NULL;
-    /* tcaches[] (tcache.c): NULL when destroyed, TCACHES_ELM_NEED_REINIT
-     * after tcache.flush; mallocx re-creates it then. */
-    tcache_t *tc = tcaches[e->tc].tcache;
-    if (unlikely((uintptr_t)tc <= (uintptr_t)TCACHES_ELM_NEED_REINIT)) return NULL;
-    return tc;
+    if (unlikely(e->gen != key->gen)) return NULL;
+    return e->tcache;
 }
 
-/* See the file comment. Out: the size class. */
-JEMALLOC_ALWAYS_INLINE bool live_block(tsdn_t *tsdn, rtree_ctx_t *rtree_ctx, unsigned arena,
-                                       const void *ptr, szind_t *szind_out, bool *slab_out) {
+__attribute__((visibility("hidden"))) void hm__je_fast_tcache_refresh(hm_je_tl_entry_t *e) {
+    e->tcache = NULL;
+    if (e->tc == HM_JE_NO_TCACHE) return;
+    /* tcaches[] (tcache.c): NULL when destroyed, TCACHES_ELM_NEED_REINIT
+     * after tcache.flush, until mallocx/dallocx re-create it. */
+    tcache_t *tc = tcaches[e->tc].tcache;
+    if ((uintptr_t)tc > (uintptr_t)TCACHES_ELM_NEED_REINIT) e->tcache = tc;
+}
+
+/* live_block's answer: NOT_LIVE, or the size class, with LIVE_SLAB set for a
+ * block on a slab. */
+#define NOT_LIVE (-1)
+#define LIVE_SLAB 0x10000
+
+/* See the file comment. */
+JEMALLOC_ALWAYS_INLINE int live_block(tsdn_t *tsdn, rtree_ctx_t *rtree_ctx, unsigned arena,
+                                      const void *ptr) {
     uintptr_t key = (uintptr_t)ptr;
     /* Blocks are 8-aligned at least; the map covers LG_VADDR bits (higher
      * bits would alias lower addresses). */
-    if (unlikely(key == 0 || (key & 7) != 0 || (key >> LG_VADDR) != 0)) return false;
+    if (unlikely(key == 0 || (key & 7) != 0 || (key >> LG_VADDR) != 0)) return NOT_LIVE;
     rtree_contents_t c;
-    if (rtree_read_independent(tsdn, &arena_emap_global.rtree, rtree_ctx, key, &c)) return false;
+    if (rtree_read_independent(tsdn, &arena_emap_global.rtree, rtree_ctx, key, &c))
+        return NOT_LIVE;
     edata_t *edata = c.edata;
-    if (unlikely(edata == NULL || c.metadata.state != extent_state_active)) return false;
-    if (unlikely(edata_arena_ind_get(edata) != arena)) return false;
+    if (unlikely(edata == NULL || c.metadata.state != extent_state_active)) return NOT_LIVE;
+    if (unlikely(edata_arena_ind_get(edata) != arena)) return NOT_LIVE;
     szind_t szind = c.metadata.szind;
     uintptr_t addr = (uintptr_t)edata_addr_get(edata);
     if (likely(c.metadata.slab)) {
-        if (unlikely(szind >= SC_NBINS || key < addr)) return false;
+        if (unlikely(szind >= SC_NBINS)) return NOT_LIVE;
         const bin_info_t *bi = &bin_infos[szind];
-        size_t diff = key - addr;
-        if (unlikely(diff >= bi->slab_size)) return false;
+        size_t diff = key - addr; /* key < addr wraps: refused below */
+        if (unlikely(diff >= bi->slab_size)) return NOT_LIVE;
         size_t reg = div_compute(&arena_binind_div_info[szind], diff);
-        if (unlikely(reg >= bi->nregs || reg * bi->reg_size != diff)) return false;
-    } else if (unlikely(key != addr || szind >= SC_NSIZES)) {
-        return false;
+        if (unlikely(reg >= bi->nregs || reg * bi->reg_size != diff)) return NOT_LIVE;
+        return (int)szind | LIVE_SLAB;
     }
-    *szind_out = szind;
-    *slab_out = c.metadata.slab;
-    return true;
+    if (unlikely(key != addr || szind >= SC_NSIZES)) return NOT_LIVE;
+    return (int)szind;
 }
 
 /* A thread whose jemalloc data is not usable (not set up yet, or torn down
  * at thread exit): a lookup cache on the stack, as tsdn_rtree_ctx (tsd.h)
  * does. Out of line: the cache is 400 bytes of stack. */
-static JEMALLOC_NOINLINE bool live_block_notsd(unsigned arena, const void *ptr,
-                                               szind_t *szind, bool *slab) {
+static JEMALLOC_NOINLINE int live_block_notsd(unsigned arena, const void *ptr) {
     rtree_ctx_t fallback;
     rtree_ctx_data_init(&fallback);
-    return live_block(TSDN_NULL, &fallback, arena, ptr, szind, slab);
+    return live_block(TSDN_NULL, &fallback, arena, ptr);
 }
 
-JEMALLOC_ALWAYS_INLINE bool live_block_tsd(tsd_t *tsd, unsigned arena, const void *ptr,
-                                           szind_t *szind, bool *slab) {
+JEMALLOC_ALWAYS_INLINE int live_block_tsd(tsd_t *tsd, unsigned arena, const void *ptr) {
     if (likely(tsd_nominal(tsd)))
-        return live_block(tsd_tsdn(tsd), tsd_rtree_ctx(tsd), arena, ptr, szind, slab);
-    return live_block_notsd(arena, ptr, szind, slab);
+        return live_block(tsd_tsdn(tsd), tsd_rtree_ctx(tsd), arena, ptr);
+    return live_block_notsd(arena, ptr);
 }
 
-__attribute__((visibility("hidden"))) void *hm__je_fast_alloc(const hm_je_key_t *key,
-                                                               size_t size) {
-    if (unlikely(size > SC_LOOKUP_MAXCLASS || size == 0)) return NULL;
-    tsd_t *tsd = tsd_once();
-    tcache_t *tcache = tcache_of(key, tl_table);
-    if (unlikely(tcache == NULL)) return NULL;
-    szind_t ind;
-    size_t usize;
-    sz_size2index_usize_fastpath(size, &ind, &usize);
-    uint64_t allocated, threshold;
-    te_malloc_fastpath_ctx(tsd, &allocated, &threshold);
-    uint64_t allocated_after = allocated + usize;
-    if (unlikely(allocated_after >= threshold)) return NULL; /* event due, or tsd not fast */
-    cache_bin_t *bin = &tcache->bins[ind];
-    bool ok;
-    void *ret = cache_bin_alloc_easy(bin, &ok);
-    if (unlikely(!ok)) {
-        ret = cache_bin_alloc(bin, &ok);
-        if (unlikely(!ok)) return NULL;
+__attribute__((visibility("hidden"))) hm_result_t hm__je_fast_alloc(void *state, size_t size,
+                                                                     size_t alignment,
+                                                                     void **ptr) {
+    const hm_je_key_t *key = state;
+    /* alignment 0 or 1: natural; size 1..SC_LOOKUP_MAXCLASS in one test. */
+    if (likely(alignment <= 1 && size - 1 < SC_LOOKUP_MAXCLASS)) {
+        tsd_t *tsd = tsd_once();
+        tcache_t *tcache = tcache_of(key, tl_table);
+        if (likely(tcache != NULL)) {
+            szind_t ind;
+            size_t usize;
+            sz_size2index_usize_fastpath(size, &ind, &usize);
+            uint64_t allocated, threshold;
+            te_malloc_fastpath_ctx(tsd, &allocated, &threshold);
+            uint64_t allocated_after = allocated + usize;
+            /* An event due, or the thread data not "fast": threshold 0. */
+            if (likely(allocated_after < threshold)) {
+                cache_bin_t *bin = &tcache->bins[ind];
+                bool ok;
+                void *ret = cache_bin_alloc_easy(bin, &ok);
+                if (unlikely(!ok)) ret = cache_bin_alloc(bin, &ok);
+                if (likely(ok)) {
+                    fastpath_success_finish(tsd, allocated_after, bin, ret);
+                    *ptr = ret;
+                    return HM_SUCCESS;
+                }
+            }
+        }
     }
-    fastpath_success_finish(tsd, allocated_after, bin, ret);
-    return ret;
+    return hm__je_alloc_slow(state, size, alignment, ptr);
 }
 
-__attribute__((visibility("hidden"))) int hm__je_fast_free(const hm_je_key_t *key, void *ptr) {
+__attribute__((visibility("hidden"))) hm_result_t hm__je_fast_free(void *state, void *ptr) {
+    const hm_je_key_t *key = state;
     tsd_t *tsd = tsd_once();
     hm_je_tl_table_t *t = tl_table;
-    szind_t szind;
-    bool slab;
-    if (unlikely(!live_block_tsd(tsd, key->arena, ptr, &szind, &slab))) return HM_JE_FOREIGN;
-    if (unlikely(!slab)) return HM_JE_SLOW;
-    tcache_t *tcache = tcache_of(key, t);
-    if (unlikely(tcache == NULL)) return HM_JE_SLOW;
-    uint64_t deallocated, threshold;
-    te_free_fastpath_ctx(tsd, &deallocated, &threshold);
-    uint64_t deallocated_after = deallocated + sz_index2size(szind);
-    if (unlikely(deallocated_after >= threshold)) return HM_JE_SLOW;
-    if (unlikely(!cache_bin_dalloc_easy(&tcache->bins[szind], ptr))) return HM_JE_SLOW;
-    *tsd_thread_deallocatedp_get(tsd) = deallocated_after;
-    return HM_JE_FREED;
+    int live = live_block_tsd(tsd, key->arena, ptr);
+    if (unlikely(live < 0)) return hm__je_refuse(state, ptr, "free");
+    if (likely(live & LIVE_SLAB)) {
+        szind_t szind = (szind_t)(live & ~LIVE_SLAB);
+        tcache_t *tcache = tcache_of(key, t);
+        if (likely(tcache != NULL)) {
+            uint64_t deallocated, threshold;
+            te_free_fastpath_ctx(tsd, &deallocated, &threshold);
+            uint64_t deallocated_after = deallocated + sz_index2size(szind);
+            if (likely(deallocated_after < threshold) &&
+                likely(cache_bin_dalloc_easy(&tcache->bins[szind], ptr))) {
+                *tsd_thread_deallocatedp_get(tsd) = deallocated_after;
+                return HM_SUCCESS;
+            }
+        }
+    }
+    return hm__je_free_slow(state, ptr);
 }
 
 __attribute__((visibility("hidden"))) size_t hm__je_fast_check(unsigned arena,
                                                                 const void *ptr) {
-    szind_t szind;
-    bool slab;
-    if (!live_block_tsd(tsd_once(), arena, ptr, &szind, &slab)) return 0;
-    return sz_index2size(szind);
+    int live = live_block_tsd(tsd_once(), arena, ptr);
+    if (live < 0) return 0;
+    return sz_index2size((szind_t)(live & ~LIVE_SLAB));
 }

@@ -9,6 +9,8 @@
 #ifndef HM_JE_FAST_H
 #define HM_JE_FAST_H
 
+#include <hetmem/base.h>
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,6 +20,9 @@
  * (the pool that had the slot is gone) is told apart by `gen`. */
 typedef struct hm_je_tl_entry {
     uint64_t gen;   /* generation of the pool it was made for; 0 = unused */
+    void *tcache;   /* jemalloc's tcache_t of `tc`, or NULL: take the slow
+                     * path (set by hm__je_tcache_refresh; cleared before
+                     * the pool flushes or destroys the tcache) */
     unsigned tc;    /* the explicit tcache's index; HM_JE_NO_TCACHE: none */
     int flags;      /* mallocx/dallocx flags for the slow path */
     void *node;     /* jemalloc.c's record of the tcache (NULL: none) */
@@ -30,7 +35,8 @@ typedef struct hm_je_tl_table {
     unsigned cap;
 } hm_je_tl_table_t;
 
-/* What the fast paths need of a pool (immutable while the pool lives). */
+/* What the fast paths need of a pool (immutable while the pool lives). It is
+ * the first member of the pool's state, so the pool ops get it as `state`. */
 typedef struct hm_je_key {
     unsigned slot;  /* index in the per-thread table */
     unsigned arena; /* the pool's arena */
@@ -42,20 +48,25 @@ typedef struct hm_je_key {
  * access). */
 hm_je_tl_table_t **hm__je_fast_tl(void);
 
-/* A block of `size` bytes (natural alignment) from this thread's tcache of
- * the pool, or NULL: take the slow path (no tcache yet, cache empty, size not
- * small, a jemalloc thread event due, thread data not ready). Never fails
- * otherwise; never allocates from jemalloc's arenas itself. */
-void *hm__je_fast_alloc(const hm_je_key_t *key, size_t size);
+/* The pool's alloc op (state = the key): a small block from this thread's
+ * tcache of the pool; otherwise (no tcache yet, cache empty, not small,
+ * aligned, a jemalloc thread event due, thread data not ready) a tail call
+ * to hm__je_alloc_slow. */
+hm_result_t hm__je_fast_alloc(void *state, size_t size, size_t alignment, void **ptr);
 
-enum {
-    HM_JE_FREED = 0,   /* done */
-    HM_JE_SLOW = 1,    /* a live block of the arena: free it with dallocx */
-    HM_JE_FOREIGN = 2, /* not a live block of the arena: refuse */
-};
-/* Free ptr into this thread's tcache of the pool if ptr is a live block of
- * the pool's arena and the fast path applies. */
-int hm__je_fast_free(const hm_je_key_t *key, void *ptr);
+/* The pool's free op: refuses (tail call to hm__je_refuse) unless ptr is a
+ * live block of the pool's arena; frees small blocks into this thread's
+ * tcache of the pool, anything else through hm__je_free_slow. */
+hm_result_t hm__je_fast_free(void *state, void *ptr);
+
+/* The slow paths, in jemalloc.c. */
+hm_result_t hm__je_alloc_slow(void *state, size_t size, size_t alignment, void **ptr);
+hm_result_t hm__je_free_slow(void *state, void *ptr);
+hm_result_t hm__je_refuse(void *state, const void *ptr, const char *what);
+
+/* Set e->tcache from jemalloc's table of explicit tcaches (after the tcache
+ * was created, or re-created by the slow path after a flush). */
+void hm__je_fast_tcache_refresh(hm_je_tl_entry_t *e);
 
 /* Is ptr the start of a live block of `arena`? Its usable size, or 0. */
 size_t hm__je_fast_check(unsigned arena, const void *ptr);

@@ -52,8 +52,8 @@ typedef struct tc_node tc_node_t;
  * for this pool (one per thread that used it); it and `slot` are guarded by
  * g_lock. */
 typedef struct jpool {
+    hm_je_key_t key;  /* first: the ops' state is &key (je_fast.h) */
     extent_hooks_t hooks;
-    hm_je_key_t key;  /* slot, arena, gen: what the fast paths need */
     hm_pool_t *pool;
     unsigned arena;
     int arena_flags;  /* MALLOCX_ARENA(arena) */
@@ -210,6 +210,7 @@ static HM_NOINLINE int flags_slow(jpool_t *jp) {
      * that pool's destroy already destroyed its tcache. */
     e->gen = 0;
     e->node = NULL;
+    e->tcache = NULL;
     e->tc = HM_JE_NO_TCACHE;
     tc_node_t *n = malloc(sizeof(*n));
     unsigned tc = 0;
@@ -235,9 +236,18 @@ static HM_NOINLINE int flags_slow(jpool_t *jp) {
     hm__mutex_unlock(&g_lock);
     e->node = n;
     e->tc = tc;
+    hm__je_fast_tcache_refresh(e);
     e->flags = jp->arena_flags | MALLOCX_TCACHE(tc);
     e->gen = jp->gen;
     return e->flags;
+}
+
+/* After a slow-path call: the fast paths may use the tcache again (it is
+ * re-created by jemalloc after the flush in jp_trim). */
+static inline void tcache_refresh(jpool_t *jp) {
+    tl_table_t *t = *hm__je_fast_tl();
+    if (t && jp->slot < t->cap && t->e[jp->slot].gen == jp->gen && !t->e[jp->slot].tcache)
+        hm__je_fast_tcache_refresh(&t->e[jp->slot]);
 }
 
 HM_INLINE int flags_of(jpool_t *jp) {
@@ -689,53 +699,39 @@ static void jp_fini(void *state) {
     free(jp);
 }
 
-/* Not the fast path: no tcache yet, cache empty, large, aligned, or a
- * jemalloc thread event due (je_fast.h). */
-static HM_NOINLINE hm_result_t alloc_slow(jpool_t *jp, size_t size, size_t alignment,
-                                          void **ptr) {
+/* The pool's alloc and free ops are je_fast.c's hm__je_fast_alloc and
+ * hm__je_fast_free (state = jp, whose first member is the key); they come
+ * here when the fast path does not apply: no tcache yet, cache empty or full,
+ * not small, aligned, or a jemalloc thread event due. */
+hm_result_t hm__je_alloc_slow(void *state, size_t size, size_t alignment, void **ptr) {
+    jpool_t *jp = state;
     int flags = flags_of(jp);
     if (alignment > 1) {
         if (hm_unlikely(alignment > ((size_t)1 << 62))) return HM_ERROR_OUT_OF_MEMORY;
         flags |= MALLOCX_ALIGN(alignment);
     }
     void *p = hm_je_mallocx(size, flags);
+    tcache_refresh(jp);
     if (hm_unlikely(!p)) return HM_ERROR_OUT_OF_MEMORY;
     *ptr = p;
     return HM_SUCCESS;
 }
 
-static hm_result_t jp_alloc(void *state, size_t size, size_t alignment, void **ptr) {
+/* A live block of the pool (validated by hm__je_fast_free). */
+hm_result_t hm__je_free_slow(void *state, void *ptr) {
     jpool_t *jp = state;
-    if (hm_likely(alignment <= 1)) {
-        void *p = hm__je_fast_alloc(&jp->key, size);
-        if (hm_likely(p != NULL)) {
-            *ptr = p;
-            return HM_SUCCESS;
-        }
-    }
-    return alloc_slow(jp, size, alignment, ptr);
+    hm_je_dallocx(ptr, flags_of(jp));
+    tcache_refresh(jp);
+    return HM_SUCCESS;
 }
 
-static HM_NOINLINE __attribute__((cold)) hm_result_t refuse(jpool_t *jp, const char *what,
-                                                            const void *ptr) {
+/* Pointer validation (HM_POOL_OPS_VALIDATES_POINTERS): see je_fast.c. */
+__attribute__((cold)) hm_result_t hm__je_refuse(void *state, const void *ptr, const char *what) {
+    jpool_t *jp = state;
     HM_LOG_ERROR("jemalloc pool '%s': %s(%p): not a live block of this pool (foreign or "
                  "interior pointer, another pool's block, or freed memory)",
                  hm_pool_name(jp->pool), what, ptr);
     return HM_ERROR_INVALID_ARGUMENT;
-}
-
-static HM_NOINLINE hm_result_t free_slow(jpool_t *jp, void *ptr) {
-    hm_je_dallocx(ptr, flags_of(jp));
-    return HM_SUCCESS;
-}
-
-/* Validates ptr (HM_POOL_OPS_VALIDATES_POINTERS): see je_fast.c. */
-static hm_result_t jp_free(void *state, void *ptr) {
-    jpool_t *jp = state;
-    int r = hm__je_fast_free(&jp->key, ptr);
-    if (hm_likely(r == HM_JE_FREED)) return HM_SUCCESS;
-    if (r == HM_JE_SLOW) return free_slow(jp, ptr);
-    return refuse(jp, "free", ptr);
 }
 
 static size_t jp_usable_size(void *state, const void *ptr) {
@@ -758,7 +754,7 @@ static hm_result_t jp_calloc(void *state, size_t size, void **ptr) {
 
 static hm_result_t jp_realloc(void *state, void *ptr, size_t size, void **out) {
     jpool_t *jp = state;
-    if (hm_unlikely(!hm__je_fast_check(jp->arena, ptr))) return refuse(jp, "realloc", ptr);
+    if (hm_unlikely(!hm__je_fast_check(jp->arena, ptr))) return hm__je_refuse(jp, ptr, "realloc");
     int flags = flags_of(jp);
     if (!jp->cpu) {
         /* No copy through the CPU: in place or not at all. */
@@ -783,6 +779,7 @@ static hm_result_t jp_trim(void *state) {
     tl_table_t *t = *hm__je_fast_tl();
     if (t && jp->slot < t->cap && t->e[jp->slot].gen == jp->gen && t->e[jp->slot].node) {
         unsigned tc = t->e[jp->slot].tc;
+        t->e[jp->slot].tcache = NULL; /* flush destroys it (re-made on next use) */
         int e = hm_je_mallctl("tcache.flush", NULL, NULL, &tc, sizeof(tc));
         if (e) HM_LOG_WARN("jemalloc pool: tcache.flush(%u): %s", tc, strerror(e));
     }
@@ -813,8 +810,8 @@ static const hm_pool_ops_t jemalloc_ops = {
     .name = "jemalloc",
     .init = jp_init,
     .fini = jp_fini,
-    .alloc = jp_alloc,
-    .free = jp_free,
+    .alloc = hm__je_fast_alloc,
+    .free = hm__je_fast_free,
     .usable_size = jp_usable_size,
     .calloc = jp_calloc,
     .realloc = jp_realloc,
