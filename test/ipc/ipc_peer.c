@@ -26,6 +26,7 @@ static hm_pool_t *make_pool(void) {
         hm_provider_t *prov;
         hm_pool_t *pool;
         if (hm_file_provider_create(path, &prov)) return NULL;
+        unlink(path); /* these pools only import: nothing needs the name */
         if (hm_proxy_pool_create(prov, HM_POOL_FLAG_OWN_PROVIDER, &pool)) return NULL;
         return pool;
     }

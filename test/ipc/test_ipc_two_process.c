@@ -277,6 +277,7 @@ static void file_free_while_exported(void) {
     for (int i = 0; i < 4; i++) CHECK_OK(hm_pool_free(pool, q[i]));
     CHECK_EQ(peer_stop(&pe), 0);
     CHECK_OK(hm_pool_destroy(pool));
+    unlink(path);
 }
 
 static void run(const char *mode) {
