@@ -35,9 +35,12 @@
  *   on the explicit tcache; anything else is left to dallocx().
  * - live_block() is a non-dependent lookup in jemalloc's global extent map
  *   (rtree_read_independent, rtree.h, on arena_emap_global, the map
- *   ivsalloc() uses): the page must belong to an active extent of the arena;
- *   on a slab, ptr must be the start of one of its regions (the region index
- *   by jemalloc's multiply-shift division, div_compute in div.h with
+ *   ivsalloc() uses): the page must belong to an active extent of the arena
+ *   (its descriptor lies in the arena's first metadata block, see
+ *   hm__je_fast_key_init, or names the arena); on a slab, ptr must be the
+ *   start of one of its regions (for a power-of-two size up to a page, a
+ *   multiple of the size; otherwise the region index by jemalloc's
+ *   multiply-shift division, div_compute in div.h with
  *   arena_binind_div_info, as arena_slab_regind in arena_inlines_b.h does);
  *   a large block must start at ptr (edata_addr_get: jemalloc's
  *   cache-oblivious offset is part of the extent's address). A pointer of
@@ -118,9 +121,30 @@ __attribute__((visibility("hidden"))) void hm__je_fast_tcache_refresh(hm_je_tl_e
 #define NOT_LIVE (-1)
 #define LIVE_SLAB 0x10000
 
+/* The arena's base (base.h: base_t, base_block_t; arena_structs.h:
+ * arena_t.base) maps its metadata in blocks that live as long as the arena;
+ * every extent descriptor (edata_t) of the arena comes from it (arena_new and
+ * pa_shard_init give the arena's edata caches the arena's base; base.c:
+ * base_alloc_edata), and only the arena's extents use them. The first block
+ * (the oldest, last in the list) holds the arena itself and the first
+ * thousands of descriptors: a descriptor inside it proves the arena without
+ * reading the descriptor (a cache miss when blocks are freed at random over
+ * many slabs). Others are checked by the descriptor's arena index. */
+__attribute__((visibility("hidden"))) void hm__je_fast_key_init(hm_je_key_t *key) {
+    key->meta_lo = 0;
+    key->meta_size = 0;
+    arena_t *arena = arena_get(TSDN_NULL, key->arena, false);
+    if (arena == NULL || arena->base == NULL) return;
+    base_block_t *b = arena->base->blocks;
+    if (b == NULL) return;
+    while (b->next != NULL) b = b->next;
+    key->meta_lo = (uintptr_t)b;
+    key->meta_size = b->size;
+}
+
 /* See the file comment. */
-JEMALLOC_ALWAYS_INLINE int live_block(tsdn_t *tsdn, rtree_ctx_t *rtree_ctx, unsigned arena,
-                                      const void *ptr) {
+JEMALLOC_ALWAYS_INLINE int live_block(tsdn_t *tsdn, rtree_ctx_t *rtree_ctx,
+                                      const hm_je_key_t *hk, const void *ptr) {
     uintptr_t key = (uintptr_t)ptr;
     /* Blocks are 8-aligned at least; the map covers LG_VADDR bits (higher
      * bits would alias lower addresses). */
@@ -130,35 +154,42 @@ JEMALLOC_ALWAYS_INLINE int live_block(tsdn_t *tsdn, rtree_ctx_t *rtree_ctx, unsi
         return NOT_LIVE;
     edata_t *edata = c.edata;
     if (unlikely(edata == NULL || c.metadata.state != extent_state_active)) return NOT_LIVE;
-    if (unlikely(edata_arena_ind_get(edata) != arena)) return NOT_LIVE;
+    if (unlikely((uintptr_t)edata - hk->meta_lo >= hk->meta_size) &&
+        edata_arena_ind_get(edata) != hk->arena)
+        return NOT_LIVE;
     szind_t szind = c.metadata.szind;
-    uintptr_t addr = (uintptr_t)edata_addr_get(edata);
     if (likely(c.metadata.slab)) {
         if (unlikely(szind >= SC_NBINS)) return NOT_LIVE;
         const bin_info_t *bi = &bin_infos[szind];
+        size_t reg_size = bi->reg_size;
+        /* A power of two up to a page: slabs are page-aligned, so the
+         * region starts are exactly the multiples of the size. */
+        if ((reg_size & (reg_size - 1)) == 0 && reg_size <= PAGE)
+            return (key & (reg_size - 1)) == 0 ? ((int)szind | LIVE_SLAB) : NOT_LIVE;
+        uintptr_t addr = (uintptr_t)edata_addr_get(edata);
         size_t diff = key - addr; /* key < addr wraps: refused below */
         if (unlikely(diff >= bi->slab_size)) return NOT_LIVE;
         size_t reg = div_compute(&arena_binind_div_info[szind], diff);
-        if (unlikely(reg >= bi->nregs || reg * bi->reg_size != diff)) return NOT_LIVE;
+        if (unlikely(reg >= bi->nregs || reg * reg_size != diff)) return NOT_LIVE;
         return (int)szind | LIVE_SLAB;
     }
-    if (unlikely(key != addr || szind >= SC_NSIZES)) return NOT_LIVE;
+    if (unlikely(key != (uintptr_t)edata_addr_get(edata) || szind >= SC_NSIZES)) return NOT_LIVE;
     return (int)szind;
 }
 
 /* A thread whose jemalloc data is not usable (not set up yet, or torn down
  * at thread exit): a lookup cache on the stack, as tsdn_rtree_ctx (tsd.h)
  * does. Out of line: the cache is 400 bytes of stack. */
-static JEMALLOC_NOINLINE int live_block_notsd(unsigned arena, const void *ptr) {
+static JEMALLOC_NOINLINE int live_block_notsd(const hm_je_key_t *hk, const void *ptr) {
     rtree_ctx_t fallback;
     rtree_ctx_data_init(&fallback);
-    return live_block(TSDN_NULL, &fallback, arena, ptr);
+    return live_block(TSDN_NULL, &fallback, hk, ptr);
 }
 
-JEMALLOC_ALWAYS_INLINE int live_block_tsd(tsd_t *tsd, unsigned arena, const void *ptr) {
+JEMALLOC_ALWAYS_INLINE int live_block_tsd(tsd_t *tsd, const hm_je_key_t *hk, const void *ptr) {
     if (likely(tsd_nominal(tsd)))
-        return live_block(tsd_tsdn(tsd), tsd_rtree_ctx(tsd), arena, ptr);
-    return live_block_notsd(arena, ptr);
+        return live_block(tsd_tsdn(tsd), tsd_rtree_ctx(tsd), hk, ptr);
+    return live_block_notsd(hk, ptr);
 }
 
 __attribute__((visibility("hidden"))) hm_result_t hm__je_fast_alloc(void *state, size_t size,
@@ -197,7 +228,7 @@ __attribute__((visibility("hidden"))) hm_result_t hm__je_fast_free(void *state, 
     const hm_je_key_t *key = state;
     tsd_t *tsd = tsd_once();
     hm_je_tl_table_t *t = tl_table;
-    int live = live_block_tsd(tsd, key->arena, ptr);
+    int live = live_block_tsd(tsd, key, ptr);
     if (unlikely(live < 0)) return hm__je_refuse(state, ptr, "free");
     if (likely(live & LIVE_SLAB)) {
         szind_t szind = (szind_t)(live & ~LIVE_SLAB);
@@ -216,9 +247,9 @@ __attribute__((visibility("hidden"))) hm_result_t hm__je_fast_free(void *state, 
     return hm__je_free_slow(state, ptr);
 }
 
-__attribute__((visibility("hidden"))) size_t hm__je_fast_check(unsigned arena,
+__attribute__((visibility("hidden"))) size_t hm__je_fast_check(const hm_je_key_t *key,
                                                                 const void *ptr) {
-    int live = live_block_tsd(tsd_once(), arena, ptr);
+    int live = live_block_tsd(tsd_once(), key, ptr);
     if (live < 0) return 0;
     return sz_index2size((szind_t)(live & ~LIVE_SLAB));
 }

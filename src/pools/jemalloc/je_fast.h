@@ -41,7 +41,14 @@ typedef struct hm_je_key {
     unsigned slot;  /* index in the per-thread table */
     unsigned arena; /* the pool's arena */
     uint64_t gen;   /* the pool's generation, never 0 */
+    /* The first block of the arena's own metadata allocator (see
+     * hm__je_fast_key_init): extent descriptors in it are the arena's. */
+    uintptr_t meta_lo;
+    size_t meta_size;
 } hm_je_key_t;
+
+/* Once the arena exists: fill key->meta_lo/meta_size. */
+void hm__je_fast_key_init(hm_je_key_t *key);
 
 /* This thread's table pointer (the TLS variable lives in je_fast.c, next to
  * jemalloc's own thread data, so the fast paths reach both with one TLS
@@ -68,7 +75,7 @@ hm_result_t hm__je_refuse(void *state, const void *ptr, const char *what);
  * was created, or re-created by the slow path after a flush). */
 void hm__je_fast_tcache_refresh(hm_je_tl_entry_t *e);
 
-/* Is ptr the start of a live block of `arena`? Its usable size, or 0. */
-size_t hm__je_fast_check(unsigned arena, const void *ptr);
+/* Is ptr the start of a live block of the pool? Its usable size, or 0. */
+size_t hm__je_fast_check(const hm_je_key_t *key, const void *ptr);
 
 #endif

@@ -626,6 +626,7 @@ static hm_result_t jp_init(hm_pool_t *pool, const void *params_in, void **state)
         return r;
     }
     jp->arena = jp->key.arena = ind;
+    hm__je_fast_key_init(&jp->key);
     /* MALLOCX_ARENA(ind) without its signed overflow for ind >= 2047 (the
      * flag word keeps the arena in bits 20..31). */
     jp->arena_flags = (int)((unsigned)(ind + 1) << 20);
@@ -736,7 +737,7 @@ __attribute__((cold)) hm_result_t hm__je_refuse(void *state, const void *ptr, co
 
 static size_t jp_usable_size(void *state, const void *ptr) {
     jpool_t *jp = state;
-    return hm__je_fast_check(jp->arena, ptr);
+    return hm__je_fast_check(&jp->key, ptr);
 }
 
 static hm_result_t jp_calloc(void *state, size_t size, void **ptr) {
@@ -754,7 +755,7 @@ static hm_result_t jp_calloc(void *state, size_t size, void **ptr) {
 
 static hm_result_t jp_realloc(void *state, void *ptr, size_t size, void **out) {
     jpool_t *jp = state;
-    if (hm_unlikely(!hm__je_fast_check(jp->arena, ptr))) return hm__je_refuse(jp, ptr, "realloc");
+    if (hm_unlikely(!hm__je_fast_check(&jp->key, ptr))) return hm__je_refuse(jp, ptr, "realloc");
     int flags = flags_of(jp);
     if (!jp->cpu) {
         /* No copy through the CPU: in place or not at all. */
