@@ -5,10 +5,12 @@
  * the figures compare directly. Implementations (the same workload code, only
  * alloc/free differ):
  *   je-pool       hm_pool_malloc/hm_pool_free on a jemalloc pool over the OS
- *                 provider (tracked: hm_pool_free checks ownership through the
- *                 tracker, as the API promises).
- *   je-pool-untr  the same pool with HM_POOL_FLAG_NO_TRACKING: the pool's own
- *                 cost without the tracker lookup.
+ *                 provider (tracked; hm_pool_free's ownership check is the
+ *                 pool's own, through jemalloc's extent map: the pool sets
+ *                 HM_POOL_OPS_VALIDATES_POINTERS, so no tracker lookup).
+ *   je-pool-untr  the same pool with HM_POOL_FLAG_NO_TRACKING (the tracker
+ *                 records nothing when the arena takes provider memory; the
+ *                 per-call paths are the same).
  *   je-pool-notc  tracked, without thread caches (every call takes the arena's
  *                 locks, as UMF's jemalloc pool does).
  *   malloc        malloc/free of this process, named after the preloaded
