@@ -832,7 +832,18 @@ static hm_result_t remote_push(nv_heap_t *h, nv_heap_t *dest, void *p) {
  * free_own does block by block: a bit already free is a double free (logged,
  * skipped). Returns 1 if s may have gone back to the pool (the caller must
  * not read it again). */
-static int drain_word(nv_heap_t *h, nv_slab_t *s, uint32_t w, uint64_t mask) {
+static HM_NOINLINE void drain_dups(const nv_slab_t *s, uint32_t w, uint64_t dup) {
+    while (dup) {
+        uint32_t i = (uint32_t)__builtin_ctzll(dup);
+        dup &= dup - 1;
+        /* s is still h's: the log reads only its immutable fields. */
+        HM_LOG_ERROR("native pool: double free of %p (block %u of the %u-byte slab at %p, "
+                     "remote)", (void *)(s->base + ((uintptr_t)w * 64 + i) * s->bsize),
+                     w * 64 + i, s->bsize, (void *)s->base);
+    }
+}
+
+HM_INLINE int drain_word(nv_heap_t *h, nv_slab_t *s, uint32_t w, uint64_t mask) {
     nv_cls_t *cl = s->cl;
     uint64_t dup;
     int gone = 0;
@@ -844,19 +855,12 @@ static int drain_word(nv_heap_t *h, nv_slab_t *s, uint32_t w, uint64_t mask) {
         dup = x & mask;
         s->bits[w] = x | mask;
         uint32_t n = s->nfree += popcount64(mask & ~dup);
-        if (s != cl->cur && (!s->in_partial || n == s->nblocks)) {
+        if (hm_unlikely(s != cl->cur && (!s->in_partial || n == s->nblocks))) {
             gone = n == s->nblocks;
             slab_transition(h, cl, s);
         }
     }
-    while (hm_unlikely(dup)) {
-        uint32_t i = (uint32_t)__builtin_ctzll(dup);
-        dup &= dup - 1;
-        /* s is still h's: the log reads only its immutable fields. */
-        HM_LOG_ERROR("native pool: double free of %p (block %u of the %u-byte slab at %p, "
-                     "remote)", (void *)(s->base + ((uintptr_t)w * 64 + i) * s->bsize),
-                     w * 64 + i, s->bsize, (void *)s->base);
-    }
+    if (hm_unlikely(dup)) drain_dups(s, w, dup);
     return gone;
 }
 
