@@ -279,7 +279,8 @@ static hm_result_t map_init(nv_pool_t *nv) {
     nv->root_len = (size_t)1 << (bits - nv->leaf_bits);
     nv->root = calloc(nv->root_len, sizeof(*nv->root));
     atomic_init(&nv->hint_leaf, NULL);
-    atomic_init(&nv->hint_ri, SIZE_MAX);
+    atomic_init(&nv->hint_first, (size_t)1 << 63);
+    nv->leaf_len = (size_t)1 << nv->leaf_bits;
     return nv->root ? HM_SUCCESS : HM_ERROR_OUT_OF_HOST_MEMORY;
 }
 
@@ -314,7 +315,8 @@ static int map_set(nv_pool_t *nv, uintptr_t base, size_t span, nv_slab_t *s) {
                     if (atomic_compare_exchange_strong_explicit(&nv->hint_leaf, &none, fresh,
                                                                 memory_order_relaxed,
                                                                 memory_order_relaxed))
-                        atomic_store_explicit(&nv->hint_ri, ri, memory_order_release);
+                        atomic_store_explicit(&nv->hint_first, ri << nv->leaf_bits,
+                                              memory_order_release);
                 }
             } else {
                 free(fresh);
@@ -1062,10 +1064,13 @@ HM_INLINE size_t tp_slot(uintptr_t tp) { /* Fibonacci hashing, as lmap_slot */
     return (size_t)((tp * 0x9E3779B97F4A7C15ull) >> (64 - NV_BY_TP_BITS));
 }
 
-/* The caller's heap by its thread pointer, or NULL (then ask heap_get). */
+/* The heap in the caller's by_tp slot (never NULL): the caller's heap iff
+ * its tp is the caller's thread pointer (else ask heap_get). */
 HM_INLINE nv_heap_t *heap_by_tp(nv_pool_t *nv, uintptr_t tp) {
-    nv_heap_t *h = atomic_load_explicit(&nv->by_tp[tp_slot(tp)], memory_order_acquire);
-    return atomic_load_explicit(&h->tp, memory_order_relaxed) == tp ? h : NULL;
+    return atomic_load_explicit(&nv->by_tp[tp_slot(tp)], memory_order_acquire);
+}
+HM_INLINE int heap_is_mine(nv_heap_t *h, uintptr_t tp) {
+    return atomic_load_explicit(&h->tp, memory_order_relaxed) == tp;
 }
 
 /* h is the caller's heap: enter it in by_tp unless the slot serves another
@@ -1194,8 +1199,9 @@ static HM_NOINLINE hm_result_t alloc_refill(nv_heap_t *h, unsigned c, void **out
 static hm_result_t nv_alloc(void *state, size_t size, size_t align, void **out) {
     nv_pool_t *nv = state;
     if (hm_likely(size <= nv->class_limit && align <= 8)) {
-        nv_heap_t *h = heap_by_tp(nv, thread_tp());
-        if (hm_likely(h)) {
+        uintptr_t tp = thread_tp();
+        nv_heap_t *h = heap_by_tp(nv, tp);
+        if (hm_likely(heap_is_mine(h, tp))) {
             unsigned c = cls_of(size);
             nv_cls_t *cl = &h->cls[c];
             uint64_t b = cl->bits;
@@ -1275,8 +1281,9 @@ static HM_NOINLINE hm_result_t free_other_slow(nv_pool_t *nv, nv_heap_t *h, nv_s
  * common case, appending to an open batch for that owner that stays below
  * its cap and the flush bound, takes no call and no stack frame. */
 static HM_NOINLINE hm_result_t free_other(nv_pool_t *nv, nv_slab_t *s, void *p) {
-    nv_heap_t *h = heap_by_tp(nv, thread_tp());
-    if (hm_unlikely(!h)) return free_other_slow(nv, NULL, s, p);
+    uintptr_t tp = thread_tp();
+    nv_heap_t *h = heap_by_tp(nv, tp);
+    if (hm_unlikely(!heap_is_mine(h, tp))) return free_other_slow(nv, NULL, s, p);
     nv_heap_t *owner = s->owner;
     nv_out_t *o = &h->out[out_slot(owner)];
     nv_batch_t *b = o->b;

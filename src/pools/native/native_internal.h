@@ -155,12 +155,14 @@ struct nv_pool {
     size_t leaf_mask;    /* (1 << leaf_bits) - 1 */
     size_t root_len;
     _Atomic uintptr_t *root; /* page map: root[k >> leaf_bits][k & mask] */
-    /* The first leaf installed and its root index, set once (hint_leaf
-     * first, then hint_ri with release; hint_ri is SIZE_MAX until then):
-     * a lookup in that leaf's span skips the root load, so its only load
-     * that depends on the address is the leaf entry. */
-    _Atomic size_t hint_ri;
+    /* The first leaf installed and the first unit it maps (root index <<
+     * leaf_bits), set once (hint_leaf first, then hint_first with release;
+     * hint_first is 2^63 until then, which no unit index reaches): a lookup
+     * in that leaf's span skips the root load, so its only load that
+     * depends on the address is the leaf entry. */
+    _Atomic size_t hint_first;
     _Atomic uintptr_t *_Atomic hint_leaf;
+    size_t leaf_len; /* 1 << leaf_bits */
     size_t page;
     size_t large_threshold;
     size_t retained_max;
@@ -213,17 +215,19 @@ void hm__native_for_each_range(void *state, void (*fn)(void *arg, uintptr_t base
 
 /* Lock-free page-map lookup. */
 HM_INLINE nv_slab_t *map_get(const nv_pool_t *nv, const void *p) {
-    size_t ri = (uintptr_t)p >> nv->root_shift;
+    size_t k = (uintptr_t)p >> nv->shift;
+    size_t d = k - atomic_load_explicit(&nv->hint_first, memory_order_acquire);
     _Atomic uintptr_t *leaf;
-    if (hm_likely(ri == atomic_load_explicit(&nv->hint_ri, memory_order_acquire))) {
+    if (hm_likely(d < nv->leaf_len)) {
         leaf = atomic_load_explicit(&nv->hint_leaf, memory_order_relaxed);
     } else {
+        size_t ri = (uintptr_t)p >> nv->root_shift;
         if (hm_unlikely(ri >= nv->root_len)) return NULL;
         leaf = (_Atomic uintptr_t *)atomic_load_explicit(&nv->root[ri], memory_order_acquire);
         if (hm_unlikely(!leaf)) return NULL;
+        d = k & nv->leaf_mask;
     }
-    return (nv_slab_t *)atomic_load_explicit(&leaf[((uintptr_t)p >> nv->shift) & nv->leaf_mask],
-                                             memory_order_acquire);
+    return (nv_slab_t *)atomic_load_explicit(&leaf[d], memory_order_acquire);
 }
 
 /* Counters with one writer: a relaxed load and store, no RMW. */
