@@ -34,13 +34,17 @@ hm_result_t hm_pool_create(const hm_pool_ops_t *ops, hm_provider_t *provider, co
         HM_LOG_ERROR("hm_pool_create: %p is not a live provider", (void *)provider);
         return HM_ERROR_INVALID_ARGUMENT;
     }
-    hm_pool_t *pool = calloc(1, sizeof(*pool));
+    hm_pool_t *pool = aligned_alloc(HM_CACHE_LINE, sizeof(*pool));
     if (!pool) return HM_ERROR_OUT_OF_HOST_MEMORY;
+    memset(pool, 0, sizeof(*pool));
     pool->ops = *ops;
+    pool->alloc = ops->alloc;
+    pool->free = ops->free;
     if (!pool->ops.name) pool->ops.name = "unnamed";
     pool->provider = provider;
     pool->flags = flags;
     pool->tracked = !(flags & HM_POOL_FLAG_NO_TRACKING);
+    pool->check_owner = pool->tracked && !(ops->flags & HM_POOL_OPS_VALIDATES_POINTERS);
     pool->cpu_accessible = hm_provider_cpu_accessible(provider);
     hm__tracker_index_init(&pool->index);
     hm_result_t r = ops->init(pool, params, &pool->state);
@@ -124,7 +128,7 @@ void *hm_pool_malloc(hm_pool_t *pool, size_t size) {
         return fail_errno(HM_ERROR_INVALID_ARGUMENT);
     }
     void *p;
-    hm_result_t r = pool->ops.alloc(pool->state, size, 0, &p);
+    hm_result_t r = pool->alloc(pool->state, size, 0, &p);
     if (hm_unlikely(r != HM_SUCCESS)) return fail_errno(r);
     return p;
 }
@@ -170,8 +174,7 @@ void *hm_pool_calloc(hm_pool_t *pool, size_t num, size_t size) {
 /* Is ptr one of this pool's? Tracked pools answer from the tracker; untracked
  * pools are trusted (documented trade-off of HM_POOL_FLAG_NO_TRACKING). */
 static inline int owns(hm_pool_t *pool, const void *ptr) {
-    return !pool->tracked || (pool->ops.flags & HM_POOL_OPS_VALIDATES_POINTERS) ||
-           hm__tracker_lookup_pool(ptr) == pool;
+    return !pool->check_owner || hm__tracker_lookup_pool(ptr) == pool;
 }
 
 void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size) {
@@ -214,7 +217,9 @@ void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size) {
     return out;
 }
 
-hm_result_t hm_pool_free(hm_pool_t *pool, void *ptr) {
+/* hm_pool_free's checks, out of line so that the fast path below needs no
+ * stack frame. */
+static HM_NOINLINE hm_result_t free_checked(hm_pool_t *pool, void *ptr) {
     if (hm_unlikely(!pool)) {
         HM_LOG_ERROR("hm_pool_free: pool is NULL");
         return HM_ERROR_INVALID_ARGUMENT;
@@ -227,7 +232,16 @@ hm_result_t hm_pool_free(hm_pool_t *pool, void *ptr) {
     }
     if (hm_unlikely(atomic_load_explicit(&pool->ipc, memory_order_relaxed) != NULL))
         return hm_free(ptr); /* the pool has IPC mappings: check what ptr is */
-    return pool->ops.free(pool->state, ptr);
+    return pool->free(pool->state, ptr);
+}
+
+hm_result_t hm_pool_free(hm_pool_t *pool, void *ptr) {
+    /* Fast: the pool checks pointers itself (or is untracked) and holds no
+     * IPC mapping that ptr could be. */
+    if (hm_likely(pool && ptr && !pool->check_owner &&
+                  !atomic_load_explicit(&pool->ipc, memory_order_relaxed)))
+        return pool->free(pool->state, ptr);
+    return free_checked(pool, ptr);
 }
 
 size_t hm_pool_malloc_usable_size(hm_pool_t *pool, const void *ptr) {

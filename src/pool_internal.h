@@ -6,18 +6,23 @@
 #include "provider_internal.h"
 #include "tracker/tracker.h"
 
-/* Invariants: ops, provider, flags, cpu_accessible are immutable after
- * create; every range the pool holds from its provider is in `index` unless
+/* Invariants: alloc, free, check_owner, ops, provider, flags, tracked,
+ * cpu_accessible are immutable after create; every range the pool holds from its provider is in `index` unless
  * the pool was created with HM_POOL_FLAG_NO_TRACKING. */
 struct hm_pool {
-    hm_pool_ops_t ops;
+    /* Line 0 (pools are allocated cache-line aligned): all that the
+     * hm_pool_malloc/hm_pool_free fast paths read. */
+    hm_result_t (*alloc)(void *state, size_t size, size_t alignment, void **ptr); /* ops.alloc */
+    hm_result_t (*free)(void *state, void *ptr);                                  /* ops.free */
     void *state;
+    struct hm_ipc_pool *_Atomic ipc; /* IPC exports/imports (src/ipc), made on first use */
+    bool check_owner; /* tracked, and the pool does not validate pointers itself */
+    hm_pool_ops_t ops;
     hm_provider_t *provider;
     uint32_t flags;
     bool tracked;
     bool cpu_accessible;
     hm_tracker_index_t index;
-    struct hm_ipc_pool *_Atomic ipc; /* IPC exports/imports (src/ipc), made on first use */
-};
+} HM_CACHE_ALIGNED;
 
 #endif
