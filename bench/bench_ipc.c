@@ -49,6 +49,7 @@
 #include <string.h>
 #include <signal.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -266,6 +267,142 @@ static int chase_run(void *ctx, const void *arg, uint64_t iters) {
 static void chase_teardown(void *ctx) {
     chase_ctx_t *c = ctx;
     free(c->mem);
+    free(c);
+}
+
+/* ---- the memory floor of an open hit at the cache's real footprint ----
+ * What any implementation of this cache layout must read on an open hit,
+ * and nothing else: the caller's handle bytes (the same array of handles
+ * the hetmem case opens, every byte of each, as a checksum does), one slot
+ * of an index as large as the library's (16-byte slots, at most 3/4 full:
+ * 2^14 slots for 10^4 entries) at a random position, then the two lines of
+ * the entry the slot points to (192-byte records on 2 MiB-aligned,
+ * MADV_HUGEPAGE memory as the library's entry arena), the second line's
+ * load issued with the first. "floor-old" is the same for the previous
+ * layout: an 8-byte bucket array (2^14 buckets) and 320-byte entries whose
+ * four lines are read (line 0, then the handle copy in lines 1-3). Same
+ * stride order as the hetmem case, so the ratio hetmem / floor is what the
+ * cache costs above the memory it must touch. The floor's iterations are
+ * made dependent (the next starts once this one's entry has been read):
+ * without that, the core overlaps the misses of consecutive iterations,
+ * which no call that takes a lock can do, and the floor would measure
+ * throughput, not a call's latency. */
+typedef struct floor_ctx {
+    unsigned char *ent, *idx;
+    void *map;
+    size_t n, i, esize, slot, lines, map_len;
+    uint32_t *pos; /* entry i's index slot */
+    int recv;      /* prefetch the handle two steps ahead ("just received") */
+    int atomics;   /* also what the hit's synchronisation does: a mutex around it,
+                      an atomic add on the entry's line 0 and a CAS on it (close) */
+    pthread_mutex_t lock;
+} floor_ctx_t;
+static int floor_setup_common(const void *arg, void **ctx, int old, int recv) {
+    int atomics = old == 2;
+    if (atomics) old = 0;
+    size_t n = *(const size_t *)arg;
+    if (n > nhandles) return HM_BENCH_SKIP;
+    floor_ctx_t *c = calloc(1, sizeof(*c));
+    size_t cap = 64;
+    while (old ? cap < n : (n + 1) * 4 > cap * 3) cap *= 2;
+    c->n = n;
+    c->recv = recv;
+    c->atomics = atomics;
+    pthread_mutex_init(&c->lock, NULL);
+    c->esize = old ? 320 : 192;
+    c->slot = old ? 8 : 16;
+    c->lines = old ? 4 : 2;
+    c->map_len = (n * c->esize + (4u << 20)) & ~(size_t)((2u << 20) - 1);
+    void *m = mmap(NULL, c->map_len + (2u << 20), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    c->idx = calloc(cap, c->slot);
+    c->pos = malloc(n * sizeof(uint32_t));
+    if (m == MAP_FAILED || !c->idx || !c->pos) return 1;
+    c->map = m;
+    c->ent = (unsigned char *)(((uintptr_t)m + (2u << 20) - 1) & ~(uintptr_t)((2u << 20) - 1));
+    (void)madvise(c->ent, c->map_len, MADV_HUGEPAGE);
+    memset(c->ent, 0, n * c->esize);
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < n; i++) { /* linear probing, like the library */
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        size_t k = x & (cap - 1);
+        uintptr_t z = 0;
+        for (;; k = (k + 1) & (cap - 1)) {
+            memcpy(&z, c->idx + k * c->slot + (old ? 0 : 8), sizeof(z));
+            if (!z) break;
+        }
+        z = (uintptr_t)(c->ent + i * c->esize);
+        memcpy(c->idx + k * c->slot + (old ? 0 : 8), &z, sizeof(z));
+        c->pos[i] = (uint32_t)k;
+    }
+    *ctx = c;
+    return 0;
+}
+static int floor_setup(const void *arg, void **ctx) { return floor_setup_common(arg, ctx, 0, 0); }
+static int floor_old_setup(const void *arg, void **ctx) { return floor_setup_common(arg, ctx, 1, 0); }
+static int floor_recv_setup(const void *arg, void **ctx) { return floor_setup_common(arg, ctx, 0, 1); }
+static int floor_sync_setup(const void *arg, void **ctx) { return floor_setup_common(arg, ctx, 2, 0); }
+static int floor_old_recv_setup(const void *arg, void **ctx) {
+    return floor_setup_common(arg, ctx, 1, 1);
+}
+static int floor_run(void *ctx, const void *arg, uint64_t iters) {
+    (void)arg;
+    floor_ctx_t *c = ctx;
+    size_t i = c->i, next = (i + 7919) % c->n, next2 = (next + 7919) % c->n;
+    uint64_t acc = 0;
+    for (uint64_t k = 0; k < iters; k++) {
+        if (c->recv) {
+            const unsigned char *h2 = (const unsigned char *)H(next2);
+            __builtin_prefetch(h2);
+            __builtin_prefetch(h2 + 64);
+            __builtin_prefetch(h2 + 128);
+        }
+        const unsigned char *h = (const unsigned char *)H(i);
+        uint64_t w = 0, v;
+        for (size_t o = 0; o + 8 <= hlens[i]; o += 8) {
+            memcpy(&v, h + o, 8);
+            w += v;
+        }
+        /* the slot's position depends on the handle's bytes (a hash of
+         * them), as the library's does */
+        size_t at = (size_t)c->pos[i] * c->slot + (c->slot == 16 ? 8 : 0);
+        __asm__("" : "+r"(at) : "r"(w));
+        const unsigned char *slot = c->idx + at;
+        if (c->atomics) pthread_mutex_lock(&c->lock);
+        unsigned char *e;
+        memcpy(&e, slot, sizeof(e));
+        for (size_t l = 1; l < c->lines; l++) __builtin_prefetch(e + 64 * l);
+        for (size_t l = 0; l < c->lines; l++) {
+            memcpy(&v, e + 64 * l + 8, 8);
+            acc += v;
+        }
+        if (c->atomics) {
+            _Atomic uint64_t *st = (_Atomic uint64_t *)(void *)e;
+            atomic_fetch_add_explicit(st, 1, memory_order_relaxed);
+            pthread_mutex_unlock(&c->lock);
+            uint64_t o = atomic_load_explicit(st, memory_order_relaxed);
+            atomic_compare_exchange_strong_explicit(st, &o, o - 1, memory_order_release,
+                                                    memory_order_relaxed);
+        }
+        /* One call's latency: the next call starts after this one's loads
+         * (the library's hit takes a lock and atomics, which order it after
+         * the previous call), so the floor's calls do not overlap either. */
+        i = next;
+        __asm__("" : "+r"(i) : "r"(acc));
+        next = next2;
+        next2 = (next2 + 7919) % c->n;
+    }
+    c->i = i;
+    hm_bench_escape(&acc);
+    return 0;
+}
+static void floor_teardown(void *ctx) {
+    floor_ctx_t *c = ctx;
+    munmap(c->map, c->map_len + (2u << 20));
+    free(c->idx);
+    free(c->pos);
     free(c);
 }
 
@@ -730,11 +867,19 @@ int main(int argc, char **argv) {
     hm_bench_case(b, "get+put (hit), 10^4 exports cached", &cached, 1, &get_impl, getpid_impl,
                   2);
     const hm_bench_impl_t hit_impl = {"hetmem", open_hit_setup, open_run, open_teardown};
-    hm_bench_case(b, "open+close (hit), 10^4 mappings cached", &cached, 1, &hit_impl,
-                  &getpid_impl[1], 1);
+    const hm_bench_impl_t floors[4] = {
+        getpid_impl[1],
+        {"floor", floor_setup, floor_run, floor_teardown},
+        {"floor-old", floor_old_setup, floor_run, floor_teardown},
+        {"floor+sync", floor_sync_setup, floor_run, floor_teardown}};
+    hm_bench_case(b, "open+close (hit), 10^4 mappings cached", &cached, 1, &hit_impl, floors, 4);
     const hm_bench_impl_t recv_impl = {"hetmem", open_hit_setup, open_recv_run, open_teardown};
+    const hm_bench_impl_t recv_floors[3] = {
+        getpid_impl[1],
+        {"floor", floor_recv_setup, floor_run, floor_teardown},
+        {"floor-old", floor_old_recv_setup, floor_run, floor_teardown}};
     hm_bench_case(b, "open+close (hit), 10^4 cached, handle just received", &cached, 1,
-                  &recv_impl, &getpid_impl[1], 1);
+                  &recv_impl, recv_floors, 3);
     const hm_bench_impl_t get_hot = {"hetmem", get_setup, get_hot_run, get_teardown};
     hm_bench_case(b, "get+put (hit), 8 hot of 10^4 exports cached", &cached, 1, &get_hot, NULL, 0);
     const hm_bench_impl_t open_hot = {"hetmem", open_hit_setup, open_hot_run, open_teardown};

@@ -22,10 +22,14 @@
  *
  * OPENED-HANDLE CACHE (consumer side). One entry per opened mapping:
  *   key   (exporter pid, exporter nonce, remote base) in the importing
- *         pool's hash. Hit: the handle's bytes equal the entry's copy of
- *         the last fully validated handle (memcmp, no decode/CRC); else the
- *         handle is decoded and validated, and hits if it differs only in
- *         its offset (and so its CRC).
+ *         pool's key index (open addressing, 16-byte slots holding the
+ *         key's hash and the entry). Hit: every field of the caller's
+ *         handle but the offset equals the entry's record of the last fully
+ *         validated handle that named it, the offset is inside the
+ *         allocation and the handle's checksum is right (imp_hit: reads the
+ *         index slot and the entry's two hot lines; no decode, no byte copy
+ *         of the handle); else the handle is decoded and validated, and hits
+ *         if imp_same() holds (the same test on the decoded fields).
  *   also  by local base in the same pool's second hash (close slow path).
  *   ring  a process-wide CLOCK ring of every cached mapping (F. J. Corbato,
  *         "A paging experiment with the Multics system", 1968: second-chance
@@ -57,7 +61,7 @@
  *                                   stays zero (only opens add)
  *   generation, STALE (in state)    changed under pi->lock
  *   in_key, in_local, hash links,   pi->lock
- *   copy
+ *   key index slots
  *   ring links, in_ring, claimed,   gc.lock
  *   dead
  *   used (CLOCK reference bit)      atomic, no lock
@@ -169,28 +173,38 @@ static inline uint32_t st_refs(uint64_t w) { return (uint32_t)w & ST_REFS; }
  * back to malloc, only recycled through imp_free_list (its state word keeps
  * counting generations), so a thread may read `state` of an entry it only
  * remembers. Everything but `state` is guarded as the table at the top of
- * this file says. */
-#define IMP_INLINE 192 /* header + payloads up to 88 bytes (the OS provider's: 48) inline;
-                          longer handles are copied to the heap */
-/* Layout: a hit reads line 0 (state, chain link, key, local range), then
- * the handle copy in lines 1-3 (prefetched together with line 0), nothing
- * else. 320 bytes, from the huge-page object arena (arena_t). */
+ * this file says.
+ *
+ * Layout: a hit reads lines 0 and 1 (line 1 prefetched with line 0) and
+ * nothing else of the entry. They hold, besides the state and the mapping,
+ * every field of the last fully validated handle that named the entry
+ * except its offset and checksum (which differ between handles of one
+ * allocation) and the fields every valid handle has alike (magic, version,
+ * header size; reserved bytes zero), stored narrower where the decoder
+ * bounds them (pid < 2^31, kind, flags, length) and compared with the
+ * caller's bytes widened: exact, no byte copy of the handle. Payloads longer
+ * than IMP_PAY_INLINE bytes (file and devdax: 560) keep the rest in the
+ * heap (pay_rest, in the cold line). 192 bytes from the huge-page object
+ * arena (arena_t). */
+#define IMP_PAY_INLINE 55
 typedef struct imp {
-    /* line 0: what a hit needs besides the copy */
+    /* line 0: the key, the allocation, the mapping */
     _Atomic uint64_t state; /* first: kept across reuse */
-    struct imp *knext;      /* key hash (pi->lock) */
-    uint64_t pid, nonce, rbase;
-    uint64_t alloc_id;
     uintptr_t local;
-    size_t size;            /* of the mapping = the exporter's allocation size */
-    /* lines 1-3: the last fully validated handle that named this entry
-     * (pi->lock): identical bytes skip the decode; inl[] or, if longer, the
-     * heap */
-    unsigned char *copy;
-    uint32_t copy_len;
-    _Atomic uint8_t used; /* CLOCK reference bit, atomic, no lock (set on a hit) */
-    unsigned char inl[IMP_INLINE];
-    /* cold: slow paths only */
+    uint64_t rbase, nonce;  /* key (with pid) */
+    uint64_t alloc_id;
+    uint64_t size;          /* of the mapping = the exporter's allocation size */
+    uint64_t start;         /* exporter's start time */
+    uint32_t pid;
+    int32_t fd;
+    /* line 1: the rest of the validated handle */
+    uint32_t family;
+    uint16_t len;           /* total bytes of the handle */
+    uint8_t kind, flags;
+    _Atomic uint8_t used;   /* CLOCK reference bit, atomic, no lock (set on a hit) */
+    unsigned char pay[IMP_PAY_INLINE]; /* the payload's first bytes */
+    /* line 2, cold: slow paths only */
+    unsigned char *pay_rest;   /* payload bytes past IMP_PAY_INLINE (heap), or NULL */
     struct imp *lnext;         /* local-address hash (pi->lock) */
     struct imp *rprev, *rnext; /* CLOCK ring (gc.lock) */
     struct imp *fnext;         /* arena free list (arena lock) */
@@ -198,7 +212,10 @@ typedef struct imp {
     bool in_key, in_local;       /* pi->lock */
     bool in_ring, claimed, dead; /* gc.lock */
 } HM_CACHE_ALIGNED imp_t;
-_Static_assert(sizeof(imp_t) == 320, "imp_t: five cache lines");
+_Static_assert(offsetof(imp_t, family) == 64 && offsetof(imp_t, pay_rest) == 128 &&
+                   sizeof(imp_t) == 192,
+               "imp_t: two hot cache lines and a cold one");
+_Static_assert(HM_IPC_HEADER_SIZE + HM_IPC_PAYLOAD_MAX <= UINT16_MAX, "imp_t.len: 16 bits");
 
 /* Object arena for the caches' entries (imp_t) and export views (xview_t):
  * fixed-size objects carved from chunks that are never unmapped, recycled
@@ -327,10 +344,23 @@ static bool xused_clear(xent_t *x) {
     return u;
 }
 
+/* A slot of a pool's key index: open addressing with linear probing (W. W.
+ * Peterson, "Addressing for random-access storage", IBM J. Res. Dev. 1(2),
+ * 1957), deletion by backward shift (D. E. Knuth, TAOCP vol. 3, 6.4,
+ * Algorithm R), so no tombstones. The slot holds the key's full 64-bit hash:
+ * a probe past other keys compares tags in the index line only and reads
+ * no entry; the entry is read only when its tag matches. e == NULL: empty. */
+typedef struct kslot {
+    uint64_t tag;
+    imp_t *e;
+} kslot_t;
+
 struct hm_ipc_pool {
     pthread_mutex_t lock;
     hm_pool_t *pool;
-    imp_t **kb, **lb; /* key hash, local-address hash; cap buckets each */
+    kslot_t *ks;      /* key index: kcap slots, at most 3/4 full */
+    size_t kcap, kn;
+    imp_t **lb;       /* local-address hash: cap buckets (chained) */
     size_t cap, n;
     uint64_t hits; /* pi->lock; folded into gc.hits at destroy */
     _Atomic int evictors;
@@ -480,34 +510,96 @@ static void ipc_lazy_init(void) {
 /* ------------------------------------------------------------------------ */
 /* entries                                                                  */
 
-static imp_t *imp_alloc(uint32_t copy_len) {
-    unsigned char *heap = NULL;
-    if (copy_len > IMP_INLINE && !(heap = malloc(copy_len))) return NULL;
+/* A fresh entry for the validated handle w (not yet published). */
+static imp_t *imp_alloc(const hm_wire_t *w) {
+    unsigned char *rest = NULL;
+    if (w->payload_len > IMP_PAY_INLINE &&
+        !(rest = malloc(w->payload_len - IMP_PAY_INLINE)))
+        return NULL;
     imp_t *e = arena_alloc(&imp_arena);
     if (!e) {
         /* Arena exhausted (or no mapping): plain memory, recycled the same
          * way (never given back, so still type-stable). */
         void *m = NULL;
         if (posix_memalign(&m, HM_CACHE_LINE, sizeof(*e))) {
-            free(heap);
+            free(rest);
             return NULL;
         }
         e = m;
         atomic_init(&e->state, 0);
     }
     /* A fresh arena object is zero (state 0); a recycled one keeps its state. */
-    memset((char *)e + offsetof(imp_t, knext), 0, sizeof(*e) - offsetof(imp_t, knext));
-    e->copy = heap ? heap : e->inl;
-    e->copy_len = copy_len;
+    memset((char *)e + offsetof(imp_t, local), 0, sizeof(*e) - offsetof(imp_t, local));
+    e->rbase = w->base;
+    e->nonce = w->nonce;
+    e->alloc_id = w->alloc_id;
+    e->size = w->size;
+    e->start = w->start_time;
+    e->pid = (uint32_t)w->pid;     /* the decoder bounds it: < 2^31 */
+    e->fd = w->fd;
+    e->family = w->family;
+    e->len = (uint16_t)w->total_size; /* <= HM_IPC_HEADER_SIZE + HM_IPC_PAYLOAD_MAX */
+    e->kind = (uint8_t)w->kind;       /* <= HM_MEMORY_SHARED */
+    e->flags = (uint8_t)w->flags;     /* HM__WIRE_HAS_FD or 0 */
+    uint32_t inl = w->payload_len < IMP_PAY_INLINE ? w->payload_len : IMP_PAY_INLINE;
+    memcpy(e->pay, w->payload, inl);
+    if (rest) memcpy(rest, w->payload + inl, w->payload_len - inl);
+    e->pay_rest = rest;
     return e;
 }
 
 /* Back to the free list (already out of every hash, the ring and every
  * claim; killed if it was ever published). */
 static void imp_free(imp_t *e) {
-    if (e->copy != e->inl) free(e->copy);
-    e->copy = NULL;
+    free(e->pay_rest);
+    e->pay_rest = NULL;
     arena_free(&imp_arena, e);
+}
+
+/* Whether the caller's handle bytes b (size bytes, unvalidated) hit e,
+ * whose key (pid, nonce, base) they are already known to carry: every field
+ * equal to e's validated handle's, the reserved bytes zero, the offset
+ * inside the allocation and the checksum right — exactly what the decoder
+ * checks followed by imp_same(): a handle that differs from the validated
+ * one in anything but its offset (another allocation at that address, a
+ * forgery with a recomputed checksum) goes the slow path. *offset: the
+ * handle's offset. pi->lock held. */
+static inline bool imp_hit(const imp_t *e, const unsigned char *b, size_t size,
+                           uint64_t *offset) {
+    uint32_t len = e->len, plen = len - HM_IPC_HEADER_SIZE;
+    if (hm_unlikely(size < len)) return false;
+    uint64_t d = (hm__wire_peek64(b, 0) ^ HM__WIRE_WORD0) |
+                 (hm__wire_peek64(b, HM__WIRE_OFF_TOTAL) ^ (len | (uint64_t)e->family << 32)) |
+                 (hm__wire_peek64(b, HM__WIRE_OFF_FLAGS) ^ (e->flags | (uint64_t)plen << 32)) |
+                 (hm__wire_peek64(b, HM__WIRE_OFF_KIND) ^
+                  (e->kind | (uint64_t)(uint32_t)e->fd << 32)) |
+                 (hm__wire_peek64(b, HM__WIRE_OFF_START) ^ e->start) |
+                 (hm__wire_peek64(b, HM__WIRE_OFF_ALLOC_ID) ^ e->alloc_id) |
+                 (hm__wire_peek64(b, HM__WIRE_OFF_SIZE) ^ e->size) |
+                 hm__wire_peek64(b, HM__WIRE_OFF_RESERVED) |
+                 hm__wire_peek32(b, HM__WIRE_OFF_RESERVED + 8);
+    uint64_t off = hm__wire_peek64(b, HM__WIRE_OFF_OFFSET);
+    if (hm_unlikely(d != 0 || off >= e->size)) return false;
+    uint32_t inl = plen < IMP_PAY_INLINE ? plen : IMP_PAY_INLINE;
+    if (hm_unlikely(memcmp(b + HM_IPC_HEADER_SIZE, e->pay, inl) != 0)) return false;
+    if (plen > inl && memcmp(b + HM_IPC_HEADER_SIZE + inl, e->pay_rest, plen - inl) != 0)
+        return false;
+    if (hm_unlikely(hm__wire_checksum(b, plen) != hm__wire_peek32(b, HM__WIRE_CRC_OFF)))
+        return false;
+    *offset = off;
+    return true;
+}
+
+/* The decoded (validated) handle w names e's allocation exactly as e's
+ * validated handle did, in everything but the offset. pi->lock held. */
+static bool imp_same(const imp_t *e, const hm_wire_t *w) {
+    uint32_t inl = w->payload_len < IMP_PAY_INLINE ? w->payload_len : IMP_PAY_INLINE;
+    return e->len == w->total_size && e->family == w->family && e->flags == w->flags &&
+           e->kind == w->kind && e->fd == w->fd && e->pid == w->pid && e->nonce == w->nonce &&
+           e->start == w->start_time && e->alloc_id == w->alloc_id && e->rbase == w->base &&
+           e->size == w->size && memcmp(w->payload, e->pay, inl) == 0 &&
+           (w->payload_len == inl ||
+            memcmp(w->payload + inl, e->pay_rest, w->payload_len - inl) == 0);
 }
 
 /* New generation, no references: every per-thread slot naming e is dead.
@@ -532,10 +624,11 @@ static hm_ipc_pool_t *pool_ipc_make(hm_pool_t *pool) {
     hm_ipc_pool_t *fresh = calloc(1, sizeof(*fresh));
     if (!fresh) return NULL;
     fresh->cap = 64;
-    fresh->kb = calloc(fresh->cap, sizeof(imp_t *));
+    fresh->kcap = 64;
+    fresh->ks = calloc(fresh->kcap, sizeof(kslot_t));
     fresh->lb = calloc(fresh->cap, sizeof(imp_t *));
-    if (!fresh->kb || !fresh->lb) {
-        free(fresh->kb);
+    if (!fresh->ks || !fresh->lb) {
+        free(fresh->ks);
         free(fresh->lb);
         free(fresh);
         return NULL;
@@ -555,7 +648,7 @@ static hm_ipc_pool_t *pool_ipc_make(hm_pool_t *pool) {
     hm__mutex_unlock(&pilist_lock);
     if (fresh) {
         pthread_mutex_destroy(&fresh->lock);
-        free(fresh->kb);
+        free(fresh->ks);
         free(fresh->lb);
         free(fresh);
     }
@@ -568,24 +661,49 @@ static inline uint64_t key_hash(uint64_t pid, uint64_t nonce, uint64_t rbase) {
 
 static inline imp_t *kfind(hm_ipc_pool_t *pi, uint64_t h, uint64_t pid, uint64_t nonce,
                            uint64_t rbase) {
-    for (imp_t *e = pi->kb[h & (pi->cap - 1)]; e; e = e->knext) {
-        /* the inline handle copy's lines, for the caller's memcmp */
-        __builtin_prefetch((const char *)e + 64);
-        __builtin_prefetch((const char *)e + 128);
-        __builtin_prefetch((const char *)e + 192);
+    size_t mask = pi->kcap - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        const kslot_t *k = &pi->ks[i];
+        imp_t *e = k->e;
+        if (!e) return NULL;
+        if (k->tag != h) continue;
+        __builtin_prefetch((const char *)e + 64); /* line 1, for imp_hit */
         if (e->rbase == rbase && e->nonce == nonce && e->pid == pid) return e;
     }
-    return NULL;
 }
 static imp_t *lfind(hm_ipc_pool_t *pi, uintptr_t local) {
     for (imp_t *e = pi->lb[mix64(local) & (pi->cap - 1)]; e; e = e->lnext)
         if (e->local == local) return e;
     return NULL;
 }
+static void kput(kslot_t *ks, size_t kcap, uint64_t h, imp_t *e) {
+    size_t i = h & (kcap - 1);
+    while (ks[i].e) i = (i + 1) & (kcap - 1);
+    ks[i].tag = h;
+    ks[i].e = e;
+}
+static void kinsert(hm_ipc_pool_t *pi, uint64_t h, imp_t *e) {
+    kput(pi->ks, pi->kcap, h, e);
+    pi->kn++;
+    e->in_key = true;
+}
 static void kunlink(hm_ipc_pool_t *pi, imp_t *e) {
-    imp_t **p = &pi->kb[key_hash(e->pid, e->nonce, e->rbase) & (pi->cap - 1)];
-    while (*p != e) p = &(*p)->knext;
-    *p = e->knext;
+    size_t mask = pi->kcap - 1;
+    size_t i = key_hash(e->pid, e->nonce, e->rbase) & mask;
+    while (pi->ks[i].e != e) i = (i + 1) & mask;
+    /* Backward shift: pull each later member of the cluster whose home slot
+     * is not in (i, j] into the hole. */
+    for (size_t j = i;;) {
+        j = (j + 1) & mask;
+        if (!pi->ks[j].e) break;
+        size_t home = pi->ks[j].tag & mask;
+        if (i <= j ? (i < home && home <= j) : (i < home || home <= j)) continue;
+        pi->ks[i] = pi->ks[j];
+        i = j;
+    }
+    pi->ks[i].e = NULL;
+    pi->ks[i].tag = 0;
+    pi->kn--;
     e->in_key = false;
 }
 static void lunlink(hm_ipc_pool_t *pi, imp_t *e) {
@@ -595,17 +713,28 @@ static void lunlink(hm_ipc_pool_t *pi, imp_t *e) {
     e->in_local = false;
     pi->n--;
 }
-/* Double both hashes when the load passes 1 (best effort: without memory
- * the chains just grow). */
-static void grow(hm_ipc_pool_t *pi) {
-    if (pi->n < pi->cap) return;
-    size_t cap = pi->cap * 2;
-    imp_t **kb = calloc(cap, sizeof(*kb)), **lb = calloc(cap, sizeof(*lb));
-    if (!kb || !lb) {
-        free(kb);
-        free(lb);
-        return;
+/* Room for one more entry: double the key index past 3/4 full and the
+ * local hash past load 1 (best effort for the local hash: without memory
+ * its chains grow; the key index must keep an empty slot, so a failure to
+ * grow it at full capacity fails the open). */
+static bool grow(hm_ipc_pool_t *pi) {
+    if ((pi->kn + 1) * 4 > pi->kcap * 3) {
+        size_t kcap = pi->kcap * 2;
+        kslot_t *ks = calloc(kcap, sizeof(*ks));
+        if (ks) {
+            for (size_t i = 0; i < pi->kcap; i++)
+                if (pi->ks[i].e) kput(ks, kcap, pi->ks[i].tag, pi->ks[i].e);
+            free(pi->ks);
+            pi->ks = ks;
+            pi->kcap = kcap;
+        } else if (pi->kn + 1 >= pi->kcap) {
+            return false;
+        }
     }
+    if (pi->n < pi->cap) return true;
+    size_t cap = pi->cap * 2;
+    imp_t **lb = calloc(cap, sizeof(*lb));
+    if (!lb) return true;
     for (size_t i = 0; i < pi->cap; i++) {
         for (imp_t *e = pi->lb[i], *nx; e; e = nx) {
             nx = e->lnext;
@@ -613,18 +742,11 @@ static void grow(hm_ipc_pool_t *pi) {
             e->lnext = lb[b];
             lb[b] = e;
         }
-        for (imp_t *e = pi->kb[i], *nx; e; e = nx) {
-            nx = e->knext;
-            size_t b = key_hash(e->pid, e->nonce, e->rbase) & (cap - 1);
-            e->knext = kb[b];
-            kb[b] = e;
-        }
     }
-    free(pi->kb);
     free(pi->lb);
-    pi->kb = kb;
     pi->lb = lb;
     pi->cap = cap;
+    return true;
 }
 
 /* ---- the CLOCK ring (gc.lock held) ---- */
@@ -801,7 +923,7 @@ static inline bool take_ref(imp_t *e, uint32_t *gen) {
 }
 
 static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, const hm_wire_t *w,
-                                         const void *bytes, uint64_t kh, int fd_in, void **ptr) {
+                                         uint64_t kh, int fd_in, void **ptr) {
     hm_provider_t *prov = pool->provider;
     if (!hm__handle_is_live(pool, HM_HANDLE_POOL)) {
         HM_LOG_ERROR("hm_ipc_open: %p is not a live pool", (void *)pool);
@@ -832,7 +954,7 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
         HM_LOG_ERROR("hm_ipc_open: provider '%s' returned success and NULL", prov->info.name);
         return HM_ERROR_UNKNOWN;
     }
-    imp_t *e = imp_alloc(w->total_size);
+    imp_t *e = imp_alloc(w);
     if (!e) {
         r = HM_ERROR_OUT_OF_HOST_MEMORY;
         goto fail_entry;
@@ -842,20 +964,16 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
                            NULL);
     if (r != HM_SUCCESS) goto fail_track;
     e->pi = pi;
-    e->pid = w->pid;
-    e->nonce = w->nonce;
-    e->rbase = w->base;
-    e->alloc_id = w->alloc_id;
     e->local = (uintptr_t)local;
-    e->size = (size_t)w->size;
-    memcpy(e->copy, bytes, w->total_size);
 
     imp_t *victim = NULL;
     uint32_t gen = 0;
     hm__mutex_lock(&pi->lock);
     imp_t *o = kfind(pi, kh, w->pid, w->nonce, w->base);
-    if (o && o->alloc_id == w->alloc_id && o->size == w->size) {
-        /* Another thread opened it meanwhile: share theirs, undo ours. */
+    if (o && imp_same(o, w)) {
+        /* Another thread opened it meanwhile: share theirs, undo ours. (A
+         * handle that differs from o's in anything but the offset replaces o
+         * below, as a newer allocation at that address: it never shares.) */
         bool ok = take_ref(o, &gen);
         uintptr_t theirs = o->local;
         size_t theirs_size = o->size;
@@ -871,14 +989,18 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
         *ptr = (void *)(theirs + w->offset);
         return HM_SUCCESS;
     }
+    if (hm_unlikely(!grow(pi))) {
+        hm__mutex_unlock(&pi->lock);
+        r = HM_ERROR_OUT_OF_HOST_MEMORY;
+        (void)hm__tracker_remove((uintptr_t)local, (size_t)w->size);
+        goto fail_track;
+    }
     if (o) victim = unlink_stale(pi, o);
-    grow(pi);
-    size_t kb = kh & (pi->cap - 1), lb = mix64(e->local) & (pi->cap - 1);
-    e->knext = pi->kb[kb];
-    pi->kb[kb] = e;
+    kinsert(pi, kh, e);
+    size_t lb = mix64(e->local) & (pi->cap - 1);
     e->lnext = pi->lb[lb];
     pi->lb[lb] = e;
-    e->in_key = e->in_local = true;
+    e->in_local = true;
     pi->n++;
     (void)take_ref(e, &gen);
     hm__mutex_lock(&gc.lock);
@@ -898,19 +1020,8 @@ fail_entry:
     return r;
 }
 
-/* The validated handle bytes b (decoded as w) equal e's cached handle in
- * everything but the offset field and the checksum. pi->lock held. */
-static bool same_but_offset(const imp_t *e, const void *bytes, const hm_wire_t *w) {
-    const unsigned char *b = bytes, *c = e->copy;
-    return e->copy_len == w->total_size &&
-           memcmp(b, c, HM__WIRE_OFF_OFFSET) == 0 &&
-           memcmp(b + HM__WIRE_OFF_OFFSET + 8, c + HM__WIRE_OFF_OFFSET + 8,
-                  HM__WIRE_CRC_OFF - HM__WIRE_OFF_OFFSET - 8) == 0 &&
-           memcmp(b + HM_IPC_HEADER_SIZE, c + HM_IPC_HEADER_SIZE, w->payload_len) == 0;
-}
-
-/* Everything but a hit on a handle byte-identical to a cached one: full
- * validation (checksum and fields), then the cache, then the miss. */
+/* Everything but a fast hit: full validation (checksum and fields), then
+ * the cache, then the miss. */
 static HM_NOINLINE hm_result_t open_slow(hm_pool_t *pool, const hm_ipc_handle_t *handle,
                                          size_t size, int fd, void **ptr) {
     hm_wire_t w;
@@ -946,20 +1057,18 @@ static HM_NOINLINE hm_result_t open_slow(hm_pool_t *pool, const hm_ipc_handle_t 
     hm__mutex_lock(&pi->lock);
     imp_t *e = kfind(pi, kh, w.pid, w.nonce, w.base);
     if (hm_likely(e != NULL)) {
-        /* A hit needs every byte but the offset (and so the checksum) equal
-         * to the cached handle's: a handle that differs elsewhere (another
-         * allocation at that address, or a forgery) goes the miss path's
-         * full way, and only a successful open there replaces the entry
-         * (a forged handle cannot evict a genuine mapping). */
-        if (hm_likely(same_but_offset(e, handle, &w))) {
+        /* A hit needs every field but the offset (and so the checksum)
+         * equal to the validated handle's: a handle that differs elsewhere
+         * (another allocation at that address, or a forgery) goes the miss
+         * path's full way, and only a successful open there replaces the
+         * entry (a forged handle cannot evict a genuine mapping). */
+        if (hm_likely(imp_same(e, &w))) {
             uint32_t gen = 0;
             if (hm_unlikely(!take_ref(e, &gen))) {
                 hm__mutex_unlock(&pi->lock);
                 HM_LOG_ERROR("hm_ipc_open: mapping opened %u times, never closed", ST_REFS);
                 return HM_ERROR_LIMIT;
             }
-            /* Remember these bytes: the next open of them is a memcmp. */
-            if (e->copy_len == w.total_size) memcpy(e->copy, handle, w.total_size);
             return hit_unlock(pi, e, gen, w.offset, ptr);
         }
     }
@@ -970,7 +1079,7 @@ static HM_NOINLINE hm_result_t open_slow(hm_pool_t *pool, const hm_ipc_handle_t 
                      prov->info.name, prov->ops.ipc.handle_size(prov->state));
         return HM_ERROR_INVALID_HANDLE;
     }
-    return open_miss(pool, pi, &w, handle, kh, fd, ptr);
+    return open_miss(pool, pi, &w, kh, fd, ptr);
 }
 
 hm_result_t hm_ipc_open_fd(hm_pool_t *pool, const hm_ipc_handle_t *handle, size_t size, int fd,
@@ -981,15 +1090,17 @@ hm_result_t hm_ipc_open_fd(hm_pool_t *pool, const hm_ipc_handle_t *handle, size_
         return HM_ERROR_INVALID_ARGUMENT;
     }
     *ptr = NULL;
-    /* Hit: the bytes equal those of a handle that was fully validated when
-     * it was opened through this pool (its checksum, fields, exporter
-     * identity, provider family): no decode, no checksum. The key fields
-     * are read unvalidated only to find the candidate. */
+    /* Hit: the handle's fields equal those of a handle that was fully
+     * validated when it was opened through this pool (its checksum, fields,
+     * exporter identity, provider family), but for the offset, and its
+     * checksum is right (imp_hit): no decode. Reads the index slot and the
+     * entry's two hot lines. The key fields are read unvalidated only to
+     * find the candidate. */
     hm_ipc_pool_t *pi = pool_ipc(pool);
     if (hm_likely(pi != NULL && size >= HM_IPC_HEADER_SIZE)) {
         const unsigned char *b = (const unsigned char *)handle;
-        /* The handle's lines (the memcmp reads them all) load in parallel
-         * with the bucket and entry, not one after the other. */
+        /* The handle's lines (the checksum reads them all) load in parallel
+         * with the index slot and entry, not one after the other. */
         __builtin_prefetch(b + 64);
         __builtin_prefetch(b + 128);
         uint64_t pid = hm__wire_peek64(b, HM__WIRE_OFF_PID);
@@ -999,10 +1110,9 @@ hm_result_t hm_ipc_open_fd(hm_pool_t *pool, const hm_ipc_handle_t *handle, size_
         hm__mutex_lock(&pi->lock);
         imp_t *e = kfind(pi, kh, pid, nonce, base);
         uint32_t gen = 0;
-        if (hm_likely(e != NULL && size >= e->copy_len &&
-                      memcmp(b, e->copy, e->copy_len) == 0 && take_ref(e, &gen))) {
-            return hit_unlock(pi, e, gen, hm__wire_peek64(b, HM__WIRE_OFF_OFFSET), ptr);
-        }
+        uint64_t offset;
+        if (hm_likely(e != NULL && imp_hit(e, b, size, &offset) && take_ref(e, &gen)))
+            return hit_unlock(pi, e, gen, offset, ptr);
         hm__mutex_unlock(&pi->lock);
     }
     return open_slow(pool, handle, size, fd, ptr);
@@ -1555,7 +1665,7 @@ void hm__ipc_pool_destroy(hm_pool_t *pool) {
     atomic_store_explicit(&pool->ipc, NULL, memory_order_release);
     hm__mutex_unlock(&pilist_lock);
     pthread_mutex_destroy(&pi->lock);
-    free(pi->kb);
+    free(pi->ks);
     free(pi->lb);
     free(pi);
 }

@@ -93,6 +93,10 @@ static uint32_t wire_crc(const unsigned char *b, uint32_t payload_len) {
     return hm__crc32c(c, b + HM_IPC_HEADER_SIZE, payload_len);
 }
 
+uint32_t hm__wire_checksum(const unsigned char *b, uint32_t payload_len) {
+    return wire_crc(b, payload_len);
+}
+
 void hm__wire_encode(const hm_wire_t *w, unsigned char *out) {
     memset(out, 0, HM_IPC_HEADER_SIZE);
     put32(out + 0, HM__WIRE_MAGIC);

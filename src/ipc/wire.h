@@ -43,10 +43,17 @@ enum { HM__WIRE_HAS_FD = 1u << 0 };
 
 /* Offsets of the fields the caches read without decoding. */
 enum {
+    HM__WIRE_OFF_TOTAL = 8,  /* total_size | family << 32 */
+    HM__WIRE_OFF_FLAGS = 16, /* flags | payload_len << 32 */
+    HM__WIRE_OFF_KIND = 24,  /* kind | fd << 32 */
     HM__WIRE_OFF_PID = 32,
     HM__WIRE_OFF_NONCE = 40,
+    HM__WIRE_OFF_START = 48,
+    HM__WIRE_OFF_ALLOC_ID = 56,
     HM__WIRE_OFF_BASE = 64,
+    HM__WIRE_OFF_SIZE = 72,
     HM__WIRE_OFF_OFFSET = 80,
+    HM__WIRE_OFF_RESERVED = 88, /* 12 bytes */
 };
 
 /* The little-endian 64-bit field at off (no validation: a cache key, or a
@@ -59,6 +66,21 @@ static inline uint64_t hm__wire_peek64(const unsigned char *b, unsigned off) {
 #endif
     return v;
 }
+
+/* The little-endian 32-bit field at off (no validation, as above). */
+static inline uint32_t hm__wire_peek32(const unsigned char *b, unsigned off) {
+    uint32_t v;
+    memcpy(&v, b + off, sizeof(v));
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    return v;
+}
+
+/* The first 8 bytes of every valid handle (magic, version, header size) as
+ * hm__wire_peek64 reads them. */
+#define HM__WIRE_WORD0 \
+    ((uint64_t)HM__WIRE_MAGIC | (uint64_t)HM__WIRE_VERSION << 32 | (uint64_t)HM_IPC_HEADER_SIZE << 48)
 
 /* A decoded header; payload points into the caller's bytes. */
 typedef struct hm_wire {
@@ -75,6 +97,11 @@ typedef struct hm_wire {
 
 /* CRC32C (Castagnoli) of buf, continuing from crc (start with 0). */
 uint32_t hm__crc32c(uint32_t crc, const void *buf, size_t len);
+
+/* The checksum a handle of payload_len payload bytes must carry at
+ * HM__WIRE_CRC_OFF: CRC32C of bytes [0, 100) and of the payload. b holds
+ * HM_IPC_HEADER_SIZE + payload_len bytes. */
+uint32_t hm__wire_checksum(const unsigned char *b, uint32_t payload_len);
 
 /* Write the header for w (payload_len bytes of payload already at
  * out + HM_IPC_HEADER_SIZE) and the checksum. out holds total bytes. */

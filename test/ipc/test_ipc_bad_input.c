@@ -192,6 +192,11 @@ int main(void) {
     }
     CHECK_MSG(!bad, "%d bit flips not refused", bad);
 
+    /* None of the forged handles below may hit the cached mapping of the
+     * genuine one (the hit compares every field but the offset, and the
+     * checksum): the hit count stays. */
+    hm_ipc_cache_stats_t st0;
+    CHECK_OK(hm_ipc_get_cache_stats(&st0));
     /* Wrong version, wrong provider family (checksums made valid). */
     forged("version 2", 4, 2, 2, HM_ERROR_NOT_SUPPORTED);
     forged("file family", 12, 4, HM_PROVIDER_FAMILY_FILE, HM_ERROR_NOT_SUPPORTED);
@@ -215,6 +220,19 @@ int main(void) {
         forged("fd = the exporter's stdin", 28, 4, 0, HM_ERROR_STALE_HANDLE); /* too short */
         forged("fd = a closed number", 28, 4, 999, HM_ERROR_STALE_HANDLE);
         forged("size beyond the export", 72, 8, 1u << 20, HM_ERROR_INVALID_HANDLE);
+        /* The payload's last byte (the OS payload's page size, high byte). */
+        /* Valid but for the kind: it opens (the provider maps the same
+         * memfd range) as a different handle, never as a hit, and replaces
+         * the unused cached entry; the genuine handle then replaces it back. */
+        forged("another memory kind", 24, 4, HM_MEMORY_SHARED, HM_SUCCESS);
+        CHECK_EQ(try_open(good, good_len), HM_SUCCESS);
+        forged("payload's last byte", (unsigned)good_len - 1, 1, 0x40, HM_ERROR_INVALID_HANDLE);
+    }
+    {
+        hm_ipc_cache_stats_t st1;
+        CHECK_OK(hm_ipc_get_cache_stats(&st1));
+        CHECK_MSG(st1.hits == st0.hits, "forged handles hit the cache %llu times",
+                  (unsigned long long)(st1.hits - st0.hits));
     }
     CHECK_EQ(count_maps(), maps0);
     /* Wrong provider: a private OS pool cannot open, a fixed-family handle
