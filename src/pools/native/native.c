@@ -1123,6 +1123,7 @@ static int class_for(const nv_pool_t *nv, size_t size, size_t align) {
 static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
     nv_pool_t *nv = h->nv;
     nv_cls_t *cl = &h->cls[c];
+    if (h->last_cl == cl) h->last = 0; /* the word may change */
     if (h->out_pending) flush_all(h);
     nv_slab_t *s = cl->cur;
     if (s && s->nfree) {
@@ -1207,9 +1208,14 @@ static hm_result_t nv_alloc(void *state, size_t size, size_t align, void **out) 
             uint64_t b = cl->bits;
             if (hm_likely(b)) {
                 uint32_t bsize = cl->bsize;
-                cl->bits = b & (b - 1);
+                uint64_t lowest = b & (0 - b);
+                uintptr_t p = cl->wbase + (uintptr_t)(unsigned)__builtin_ctzll(b) * bsize;
+                cl->bits = b ^ lowest;
                 stat_add_i(&h->st_bytes, (int64_t)bsize);
-                *out = (void *)(cl->wbase + (uintptr_t)(unsigned)__builtin_ctzll(b) * bsize);
+                h->last = p;
+                h->last_cl = cl;
+                h->last_bit = lowest;
+                *out = (void *)p;
                 return HM_SUCCESS;
             }
             return alloc_refill(h, c, out);
@@ -1307,6 +1313,16 @@ static HM_NOINLINE hm_result_t free_double(nv_heap_t *h, const nv_slab_t *s, uin
     return double_free(s, idx);
 }
 
+/* The fast path met a double free of the block allocated last. */
+static HM_NOINLINE hm_result_t free_double_last(nv_pool_t *nv, void *p) {
+    nv_slab_t *s = map_get(nv, p);
+    uint32_t idx = 0;
+    if (s) block_index(s, p, &idx);
+    if (s) return double_free(s, idx);
+    HM_LOG_ERROR("native pool: double free of %p", p);
+    return HM_ERROR_DOUBLE_FREE;
+}
+
 /* The fast path's state change of a slab (see slab_transition). */
 static HM_NOINLINE hm_result_t free_transition(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s) {
     slab_transition(h, cl, s);
@@ -1318,6 +1334,21 @@ static HM_NOINLINE hm_result_t free_transition(nv_heap_t *h, nv_cls_t *cl, nv_sl
  * is a tail call, so the fast path needs no stack frame. */
 static hm_result_t nv_free(void *state, void *p) {
     nv_pool_t *nv = state;
+    uintptr_t tp = thread_tp();
+    nv_heap_t *me = heap_by_tp(nv, tp);
+    /* The block this thread allocated last (see nv_heap.last): a pointer
+     * equal to it is valid, so only the double-free test remains. The
+     * address comparison does not wait for the page map, which takes the
+     * lookup off the critical path of malloc/free pairs. */
+    if (heap_is_mine(me, tp) && me->last == (uintptr_t)p) {
+        nv_cls_t *cl = me->last_cl;
+        uint64_t bit = me->last_bit, b = cl->bits;
+        me->last = 0;
+        if (hm_unlikely(b & bit)) return free_double_last(nv, p);
+        cl->bits = b | bit;
+        stat_add_i(&me->st_bytes, -(int64_t)cl->bsize);
+        return HM_SUCCESS;
+    }
     nv_slab_t *s = map_get(nv, p);
     if (hm_unlikely(!s)) return free_slow(nv, p);
     uintptr_t off = (uintptr_t)p - s->base;
@@ -1326,7 +1357,7 @@ static hm_result_t nv_free(void *state, void *p) {
     if (hm_unlikely((uintptr_t)idx * bsize != off || idx >= s->nblocks))
         return free_slow(nv, p);
     nv_heap_t *h = s->owner;
-    if (hm_unlikely(atomic_load_explicit(&h->tp, memory_order_relaxed) != thread_tp()))
+    if (hm_unlikely(atomic_load_explicit(&h->tp, memory_order_relaxed) != tp))
         return free_other(nv, s, p);
     stat_add_i(&h->st_bytes, -(int64_t)bsize);
     nv_cls_t *cl = s->cl;
@@ -1388,6 +1419,7 @@ void hm__native_for_each_range(void *state, void (*fn)(void *arg, uintptr_t base
 
 /* Give back what heap h (owned by the caller) holds without need. */
 static void heap_tidy(nv_heap_t *h) {
+    h->last = 0;
     flush_all(h);
     drain(h);
     for (unsigned c = 0; c < h->nv->ncls; c++) cls_retire_cur(h->nv, &h->cls[c]);

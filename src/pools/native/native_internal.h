@@ -115,6 +115,14 @@ struct nv_heap {
     /* The owner's, from the second line on. */
     _Atomic int64_t st_bytes HM_CACHE_ALIGNED; /* class bytes allocated minus freed by this heap */
     _Atomic uint64_t st_published, st_drained;
+    /* The block the allocation fast path handed out last (0: none), its
+     * class and its bit in that class's `bits`: while set, that block is in
+     * the word being handed out (cls_refill and heap_tidy, which change the
+     * word, clear it first), so freeing it right back (malloc/free pairs)
+     * needs no page-map lookup: the bit goes back into `bits`. */
+    uintptr_t last;
+    nv_cls_t *last_cl;
+    uint64_t last_bit;
     uint32_t out_pending; /* remote frees since the last flush */
     uint32_t nstock;
     nv_batch_t *stock;
