@@ -1283,13 +1283,13 @@ static HM_NOINLINE hm_result_t free_other_slow(nv_pool_t *nv, nv_heap_t *h, nv_s
     return r;
 }
 
-/* A valid block of s freed by a thread not bound to its owner heap. The
- * common case, appending to an open batch for that owner that stays below
+/* A valid block of s freed by a thread not bound to its owner heap (or one
+ * whose heap is not in its by_tp slot). The common case, appending to an open batch for that owner that stays below
  * its cap and the flush bound, takes no call and no stack frame. */
-static HM_NOINLINE hm_result_t free_other(nv_pool_t *nv, nv_slab_t *s, void *p) {
-    uintptr_t tp = thread_tp();
-    nv_heap_t *h = heap_by_tp(nv, tp);
-    if (hm_unlikely(!heap_is_mine(h, tp))) return free_other_slow(nv, NULL, s, p);
+static HM_NOINLINE hm_result_t free_other(nv_pool_t *nv, nv_slab_t *s, void *p, nv_heap_t *h) {
+    /* h: the caller's heap as nv_free found it through by_tp, or NULL (not
+     * found there; the block may even be the caller's own). */
+    if (hm_unlikely(!h)) return free_other_slow(nv, NULL, s, p);
     nv_heap_t *owner = s->owner;
     nv_out_t *o = &h->out[out_slot(owner)];
     nv_batch_t *b = o->b;
@@ -1336,18 +1336,23 @@ static hm_result_t nv_free(void *state, void *p) {
     nv_pool_t *nv = state;
     uintptr_t tp = thread_tp();
     nv_heap_t *me = heap_by_tp(nv, tp);
-    /* The block this thread allocated last (see nv_heap.last): a pointer
-     * equal to it is valid, so only the double-free test remains. The
-     * address comparison does not wait for the page map, which takes the
-     * lookup off the critical path of malloc/free pairs. */
-    if (heap_is_mine(me, tp) && me->last == (uintptr_t)p) {
-        nv_cls_t *cl = me->last_cl;
-        uint64_t bit = me->last_bit, b = cl->bits;
-        me->last = 0;
-        if (hm_unlikely(b & bit)) return free_double_last(nv, p);
-        cl->bits = b | bit;
-        stat_add_i(&me->st_bytes, -(int64_t)cl->bsize);
-        return HM_SUCCESS;
+    if (hm_likely(heap_is_mine(me, tp))) {
+        /* The block this thread allocated last (see nv_heap.last): a
+         * pointer equal to it is valid, so only the double-free test
+         * remains. The address comparison does not wait for the page map,
+         * which takes the lookup off the critical path of malloc/free
+         * pairs. */
+        if (me->last == (uintptr_t)p) {
+            nv_cls_t *cl = me->last_cl;
+            uint64_t bit = me->last_bit, b = cl->bits;
+            me->last = 0;
+            if (hm_unlikely(b & bit)) return free_double_last(nv, p);
+            cl->bits = b | bit;
+            stat_add_i(&me->st_bytes, -(int64_t)cl->bsize);
+            return HM_SUCCESS;
+        }
+    } else {
+        me = NULL; /* free_other sorts it out */
     }
     nv_slab_t *s = map_get(nv, p);
     if (hm_unlikely(!s)) return free_slow(nv, p);
@@ -1356,9 +1361,10 @@ static hm_result_t nv_free(void *state, void *p) {
     uint32_t bsize = s->bsize;
     if (hm_unlikely((uintptr_t)idx * bsize != off || idx >= s->nblocks))
         return free_slow(nv, p);
+    /* Ownership: the owner heap is the caller's (found by thread pointer;
+     * no load of the owner's fields). */
     nv_heap_t *h = s->owner;
-    if (hm_unlikely(atomic_load_explicit(&h->tp, memory_order_relaxed) != tp))
-        return free_other(nv, s, p);
+    if (hm_unlikely(h != me)) return free_other(nv, s, p, me);
     stat_add_i(&h->st_bytes, -(int64_t)bsize);
     nv_cls_t *cl = s->cl;
     uint32_t w = idx >> 6;
