@@ -22,17 +22,27 @@
  *   the same block; a free into any other word of any slab of the thread's
  *   heap sets the bit in that slab's bitmap, also on the fast path (only a
  *   slab that was full or becomes empty takes a non-inlined step). A thread
- *   finds its heap for allocation through a one-entry thread-local cache
- *   keyed by the pool's unique id; a free tells its own blocks by comparing
- *   the owner heap's recorded thread pointer with its own (no TLS access).
+ *   finds its heap without a TLS access: the pool keeps heaps in a small
+ *   table indexed by a hash of the thread pointer (one instruction to read),
+ *   and an entry counts only if the heap's recorded thread pointer is the
+ *   caller's (set at binding, cleared at abandonment); otherwise through a
+ *   one-entry thread-local cache keyed by the pool's unique id, then the
+ *   thread's bindings. A free tells its own blocks by comparing the slab's
+ *   owner with that heap. The heap remembers the block it handed out last:
+ *   freeing that one (malloc/free pairs) is an address comparison and a bit
+ *   set, with no page-map lookup on the loop's critical path.
+ * - Sharing: what a remote free reads (a slab's fixed fields, a heap's
+ *   thread pointer) sits on cache lines nobody writes while they are live;
+ *   the owner's counters and lists are on other lines.
  * - Remote frees (snmalloc's message passing, Lietar et al. 2019, on the
  *   queue of the glibc RFC "malloc: use wfcqueue to speed up remote frees"):
  *   a thread freeing another heap's block appends it to a host-memory batch
  *   for that heap (8 outgoing slots, direct-mapped by destination); a full
  *   batch is published with one cds_wfcq_enqueue (one xchg). The owner
  *   splices its queue into a private one and drains it with the _nonblocking
- *   calls only, on its allocation slow path. Drained batches are recycled
- *   through the heap's stock and a per-pool depot.
+ *   calls only, on its allocation slow path, gathering the blocks of one
+ *   bitmap word into a mask. Drained batches are recycled through the
+ *   heap's stock and a per-pool depot.
  * - Thread exit: a pthread key destructor abandons the thread's heaps; a
  *   thread that starts using the pool adopts one. Heaps live until the pool
  *   is destroyed, so a remote free can always reach its owner's queue.
