@@ -37,7 +37,7 @@
  * - Remote frees (snmalloc's message passing, Lietar et al. 2019, on the
  *   queue of the glibc RFC "malloc: use wfcqueue to speed up remote frees"):
  *   a thread freeing another heap's block appends it to a host-memory batch
- *   for that heap (8 outgoing slots, direct-mapped by destination); a full
+ *   for that heap (8 outgoing slots, two-way associative by destination); a full
  *   batch is published with one cds_wfcq_enqueue (one xchg). The owner
  *   splices its queue into a private one and drains it with the _nonblocking
  *   calls only, on its allocation slow path, gathering the blocks of one
@@ -823,9 +823,22 @@ HM_INLINE size_t out_slot(const nv_heap_t *dest) {
     return (size_t)(((uintptr_t)dest * 0x9E3779B97F4A7C15ull) >> 58) & (NV_OUT_SLOTS - 1);
 }
 
+/* The outgoing batch slot for dest: two-way set-associative (slot and its
+ * neighbour), so that two destinations hashing to one slot do not evict each
+ * other on every free (which would publish batches of one). */
+static nv_out_t *out_pick(nv_heap_t *h, nv_heap_t *dest) {
+    size_t i = out_slot(dest);
+    nv_out_t *a = &h->out[i], *b = &h->out[i ^ 1];
+    if (a->b && a->dest == dest) return a;
+    if (b->b && b->dest == dest) return b;
+    if (!a->b) return a;
+    if (!b->b) return b;
+    publish(h, a);
+    return a;
+}
+
 static hm_result_t remote_push(nv_heap_t *h, nv_heap_t *dest, void *p) {
-    nv_out_t *o = &h->out[out_slot(dest)];
-    if (o->b && o->dest != dest) publish(h, o);
+    nv_out_t *o = out_pick(h, dest);
     if (!o->b) {
         o->b = batch_get(h);
         if (hm_unlikely(!o->b)) {
@@ -1302,6 +1315,7 @@ static HM_NOINLINE hm_result_t free_other(nv_pool_t *nv, nv_slab_t *s, void *p, 
     if (hm_unlikely(!h)) return free_other_slow(nv, NULL, s, p);
     nv_heap_t *owner = s->owner;
     nv_out_t *o = &h->out[out_slot(owner)];
+    if (o->dest != owner) o = &h->out[out_slot(owner) ^ 1]; /* see out_pick */
     nv_batch_t *b = o->b;
     if (hm_likely(b && o->dest == owner)) {
         uint32_t n = b->count + 1;
