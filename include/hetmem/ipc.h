@@ -66,7 +66,13 @@
  * with opens/closes through that same pool (as for every pool call); opens
  * through other pools proceed during the destroy.
  * Fork: a child drops the export cache (its handles would name the parent)
- * and keeps the opened mappings it inherited. */
+ * and keeps the opened mappings it inherited. The parent's outstanding
+ * exports do not hold anything in the child: an allocation exported by the
+ * parent can be freed, split and merged by the child as any other, and one
+ * the parent freed while exported is given back to the child's provider
+ * (the file and devdax providers; the OS provider's shared memory cannot
+ * be allocated in a child at all). In the parent nothing changes: its
+ * ranges stay held until its last put. */
 #ifndef HETMEM_IPC_H
 #define HETMEM_IPC_H
 

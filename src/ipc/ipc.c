@@ -88,6 +88,7 @@
 #include "ipc/ipc_internal.h"
 #include "platform/prim.h"
 #include "pool_internal.h"
+#include "providers/file/file.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -447,6 +448,7 @@ static void ipc_atfork_prepare(void) {
     for (hm_ipc_pool_t *pi = pilist; pi; pi = pi->gnext) hm__mutex_lock(&pi->lock);
     hm__mutex_lock(&gc.lock);
     hm__mutex_lock(&gx.lock);
+    hm__file_holds_atfork(0); /* after gx.lock: ipc.put takes them in that order */
     hm__mutex_lock(&imp_arena.lock);
     hm__mutex_lock(&view_arena.lock);
     hm__ipc_pidfd_cache_atfork(0);
@@ -455,6 +457,7 @@ static void ipc_atfork_parent(void) {
     hm__ipc_pidfd_cache_atfork(1);
     hm__mutex_unlock(&view_arena.lock);
     hm__mutex_unlock(&imp_arena.lock);
+    hm__file_holds_atfork(1);
     hm__mutex_unlock(&gx.lock);
     hm__mutex_unlock(&gc.lock);
     for (hm_ipc_pool_t *pi = pilist; pi; pi = pi->gnext) hm__mutex_unlock(&pi->lock);
@@ -463,7 +466,9 @@ static void ipc_atfork_parent(void) {
 static void xent_free(xent_t *x);
 static void ipc_atfork_child(void) {
     /* The export cache names the parent: drop it (no provider put: the
-     * exports are the parent's). Opened mappings are inherited and stay. */
+     * exports are the parent's). Opened mappings are inherited and stay.
+     * The providers that hold exported ranges (file, devdax) forget the
+     * parent's exports the same way (hm__file_holds_atfork). */
     for (size_t i = 0; i < gx.cap; i++) {
         for (xent_t *x = gx.b[i], *nx; x; x = nx) {
             nx = x->hnext;
@@ -492,6 +497,7 @@ static void ipc_atfork_child(void) {
     pthread_mutex_init(&pilist_lock, NULL);
     pthread_mutex_init(&ident_lock, NULL);
     hm__ipc_pidfd_cache_atfork(2);
+    hm__file_holds_atfork(2);
 }
 
 static void ipc_init_once(void) {
@@ -1494,6 +1500,18 @@ hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size) 
     if (hm_unlikely(x && (x->id != te.id || x->size != te.size))) {
         xdetach(x); /* freed and reallocated at the same address */
         x = NULL;
+    }
+    if (hm_unlikely(!x)) {
+        /* The fork handlers are registered before any provider export
+         * exists (the providers' hold tables rely on them). */
+        hm__mutex_unlock(&gx.lock);
+        ipc_lazy_init();
+        hm__mutex_lock(&gx.lock);
+        x = xfind(te.base);
+        if (x && (x->id != te.id || x->size != te.size)) {
+            xdetach(x);
+            x = NULL;
+        }
     }
     if (hm_unlikely(!x)) {
         r = xcreate(&te, pi, &x);

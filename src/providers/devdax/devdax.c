@@ -191,6 +191,15 @@ hm_result_t hm__devdax_params_set_sysfs_root(hm_devdax_params_t *params, const c
 
 static void devdax_fini(void *state);
 
+/* A range freed while the parent exported it, due in a forked child. */
+static void devdax_release(void *ctx, void *ptr, size_t size) {
+    devdax_state_t *s = ctx;
+    hm_result_t r = hm__coarse_free(s->coarse, ptr, size);
+    if (r != HM_SUCCESS)
+        HM_LOG_ERROR("devdax provider: giving back %p (+%zu), freed while exported before fork: "
+                     "%s", ptr, size, hm_result_string(r));
+}
+
 static hm_result_t devdax_init(const void *params, void **state) {
     const hm_devdax_params_t *p = params;
     if (!p) {
@@ -223,7 +232,7 @@ static hm_result_t devdax_init(const void *params, void **state) {
     devdax_state_t *s = calloc(1, sizeof(*s));
     if (!s) return HM_ERROR_OUT_OF_HOST_MEMORY;
     s->fd = -1;
-    hm__file_holds_init(&s->holds);
+    hm__file_holds_init(&s->holds, devdax_release, s);
     s->page = page;
     s->align = (size_t)align;
     s->rdev = st.st_rdev;

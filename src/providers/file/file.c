@@ -58,6 +58,15 @@ typedef struct file_state {
     hm_file_holds_t holds; /* exported ranges: freed only at their last put */
 } file_state_t;
 
+/* A range freed while the parent exported it, due in a forked child. */
+static void file_hold_release(void *ctx, void *ptr, size_t size) {
+    file_state_t *s = ctx;
+    hm_result_t r = hm__coarse_free(s->coarse, ptr, size);
+    if (r != HM_SUCCESS)
+        HM_LOG_ERROR("file provider: giving back %p (+%zu), freed while exported before fork: %s",
+                     ptr, size, hm_result_string(r));
+}
+
 /* ---- helpers shared with devdax ---- */
 
 hm_result_t hm__file_map(int fd, uint64_t offset, size_t size, size_t alignment, bool shared,
@@ -117,12 +126,28 @@ static inline size_t hold_bucket(const hm_file_holds_t *h, uint64_t off) {
     return (size_t)(((off >> 12) * 0x9E3779B97F4A7C15ull) >> 32) & (h->cap - 1);
 }
 
-void hm__file_holds_init(hm_file_holds_t *h) {
+/* Every table, for the fork handlers (holds_reg guards the list). */
+static pthread_mutex_t holds_reg = PTHREAD_MUTEX_INITIALIZER;
+static hm_file_holds_t *holds_all;
+
+void hm__file_holds_init(hm_file_holds_t *h, hm_file_release_fn release, void *ctx) {
     memset(h, 0, sizeof(*h));
     pthread_mutex_init(&h->lock, NULL);
+    h->release = release;
+    h->release_ctx = ctx;
+    hm__mutex_lock(&holds_reg);
+    h->gnext = holds_all;
+    if (holds_all) holds_all->gprev = h;
+    holds_all = h;
+    hm__mutex_unlock(&holds_reg);
 }
 
 void hm__file_holds_fini(hm_file_holds_t *h) {
+    hm__mutex_lock(&holds_reg);
+    if (h->gprev) h->gprev->gnext = h->gnext;
+    else holds_all = h->gnext;
+    if (h->gnext) h->gnext->gprev = h->gprev;
+    hm__mutex_unlock(&holds_reg);
     size_t held = 0;
     for (size_t i = 0; i < h->cap; i++)
         for (hm_file_hold_t *r = h->b[i], *n; r; r = n) {
@@ -130,10 +155,70 @@ void hm__file_holds_fini(hm_file_holds_t *h) {
             held++;
             free(r);
         }
+    for (hm_file_hold_t *r = h->dues, *n; r; r = n) { /* the coarse layer unmaps them */
+        n = r->next;
+        free(r);
+    }
     if (held)
         HM_LOG_WARN("provider destroyed with %zu IPC exports not put back", held);
     free(h->b);
     pthread_mutex_destroy(&h->lock);
+}
+
+void hm__file_holds_atfork(int phase) {
+    if (phase == 0) {
+        hm__mutex_lock(&holds_reg);
+        for (hm_file_holds_t *h = holds_all; h; h = h->gnext) hm__mutex_lock(&h->lock);
+        return;
+    }
+    if (phase == 1) {
+        for (hm_file_holds_t *h = holds_all; h; h = h->gnext) hm__mutex_unlock(&h->lock);
+        hm__mutex_unlock(&holds_reg);
+        return;
+    }
+    /* Child: the only thread; every lock was taken in prepare. */
+    for (hm_file_holds_t *h = holds_all; h; h = h->gnext) {
+        size_t forgotten = 0, due = 0;
+        for (size_t i = 0; i < h->cap; i++) {
+            for (hm_file_hold_t *r = h->b[i], *n; r; r = n) {
+                n = r->next;
+                if (r->freed) { /* freed in the parent while exported */
+                    r->next = h->dues;
+                    h->dues = r;
+                    due++;
+                } else {
+                    free(r);
+                    forgotten++;
+                }
+            }
+            h->b[i] = NULL;
+        }
+        /* the due records stay counted in live until settled */
+        atomic_store_explicit(&h->live,
+                              atomic_load_explicit(&h->live, memory_order_relaxed) - forgotten,
+                              memory_order_relaxed);
+        atomic_store_explicit(&h->due, atomic_load_explicit(&h->due, memory_order_relaxed) + due,
+                              memory_order_release);
+        pthread_mutex_init(&h->lock, NULL);
+    }
+    pthread_mutex_init(&holds_reg, NULL);
+}
+
+void hm__file_holds_settle(hm_file_holds_t *h) {
+    hm__mutex_lock(&h->lock);
+    hm_file_hold_t *list = h->dues;
+    size_t n = 0;
+    h->dues = NULL;
+    for (hm_file_hold_t *r = list; r; r = r->next) n++;
+    atomic_store_explicit(&h->due, 0, memory_order_relaxed);
+    atomic_store_explicit(&h->live, atomic_load_explicit(&h->live, memory_order_relaxed) - n,
+                          memory_order_relaxed);
+    hm__mutex_unlock(&h->lock);
+    for (hm_file_hold_t *r = list, *nx; r; r = nx) {
+        nx = r->next;
+        h->release(h->release_ctx, r->ptr, r->free_size);
+        free(r);
+    }
 }
 
 static hm_file_hold_t **hold_find(hm_file_holds_t *h, uint64_t off) {
@@ -509,7 +594,7 @@ static hm_result_t file_init(const void *params, void **state) {
         free(s);
         return hm__errno_result(e, "pthread_mutex_init");
     }
-    hm__file_holds_init(&s->holds);
+    hm__file_holds_init(&s->holds, file_hold_release, s);
     s->shared = p->visibility == HM_FILE_SHARED;
     s->map_sync = p->map_sync;
     s->keep_file = p->keep_file;

@@ -66,15 +66,35 @@ hm_result_t hm__file_ipc_open_fd(const hm_file_ipc_payload_t *p, int fd, bool is
  * ranges). A provider with nothing exported pays one relaxed load per free.
  * Thread-safe (one mutex); the deferred free runs with it released. */
 typedef struct hm_file_hold hm_file_hold_t;
+/* Gives a range back to its provider (the deferred free). */
+typedef void (*hm_file_release_fn)(void *ctx, void *ptr, size_t size);
 typedef struct hm_file_holds {
     pthread_mutex_t lock;
-    _Atomic size_t live;    /* records (exported or held) */
+    _Atomic size_t live;    /* records (exported or held), due ones included */
+    _Atomic size_t due;     /* records on `dues` (a forked child's) */
     hm_file_hold_t **b;     /* chained hash by offset; cap buckets */
     size_t cap;
+    hm_file_hold_t *dues;   /* freed while the parent exported them: give back */
+    hm_file_release_fn release;
+    void *release_ctx;
+    struct hm_file_holds *gprev, *gnext; /* every table, for fork */
 } hm_file_holds_t;
-void hm__file_holds_init(hm_file_holds_t *h);
+void hm__file_holds_init(hm_file_holds_t *h, hm_file_release_fn release, void *ctx);
 /* Drops every record (provider teardown: the coarse layer unmaps all). */
 void hm__file_holds_fini(hm_file_holds_t *h);
+/* Fork (called by the IPC layer's fork handlers, which take the export
+ * cache's lock first: the order ipc.put calls in): 0 prepare (lock every
+ * table), 1 parent (unlock), 2 child. In the child the exports are the
+ * parent's (the IPC layer drops its export cache there without a put, so
+ * no put will ever come): every record is forgotten — an exported range
+ * the child still has allocated is an ordinary allocation again (free,
+ * split and merge work) — and a range freed while exported is due: given
+ * back (release) at the next operation on its table from an ordinary
+ * thread (not in the handler: the provider's own lock may have been held
+ * by a thread that does not exist in the child until it is re-made). */
+void hm__file_holds_atfork(int phase);
+/* Gives the due ranges back (see hm__file_holds_atfork). */
+void hm__file_holds_settle(hm_file_holds_t *h);
 /* ipc.get of [ptr, +len) at offset off: one more export. */
 hm_result_t hm__file_holds_get(hm_file_holds_t *h, uint64_t off, void *ptr, size_t len);
 /* ipc.put of the export at off. *free_ptr, *free_size: a deferred free that
@@ -82,8 +102,12 @@ hm_result_t hm__file_holds_get(hm_file_holds_t *h, uint64_t off, void *ptr, size
  * HM_ERROR_INVALID_HANDLE (logged). */
 hm_result_t hm__file_holds_put(hm_file_holds_t *h, uint64_t off, void **free_ptr,
                                size_t *free_size);
-/* Whether anything is exported (one relaxed load: the fast path of free). */
+/* Whether anything is exported (one relaxed load: the fast path of free).
+ * Settles a forked child's due ranges first. */
 static inline bool hm__file_holds_any(hm_file_holds_t *h) {
+    if (hm_likely(atomic_load_explicit(&h->live, memory_order_relaxed) == 0)) return false;
+    if (hm_unlikely(atomic_load_explicit(&h->due, memory_order_acquire) != 0))
+        hm__file_holds_settle(h);
     return atomic_load_explicit(&h->live, memory_order_relaxed) != 0;
 }
 /* free(ptr, size) of the range at off: true if it is exported (the free is
