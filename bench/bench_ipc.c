@@ -1,9 +1,10 @@
 /* hetmem benchmark: IPC export and open, hits and misses, and pool destroy
  * next to a busy second pool. SPDX-License-Identifier: MIT
  *
- * A forked exporter process allocates N 4 KiB allocations through a proxy
- * pool over the OS provider in shared (memfd) mode, exports them and sends
- * the handles back; this process opens them (pidfd_getfd transport).
+ * Forked exporter processes (one per 40,000 allocations) allocate N 4 KiB
+ * allocations through a proxy pool over the OS provider in shared (memfd)
+ * mode, export them and send the handles back; this process opens them
+ * (pidfd_getfd transport).
  *
  * Harness cases (ns per op):
  *   get+put (hit)     hm_ipc_get + hm_ipc_put of an allocation whose export is
@@ -15,7 +16,13 @@
  *                     Baseline "2-misses": two dependent loads over 10^4
  *                     random 320-byte records, the floor of any lookup that
  *                     reads an index bucket and then the entry when both are
- *                     cold.
+ *                     cold (its working set, one line per record, fits in L2).
+ *                     "floor": the lines the hit must read at the cache's real
+ *                     footprint (every handle byte, an index slot, two entry
+ *                     lines); "floor-old": the same for the previous layout
+ *                     (bucket + four entry lines); "floor+sync": "floor" plus
+ *                     the hit's synchronisation (mutex, atomic add, CAS on the
+ *                     entry's line 0). See floor_run.
  *   ..., handle just received  the same, the handle two steps ahead prefetched
  *                     (the importer's usual case: the bytes were just received
  *                     into a buffer, the cache entry is cold).
@@ -35,8 +42,9 @@
  *                     preemption). Three repetitions, then three more with
  *                     thread 2 at SCHED_FIFO where permitted (no preemption
  *                     by other processes: the outliers left are ours).
- *   destroy-isolation destroy of A (4000 mappings) with B holding 0 vs M
- *                     entries (M = 10^5, or what vm.max_map_count allows);
+ *   destroy-isolation destroy of A (4000 mappings) with B holding 0 vs 10^5
+ *                     entries (B opened in the order that lets the kernel
+ *                     merge its mappings' VMAs: see open_range_rev);
  *                     target: within 1.2x. */
 #include "harness.h"
 
