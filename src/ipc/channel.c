@@ -66,7 +66,7 @@ static struct {
 void hm__ipc_pidfd_cache_atfork(int phase) {
     if (phase == 0) hm__mutex_lock(&pc.lock);
     else if (phase == 1) hm__mutex_unlock(&pc.lock);
-    else pthread_mutex_init(&pc.lock, NULL);
+    else hm__mutex_unlock(&pc.lock); /* child: the forking thread took it in prepare */
 }
 
 /* pidfd_open + start-time check. */

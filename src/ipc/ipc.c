@@ -482,22 +482,24 @@ static void ipc_atfork_child(void) {
         nx = x->onext;
         xent_free(x);
     }
-    for (hm_ipc_pool_t *pi = pilist; pi; pi = pi->gnext) {
-        pi->xhead = NULL;
-        pthread_mutex_init(&pi->lock, NULL);
-    }
+    for (hm_ipc_pool_t *pi = pilist; pi; pi = pi->gnext) pi->xhead = NULL;
     gx.n = 0;
     gx.hand = NULL;
     gx.orphans = NULL;
     atomic_store(&gx.count, 0);
-    pthread_mutex_init(&gx.lock, NULL);
-    pthread_mutex_init(&gc.lock, NULL);
-    pthread_mutex_init(&imp_arena.lock, NULL);
-    pthread_mutex_init(&view_arena.lock, NULL);
-    pthread_mutex_init(&pilist_lock, NULL);
-    pthread_mutex_init(&ident_lock, NULL);
+    /* The locks prepare took: the forking thread, the child's only one,
+     * holds them (unlocked, not re-made: a re-made locked mutex is still
+     * "locked" to ThreadSanitizer). ident_lock was not taken in prepare: a
+     * thread that does not exist in the child may have held it. */
     hm__ipc_pidfd_cache_atfork(2);
+    hm__mutex_unlock(&view_arena.lock);
+    hm__mutex_unlock(&imp_arena.lock);
     hm__file_holds_atfork(2);
+    hm__mutex_unlock(&gx.lock);
+    hm__mutex_unlock(&gc.lock);
+    for (hm_ipc_pool_t *pi = pilist; pi; pi = pi->gnext) hm__mutex_unlock(&pi->lock);
+    hm__mutex_unlock(&pilist_lock);
+    pthread_mutex_init(&ident_lock, NULL);
 }
 
 static void ipc_init_once(void) {

@@ -36,8 +36,9 @@ void hm__ipc_allow_ptrace(void);
  * PERMISSION / NOT_SUPPORTED: use the channel. */
 hm_result_t hm__ipc_fetch_fd(const hm_wire_t *w, int *fd);
 /* The verified-pidfd cache around fork (called from ipc.c's hooks):
- * 0 prepare (lock), 1 parent (unlock), 2 child (reset the lock; the
- * inherited pidfds stay valid and cached). */
+ * 0 prepare (lock), 1 parent (unlock), 2 child (unlock: the forking
+ * thread, the child's only one, took it in prepare; the inherited pidfds
+ * stay valid and cached). */
 void hm__ipc_pidfd_cache_atfork(int phase);
 
 #endif

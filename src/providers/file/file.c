@@ -176,7 +176,7 @@ void hm__file_holds_atfork(int phase) {
         hm__mutex_unlock(&holds_reg);
         return;
     }
-    /* Child: the only thread; every lock was taken in prepare. */
+    /* Child: the only thread, which took every lock in prepare. */
     for (hm_file_holds_t *h = holds_all; h; h = h->gnext) {
         size_t forgotten = 0, due = 0;
         for (size_t i = 0; i < h->cap; i++) {
@@ -199,9 +199,9 @@ void hm__file_holds_atfork(int phase) {
                               memory_order_relaxed);
         atomic_store_explicit(&h->due, atomic_load_explicit(&h->due, memory_order_relaxed) + due,
                               memory_order_release);
-        pthread_mutex_init(&h->lock, NULL);
+        hm__mutex_unlock(&h->lock); /* taken in prepare by this (the forking) thread */
     }
-    pthread_mutex_init(&holds_reg, NULL);
+    hm__mutex_unlock(&holds_reg);
 }
 
 void hm__file_holds_settle(hm_file_holds_t *h) {
