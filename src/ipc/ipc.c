@@ -187,7 +187,7 @@ static inline uint32_t st_refs(uint64_t w) { return (uint32_t)w & ST_REFS; }
  * than IMP_PAY_INLINE bytes (file and devdax: 560) keep the rest in the
  * heap (pay_rest, in the cold line). 192 bytes from the huge-page object
  * arena (arena_t). */
-#define IMP_PAY_INLINE 55
+#define IMP_PAY_INLINE 48
 typedef struct imp {
     /* line 0: the key, the allocation, the mapping */
     _Atomic uint64_t state; /* first: kept across reuse */
@@ -201,9 +201,14 @@ typedef struct imp {
     /* line 1: the rest of the validated handle */
     uint32_t family;
     uint16_t len;           /* total bytes of the handle */
-    uint8_t kind, flags;
+    uint8_t kf;             /* kind | flags << 2 (kind <= 3, flags <= 1) */
     _Atomic uint8_t used;   /* CLOCK reference bit, atomic, no lock (set on a hit) */
-    unsigned char pay[IMP_PAY_INLINE]; /* the payload's first bytes */
+    /* The offset (< 2^32; IMP_NO_MEMO: none) and checksum of the last handle
+     * whose checksum a hit verified: a handle equal to it in every other
+     * field and carrying both is byte-identical to it, so valid without
+     * recomputing its checksum. pi->lock. */
+    uint32_t memo_crc, memo_off;
+    unsigned char pay[IMP_PAY_INLINE]; /* the payload's first bytes (OS: all 48) */
     /* line 2, cold: slow paths only */
     unsigned char *pay_rest;   /* payload bytes past IMP_PAY_INLINE (heap), or NULL */
     struct imp *lnext;         /* local-address hash (pi->lock) */
@@ -213,7 +218,8 @@ typedef struct imp {
     bool in_key, in_local;       /* pi->lock */
     bool in_ring, claimed, dead; /* gc.lock */
 } HM_CACHE_ALIGNED imp_t;
-_Static_assert(offsetof(imp_t, family) == 64 && offsetof(imp_t, pay_rest) == 128 &&
+#define IMP_NO_MEMO UINT32_MAX
+_Static_assert(offsetof(imp_t, family) == 64 && offsetof(imp_t, pay) == 80 && offsetof(imp_t, pay_rest) == 128 &&
                    sizeof(imp_t) == 192,
                "imp_t: two hot cache lines and a cold one");
 _Static_assert(HM_IPC_HEADER_SIZE + HM_IPC_PAYLOAD_MAX <= UINT16_MAX, "imp_t.len: 16 bits");
@@ -547,8 +553,9 @@ static imp_t *imp_alloc(const hm_wire_t *w) {
     e->fd = w->fd;
     e->family = w->family;
     e->len = (uint16_t)w->total_size; /* <= HM_IPC_HEADER_SIZE + HM_IPC_PAYLOAD_MAX */
-    e->kind = (uint8_t)w->kind;       /* <= HM_MEMORY_SHARED */
-    e->flags = (uint8_t)w->flags;     /* HM__WIRE_HAS_FD or 0 */
+    /* kind <= HM_MEMORY_SHARED (3), flags HM__WIRE_HAS_FD or 0 (decoder) */
+    e->kf = (uint8_t)(w->kind | w->flags << 2);
+    e->memo_off = IMP_NO_MEMO;
     uint32_t inl = w->payload_len < IMP_PAY_INLINE ? w->payload_len : IMP_PAY_INLINE;
     memcpy(e->pay, w->payload, inl);
     if (rest) memcpy(rest, w->payload + inl, w->payload_len - inl);
@@ -567,20 +574,22 @@ static void imp_free(imp_t *e) {
 /* Whether the caller's handle bytes b (size bytes, unvalidated) hit e,
  * whose key (pid, nonce, base) they are already known to carry: every field
  * equal to e's validated handle's, the reserved bytes zero, the offset
- * inside the allocation and the checksum right — exactly what the decoder
- * checks followed by imp_same(): a handle that differs from the validated
+ * inside the allocation and the checksum right (recomputed unless offset
+ * and checksum are those of the last handle verified here: then the bytes
+ * are that handle's) — exactly what the decoder checks followed by
+ * imp_same(): a handle that differs from the validated
  * one in anything but its offset (another allocation at that address, a
  * forgery with a recomputed checksum) goes the slow path. *offset: the
  * handle's offset. pi->lock held. */
-static inline bool imp_hit(const imp_t *e, const unsigned char *b, size_t size,
-                           uint64_t *offset) {
+static inline bool imp_hit(imp_t *e, const unsigned char *b, size_t size, uint64_t *offset) {
     uint32_t len = e->len, plen = len - HM_IPC_HEADER_SIZE;
     if (hm_unlikely(size < len)) return false;
     uint64_t d = (hm__wire_peek64(b, 0) ^ HM__WIRE_WORD0) |
                  (hm__wire_peek64(b, HM__WIRE_OFF_TOTAL) ^ (len | (uint64_t)e->family << 32)) |
-                 (hm__wire_peek64(b, HM__WIRE_OFF_FLAGS) ^ (e->flags | (uint64_t)plen << 32)) |
+                 (hm__wire_peek64(b, HM__WIRE_OFF_FLAGS) ^
+                  ((uint32_t)(e->kf >> 2) | (uint64_t)plen << 32)) |
                  (hm__wire_peek64(b, HM__WIRE_OFF_KIND) ^
-                  (e->kind | (uint64_t)(uint32_t)e->fd << 32)) |
+                  ((uint32_t)(e->kf & 3) | (uint64_t)(uint32_t)e->fd << 32)) |
                  (hm__wire_peek64(b, HM__WIRE_OFF_START) ^ e->start) |
                  (hm__wire_peek64(b, HM__WIRE_OFF_ALLOC_ID) ^ e->alloc_id) |
                  (hm__wire_peek64(b, HM__WIRE_OFF_SIZE) ^ e->size) |
@@ -592,8 +601,14 @@ static inline bool imp_hit(const imp_t *e, const unsigned char *b, size_t size,
     if (hm_unlikely(memcmp(b + HM_IPC_HEADER_SIZE, e->pay, inl) != 0)) return false;
     if (plen > inl && memcmp(b + HM_IPC_HEADER_SIZE + inl, e->pay_rest, plen - inl) != 0)
         return false;
-    if (hm_unlikely(hm__wire_checksum(b, plen) != hm__wire_peek32(b, HM__WIRE_CRC_OFF)))
-        return false;
+    uint32_t crc = hm__wire_peek32(b, HM__WIRE_CRC_OFF);
+    if (off != e->memo_off || crc != e->memo_crc) { /* not the last verified bytes */
+        if (hm_unlikely(hm__wire_checksum(b, plen) != crc)) return false;
+        if (off < IMP_NO_MEMO) {
+            e->memo_off = (uint32_t)off;
+            e->memo_crc = crc;
+        }
+    }
     *offset = off;
     return true;
 }
@@ -602,8 +617,9 @@ static inline bool imp_hit(const imp_t *e, const unsigned char *b, size_t size,
  * validated handle did, in everything but the offset. pi->lock held. */
 static bool imp_same(const imp_t *e, const hm_wire_t *w) {
     uint32_t inl = w->payload_len < IMP_PAY_INLINE ? w->payload_len : IMP_PAY_INLINE;
-    return e->len == w->total_size && e->family == w->family && e->flags == w->flags &&
-           e->kind == w->kind && e->fd == w->fd && e->pid == w->pid && e->nonce == w->nonce &&
+    return e->len == w->total_size && e->family == w->family &&
+           e->kf == (w->kind | w->flags << 2) && e->fd == w->fd && e->pid == w->pid &&
+           e->nonce == w->nonce &&
            e->start == w->start_time && e->alloc_id == w->alloc_id && e->rbase == w->base &&
            e->size == w->size && memcmp(w->payload, e->pay, inl) == 0 &&
            (w->payload_len == inl ||
