@@ -107,10 +107,10 @@ static __thread bool tl_exiting;
 
 /* ---- fork ----
  * Lock order: g_lock, then jemalloc's locks (tcache.destroy runs under
- * g_lock), then the tracker's and providers' (the extent hooks run under
- * jemalloc's locks). Fork handlers run their prepare parts in the reverse
- * order of registration, so they must be registered tracker (hm__init), then
- * jemalloc, then this pool's. jemalloc calls pthread_atfork from its load-time
+ * g_lock), then the pools' range_locks, the tracker's and providers' (the
+ * extent hooks run under jemalloc's locks). Fork handlers run their prepare
+ * parts in the reverse order of registration, so they must be registered
+ * tracker (hm__init), range_locks, jemalloc, then this pool's (g_lock). jemalloc calls pthread_atfork from its load-time
  * constructor, before hetmem's; the private build's call is renamed to the
  * function below (cmake/HmJemalloc.cmake), which keeps the handlers until
  * once_init registers them in that order. */
@@ -127,11 +127,26 @@ int hm__jemalloc_pthread_atfork(fork_fn prepare, fork_fn parent, fork_fn child) 
     return 0;
 }
 
+/* g_lock first (its prepare runs first, see above); in the child the
+ * forking thread, which holds the locks, releases them (its table stays
+ * valid). */
 static void atfork_prepare(void) { hm__mutex_lock(&g_lock); }
 static void atfork_parent(void) { hm__mutex_unlock(&g_lock); }
-static void atfork_child(void) {
-    /* Only this thread survives; its table stays valid. */
-    pthread_mutex_init(&g_lock, NULL);
+static void atfork_child(void) { hm__mutex_unlock(&g_lock); }
+
+/* Every live pool's range_lock, taken inside the extent hooks, that is under
+ * jemalloc's locks: these handlers are registered before jemalloc's, so their
+ * prepare runs after jemalloc's has taken every jemalloc lock (no hook can
+ * be running) and while g_lock (the slots) is held. Without them a child
+ * forked while another thread was inside a hook waited forever on the
+ * range_lock that thread held. */
+static void ranges_lock_all(void) {
+    for (unsigned i = 0; i < g_nslots; i++)
+        if (g_slots[i]) hm__mutex_lock(&g_slots[i]->range_lock);
+}
+static void ranges_unlock_all(void) {
+    for (unsigned i = 0; i < g_nslots; i++)
+        if (g_slots[i]) hm__mutex_unlock(&g_slots[i]->range_lock);
 }
 
 static bool je_tcache_destroy(unsigned tc) {
@@ -176,6 +191,8 @@ static void once_init(void) {
     size_t sz = sizeof(version);
     (void)hm_je_mallctl("version", &version, &sz, NULL, 0);
     atomic_store(&g_je_fork_registered, 1);
+    if (pthread_atfork(ranges_lock_all, ranges_unlock_all, ranges_unlock_all) != 0)
+        g_once_failed = 1;
     if (g_je_prepare && pthread_atfork(g_je_prepare, g_je_parent, g_je_child) != 0)
         g_once_failed = 1;
     if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0) g_once_failed = 1;
