@@ -364,18 +364,7 @@ static hm_result_t devdax_ipc_get(void *state, void *ptr, size_t size, void *pay
 /* The last put of a range freed while exported frees it now. */
 static hm_result_t devdax_ipc_put(void *state, void *payload) {
     devdax_state_t *s = state;
-    hm_file_ipc_payload_t p;
-    if (!payload) return HM_ERROR_INVALID_ARGUMENT;
-    memcpy(&p, payload, sizeof(p));
-    if (p.magic != HM_DEVDAX_IPC_MAGIC) {
-        HM_LOG_ERROR("devdax provider: ipc put: not a handle of this provider");
-        return HM_ERROR_INVALID_HANDLE;
-    }
-    void *fp;
-    size_t fs;
-    hm_result_t r = hm__file_holds_put(&s->holds, p.offset, &fp, &fs);
-    if (r == HM_SUCCESS && fp) r = hm__coarse_free(s->coarse, fp, fs);
-    return r;
+    return hm__file_holds_ipc_put(&s->holds, s->coarse, payload, HM_DEVDAX_IPC_MAGIC, "devdax");
 }
 
 static hm_result_t devdax_ipc_open(void *state, const void *payload, int fd, size_t size,

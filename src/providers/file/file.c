@@ -815,21 +815,26 @@ static hm_result_t file_ipc_get(void *state, void *ptr, size_t size, void *paylo
     return HM_SUCCESS;
 }
 
-/* The last put of a range freed while exported frees it now. */
-static hm_result_t file_ipc_put(void *state, void *payload) {
-    file_state_t *s = state;
+hm_result_t hm__file_holds_ipc_put(hm_file_holds_t *h, struct hm_coarse *coarse,
+                                   const void *payload, uint32_t magic, const char *who) {
     hm_file_ipc_payload_t p;
     if (!payload) return HM_ERROR_INVALID_ARGUMENT;
     memcpy(&p, payload, sizeof(p));
-    if (p.magic != HM_FILE_IPC_MAGIC) {
-        HM_LOG_ERROR("file provider: ipc put: not a handle of this provider");
+    if (p.magic != magic) {
+        HM_LOG_ERROR("%s provider: ipc put: not a handle of this provider", who);
         return HM_ERROR_INVALID_HANDLE;
     }
     void *fp;
     size_t fs;
-    hm_result_t r = hm__file_holds_put(&s->holds, p.offset, &fp, &fs);
-    if (r == HM_SUCCESS && fp) r = hm__coarse_free(s->coarse, fp, fs);
+    hm_result_t r = hm__file_holds_put(h, p.offset, &fp, &fs);
+    if (r == HM_SUCCESS && fp) r = hm__coarse_free(coarse, fp, fs);
     return r;
+}
+
+/* The last put of a range freed while exported frees it now. */
+static hm_result_t file_ipc_put(void *state, void *payload) {
+    file_state_t *s = state;
+    return hm__file_holds_ipc_put(&s->holds, s->coarse, payload, HM_FILE_IPC_MAGIC, "file");
 }
 
 static hm_result_t file_ipc_open(void *state, const void *payload, int fd, size_t size,

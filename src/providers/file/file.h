@@ -102,6 +102,12 @@ hm_result_t hm__file_holds_get(hm_file_holds_t *h, uint64_t off, void *ptr, size
  * HM_ERROR_INVALID_HANDLE (logged). */
 hm_result_t hm__file_holds_put(hm_file_holds_t *h, uint64_t off, void **free_ptr,
                                size_t *free_size);
+/* A provider's ipc.put over its hold table (file and devdax): checks the
+ * payload's magic (who names the provider in the log line), drops the hold
+ * and, at the last put of a range freed while exported, frees it to coarse. */
+struct hm_coarse;
+hm_result_t hm__file_holds_ipc_put(hm_file_holds_t *h, struct hm_coarse *coarse,
+                                   const void *payload, uint32_t magic, const char *who);
 /* Whether anything is exported (one relaxed load: the fast path of free).
  * Settles a forked child's due ranges first. */
 static inline bool hm__file_holds_any(hm_file_holds_t *h) {
