@@ -696,9 +696,11 @@ static int cmp_d(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Open handles [lo, hi) through pool (all misses), leaving them open. */
-static int open_range(hm_pool_t *pool, size_t lo, size_t hi) {
-    for (size_t i = lo; i < hi; i++) {
+/* Open handles [lo, hi) through pool (all misses), leaving them open; with
+ * rev, from hi - 1 down to lo (see open_range_rev). */
+static int open_range_dir(hm_pool_t *pool, size_t lo, size_t hi, int rev) {
+    for (size_t k = lo; k < hi; k++) {
+        size_t i = rev ? hi - 1 - (k - lo) : k;
         void *p;
         hm_result_t r = hm_ipc_open(pool, H(i), hlens[i], &p);
         if (r) {
@@ -707,6 +709,9 @@ static int open_range(hm_pool_t *pool, size_t lo, size_t hi) {
         }
     }
     return 0;
+}
+static int open_range(hm_pool_t *pool, size_t lo, size_t hi) {
+    return open_range_dir(pool, lo, hi, 0);
 }
 
 typedef struct lat_stats {
@@ -821,15 +826,7 @@ static void destroy_latency(size_t a_entries, int rep, int fifo) {
  * entry, tracker record and provider mapping record (the library does not
  * know they share a VMA; closing one splits it). */
 static int open_range_rev(hm_pool_t *pool, size_t lo, size_t hi) {
-    for (size_t i = hi; i-- > lo;) {
-        void *p;
-        hm_result_t r = hm_ipc_open(pool, H(i), hlens[i], &p);
-        if (r) {
-            fprintf(stderr, "bench_ipc: open #%zu: %s\n", i, hm_result_string(r));
-            return 1;
-        }
-    }
-    return 0;
+    return open_range_dir(pool, lo, hi, 1);
 }
 static size_t count_vmas(void) {
     FILE *f = fopen("/proc/self/maps", "r");
