@@ -423,8 +423,8 @@ static void test_foreign_pointers(void) {
     hm_log_set_level(HM_LOG_ERROR);
     /* Powers of two, other small classes (slab regions not a divisor of the
      * page), the largest lookup class, small above it, large, huge. */
-    static const size_t sizes[] = {8, 16, 48, 80, 100, 112, 640, 4096, 5000, 14336,
-                                   20000, 64 * KIB, 3 * MIB};
+    static const size_t sizes[] = {8, 16, 48, 80, 100, 112, 640, 4096, 5000, 6144, 8192,
+                                   14336, 20000, 64 * KIB, 3 * MIB};
     enum { NS = sizeof(sizes) / sizeof(sizes[0]) };
     hm_pool_t *owners[] = {a, u, none};
     for (int o = 0; o < 3; o++) {
@@ -443,6 +443,11 @@ static void test_foreign_pointers(void) {
             check_refused(own, (char *)p + 1, "unaligned pointer");
             if (us > 64) check_refused(own, (char *)p + (us / 2 & ~(size_t)7), "interior");
             if (us >= 8 * KIB) check_refused(own, (char *)p + 4 * KIB, "next page");
+            /* A multiple of the largest power of two dividing the size, but
+             * not of the size (48: +16): passes an alignment test, only the
+             * division tells. */
+            size_t low = us & (0 - us);
+            if (low < us) check_refused(own, (char *)p + low, "interior pointer (size's 2^k)");
             CHECK(hm_pool_malloc_usable_size(own, p) == us); /* untouched */
             CHECK_OK(hm_pool_free(own, p));
         }

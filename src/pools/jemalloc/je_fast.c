@@ -19,7 +19,7 @@
  * - hm__je_fast_alloc() is jemalloc's own malloc fast path
  *   (imalloc_fastpath, jemalloc_internal_inlines_c.h) with the thread's
  *   explicit tcache of the pool instead of its automatic one: size class by
- *   table (sz_size2index_usize_fastpath, sz.h), the thread-event check
+ *   table (sz_size2index_usize_fastpath, sz.h, folded into one table), the thread-event check
  *   (te_malloc_fastpath_ctx, thread_event.h: one branch that also catches a
  *   thread whose jemalloc data is not "nominal", whose threshold is 0), a pop
  *   from the cache bin (cache_bin_alloc_easy / cache_bin_alloc,
@@ -34,27 +34,36 @@
  *   (free_fastpath, src/jemalloc.c: te_free_fastpath_ctx, cache_bin_dalloc_easy)
  *   on the explicit tcache; anything else is left to dallocx().
  * - live_block() is a non-dependent lookup in jemalloc's global extent map
- *   (rtree_read_independent, rtree.h, on arena_emap_global, the map
- *   ivsalloc() uses): the page must belong to an active extent of the arena
- *   (its descriptor lies in the arena's first metadata block, see
- *   hm__je_fast_key_init, or names the arena); on a slab, ptr must be the
- *   start of one of its regions (for a power-of-two size up to a page, a
- *   multiple of the size; otherwise the region index by jemalloc's
- *   multiply-shift division, div_compute in div.h with
- *   arena_binind_div_info, as arena_slab_regind in arena_inlines_b.h does);
- *   a large block must start at ptr (edata_addr_get: jemalloc's
- *   cache-oblivious offset is part of the extent's address). A pointer of
- *   another jemalloc pool, of malloc(), inside a block or into freed memory
- *   is refused. A block freed twice while it sits in a thread cache is not
- *   detected (jemalloc does not detect it either).
+ *   (rtree_leaf_elm_lookup, rtree.h, on arena_emap_global, the map
+ *   ivsalloc() uses), of one word per page: the extent descriptor's address,
+ *   size class, slab bit and extent state (rtree_leaf_elm_bits_encode). The
+ *   page must belong to an active extent of the arena (its descriptor lies in
+ *   the arena's first metadata block, see hm__je_fast_key_init, or names the
+ *   arena); on a slab, ptr must be the start of one of its regions (a
+ *   multiple of the power-of-two part of the size, and for other than powers
+ *   of two up to a page the region index by jemalloc's multiply-shift
+ *   division, div_compute in div.h with arena_binind_div_info, as
+ *   arena_slab_regind in arena_inlines_b.h does); a large block must start at
+ *   ptr (edata_addr_get: jemalloc's cache-oblivious offset is part of the
+ *   extent's address). A pointer of another jemalloc pool, of malloc(),
+ *   inside a block or into freed memory is refused. A block freed twice
+ *   while it sits in a thread cache is not detected (jemalloc does not
+ *   detect it either). The free fast path makes the slab case inline from
+ *   the word alone (the descriptor is read only for sizes that need the
+ *   division, or when it is outside the first metadata block) and hands
+ *   everything else to the whole check (free_checked).
  *
- * Thread data: jemalloc's (tsd_tls, tsd_tls.h) and the pool's per-thread
- * table (tl_table) are both hidden TLS of this module, so each call reaches
- * both through one TLS-descriptor call (the local-dynamic model; no
- * initial-exec TLS, so libhetmem.so stays dlopen()able).
+ * Thread data: the pool's table by thread pointer (hm_je_key_t.by_tp,
+ * je_fast.h) gives the fast paths the thread's tcache and jemalloc's thread
+ * data (tsd) with no TLS access. A thread that does not hold its slot goes
+ * through jemalloc's thread data (tsd_tls, tsd_tls.h) and the pool's
+ * per-thread table (tl_table), both hidden TLS of this module, reached
+ * through one TLS-descriptor call (the local-dynamic model; no initial-exec
+ * TLS, so libhetmem.so stays dlopen()able).
  *
  * Concurrency: everything here touches only the calling thread's tsd, its
- * own tcaches and table, and reads the global extent map and extent
+ * own tcaches, table and by_tp entry (whose protocol je_fast.h states), and
+ * reads the global extent map and extent
  * metadata, which jemalloc designs for concurrent readers (the non-dependent
  * lookup tolerates extents being changed by other threads: a stale answer
  * can only concern a pointer that is not the caller's live block). */
@@ -107,19 +116,70 @@ JEMALLOC_ALWAYS_INLINE tcache_t *tcache_of(const hm_je_key_t *key, hm_je_tl_tabl
     return e->tcache;
 }
 
-__attribute__((visibility("hidden"))) void hm__je_fast_tcache_refresh(hm_je_tl_entry_t *e) {
+__attribute__((visibility("hidden"))) void hm__je_fast_tcache_refresh(hm_je_key_t *key,
+                                                                       hm_je_tl_entry_t *e) {
     e->tcache = NULL;
-    if (e->tc == HM_JE_NO_TCACHE) return;
-    /* tcaches[] (tcache.c): NULL when destroyed, TCACHES_ELM_NEED_REINIT
-     * after tcache.flush, until mallocx/dallocx re-create it. */
-    tcache_t *tc = tcaches[e->tc].tcache;
-    if ((uintptr_t)tc > (uintptr_t)TCACHES_ELM_NEED_REINIT) e->tcache = tc;
+    if (e->tc != HM_JE_NO_TCACHE) {
+        /* tcaches[] (tcache.c): NULL when destroyed, TCACHES_ELM_NEED_REINIT
+         * after tcache.flush, until mallocx/dallocx re-create it. */
+        tcache_t *tc = tcaches[e->tc].tcache;
+        if ((uintptr_t)tc > (uintptr_t)TCACHES_ELM_NEED_REINIT) e->tcache = tc;
+    }
+    hm_je_tp_entry_t *b = hm_je_by_tp_mine(key);
+    if (b != NULL) {
+        b->tsd = tsd_get(false);
+        b->tcache = e->tcache;
+    }
 }
 
 /* live_block's answer: NOT_LIVE, or the size class, with LIVE_SLAB set for a
  * block on a slab. */
 #define NOT_LIVE (-1)
 #define LIVE_SLAB 0x10000
+
+#ifndef RTREE_LEAF_COMPACT
+#error "je_fast.c reads jemalloc's extent map as one word per page (RTREE_LEAF_COMPACT)"
+#endif
+
+/* Per small size class, what telling a region start needs (filled once from
+ * jemalloc's bin_infos and arena_binind_div_info, which are fixed after
+ * jemalloc boots):
+ * - mask: the low bits every region start has clear. A slab starts on a page,
+ *   so a region start is a multiple of the largest power of two dividing the
+ *   region size, capped at a page.
+ * - magic: 0 when that already proves a region start (a power of two up to a
+ *   page); else jemalloc's reciprocal of the region size (div_info_t.magic,
+ *   div.h: n / size == (n * magic) >> 32 for every multiple n of size below
+ *   2^32), with nregs and size to check the quotient. */
+typedef struct cls_info {
+    uint32_t mask, magic, nregs, size;
+} cls_info_t;
+
+static cls_info_t g_cls[SC_NBINS];
+
+/* Size class and usable size of every size up to SC_LOOKUP_MAXCLASS in one
+ * word, by (size + 7) / 8 (jemalloc's sz_size2index_tab and
+ * sz_index2size_tab, sz.h, folded: one load instead of two): the class in
+ * the low 8 bits, the usable size above. */
+#define SZ_LOOKUP_N ((SC_LOOKUP_MAXCLASS >> SC_LG_TINY_MIN) + 1)
+static uint32_t g_sz[SZ_LOOKUP_N];
+static bool g_cls_ready; /* set under the pool registry's lock (see je_fast.h) */
+
+static void cls_init(void) {
+    for (szind_t i = 0; i < SC_NBINS; i++) {
+        size_t size = bin_infos[i].reg_size;
+        size_t low = size & (0 - size); /* the largest power of two dividing size */
+        cls_info_t *c = &g_cls[i];
+        c->mask = (uint32_t)((low < PAGE ? low : PAGE) - 1);
+        c->magic = (low == size && size <= PAGE) ? 0 : arena_binind_div_info[i].magic;
+        c->nregs = bin_infos[i].nregs;
+        c->size = (uint32_t)size;
+    }
+    for (size_t i = 0; i < SZ_LOOKUP_N; i++) {
+        szind_t ind = sz_size2index_tab[i];
+        g_sz[i] = (uint32_t)ind | (uint32_t)sz_index2size_tab[ind] << 8;
+    }
+}
 
 /* The arena's base (base.h: base_t, base_block_t; arena_structs.h:
  * arena_t.base) maps its metadata in blocks that live as long as the arena;
@@ -129,51 +189,112 @@ __attribute__((visibility("hidden"))) void hm__je_fast_tcache_refresh(hm_je_tl_e
  * (the oldest, last in the list) holds the arena itself and the first
  * thousands of descriptors: a descriptor inside it proves the arena without
  * reading the descriptor (a cache miss when blocks are freed at random over
- * many slabs). Others are checked by the descriptor's arena index. */
+ * many slabs). Others are checked by the descriptor's arena index. The key
+ * keeps the block's bounds shifted as the extent-map word keeps a
+ * descriptor's address (see leaf_meta_ok). */
 __attribute__((visibility("hidden"))) void hm__je_fast_key_init(hm_je_key_t *key) {
-    key->meta_lo = 0;
-    key->meta_size = 0;
+    if (!g_cls_ready) {
+        cls_init();
+        g_cls_ready = true;
+    }
+    key->meta_lo_sh = 0;
+    key->meta_size_sh = 0;
     arena_t *arena = arena_get(TSDN_NULL, key->arena, false);
     if (arena == NULL || arena->base == NULL) return;
     base_block_t *b = arena->base->blocks;
     if (b == NULL) return;
     while (b->next != NULL) b = b->next;
-    key->meta_lo = (uintptr_t)b;
-    key->meta_size = b->size;
+    key->meta_lo_sh = (uintptr_t)b << RTREE_NHIB;
+    key->meta_size_sh = (uintptr_t)b->size << RTREE_NHIB;
+}
+
+/* An extent-map word (rtree_leaf_elm_bits_encode, rtree.h: the descriptor's
+ * address in the low LG_VADDR bits, 128-aligned, with slab, is_head and state
+ * in its low 7 bits, the size class above): is its descriptor in the arena's
+ * first metadata block? Shifted left by RTREE_NHIB, the word is the
+ * descriptor's address times 2^16 plus the flags times 2^16, so with the
+ * block's bounds shifted the same way one subtraction and one comparison
+ * answer (the flags are below the 128-byte granularity of both). */
+JEMALLOC_ALWAYS_INLINE bool leaf_meta_ok(const hm_je_key_t *hk, uintptr_t bits) {
+    return (bits << RTREE_NHIB) - hk->meta_lo_sh < hk->meta_size_sh;
+}
+
+/* The descriptor of an extent-map word (rtree_leaf_elm_bits_decode). */
+JEMALLOC_ALWAYS_INLINE edata_t *leaf_edata(uintptr_t bits) {
+    return rtree_leaf_elm_bits_decode(bits).edata;
+}
+
+/* Does the descriptor of this word belong to the pool's arena? */
+JEMALLOC_ALWAYS_INLINE bool leaf_arena_ok(const hm_je_key_t *hk, uintptr_t bits) {
+    return leaf_meta_ok(hk, bits) || edata_arena_ind_get(leaf_edata(bits)) == hk->arena;
+}
+
+/* The word is an active slab's (state extent_state_active, which is 0, and
+ * the slab bit). jemalloc writes a slab's descriptor and flags in one word,
+ * so the descriptor is not NULL then. */
+#define LEAF_ACTIVE_SLAB(bits) (((bits) & (RTREE_LEAF_STATE_MASK | 1)) == 1)
+
+/* On an active slab of size class szind (< SC_NBINS for a slab), is key the
+ * start of a region? */
+JEMALLOC_ALWAYS_INLINE bool region_start(uintptr_t key, uintptr_t bits, szind_t szind) {
+    const cls_info_t *c = &g_cls[szind];
+    if (unlikely((key & c->mask) != 0)) return false;
+    if (likely(c->magic == 0)) return true;
+    /* The region index by jemalloc's multiply-shift division, as
+     * arena_slab_regind (arena_inlines_b.h) computes it. diff >= 2^32 (only
+     * from a word read while another thread changed the extent) gives an
+     * index whose multiple is below 2^32, so it is refused too. */
+    size_t diff = key - (uintptr_t)edata_addr_get(leaf_edata(bits));
+    size_t reg = (size_t)(((uint64_t)diff * c->magic) >> 32);
+    return reg < c->nregs && reg * c->size == diff;
+}
+
+/* The extent-map word of key's page, through the thread's lookup cache (the
+ * direct-mapped first level inline: rtree_leaf_elm_lookup, rtree.h);
+ * false if the page is not in the map. */
+static JEMALLOC_NOINLINE bool leaf_read_slow(tsdn_t *tsdn, rtree_ctx_t *ctx, uintptr_t key,
+                                             uintptr_t *bits) {
+    rtree_leaf_elm_t *elm = rtree_leaf_elm_lookup(tsdn, &arena_emap_global.rtree, ctx, key,
+                                                  /* dependent */ false,
+                                                  /* init_missing */ false);
+    if (elm == NULL) return false;
+    *bits = rtree_leaf_elm_bits_read(tsdn, &arena_emap_global.rtree, elm, false);
+    return true;
+}
+
+JEMALLOC_ALWAYS_INLINE bool leaf_read(tsdn_t *tsdn, rtree_ctx_t *ctx, uintptr_t key,
+                                      uintptr_t *bits) {
+    size_t slot = rtree_cache_direct_map(key);
+    if (likely(ctx->cache[slot].leafkey == rtree_leafkey(key))) {
+        rtree_leaf_elm_t *elm = &ctx->cache[slot].leaf[rtree_subkey(key, RTREE_HEIGHT - 1)];
+        *bits = rtree_leaf_elm_bits_read(tsdn, &arena_emap_global.rtree, elm, false);
+        return true;
+    }
+    return leaf_read_slow(tsdn, ctx, key, bits);
 }
 
 /* See the file comment. */
 JEMALLOC_ALWAYS_INLINE int live_block(tsdn_t *tsdn, rtree_ctx_t *rtree_ctx,
                                       const hm_je_key_t *hk, const void *ptr) {
     uintptr_t key = (uintptr_t)ptr;
-    /* Blocks are 8-aligned at least; the map covers LG_VADDR bits (higher
-     * bits would alias lower addresses). */
-    if (unlikely(key == 0 || (key & 7) != 0 || (key >> LG_VADDR) != 0)) return NOT_LIVE;
-    rtree_contents_t c;
-    if (rtree_read_independent(tsdn, &arena_emap_global.rtree, rtree_ctx, key, &c))
-        return NOT_LIVE;
-    edata_t *edata = c.edata;
-    if (unlikely(edata == NULL || c.metadata.state != extent_state_active)) return NOT_LIVE;
-    if (unlikely((uintptr_t)edata - hk->meta_lo >= hk->meta_size) &&
-        edata_arena_ind_get(edata) != hk->arena)
-        return NOT_LIVE;
-    szind_t szind = c.metadata.szind;
-    if (likely(c.metadata.slab)) {
-        if (unlikely(szind >= SC_NBINS)) return NOT_LIVE;
-        const bin_info_t *bi = &bin_infos[szind];
-        size_t reg_size = bi->reg_size;
-        /* A power of two up to a page: slabs are page-aligned, so the
-         * region starts are exactly the multiples of the size. */
-        if ((reg_size & (reg_size - 1)) == 0 && reg_size <= PAGE)
-            return (key & (reg_size - 1)) == 0 ? ((int)szind | LIVE_SLAB) : NOT_LIVE;
-        uintptr_t addr = (uintptr_t)edata_addr_get(edata);
-        size_t diff = key - addr; /* key < addr wraps: refused below */
-        if (unlikely(diff >= bi->slab_size)) return NOT_LIVE;
-        size_t reg = div_compute(&arena_binind_div_info[szind], diff);
-        if (unlikely(reg >= bi->nregs || reg * reg_size != diff)) return NOT_LIVE;
+    /* The map covers LG_VADDR bits (higher bits would alias lower
+     * addresses). Page 0 is never in it, so NULL is refused below. */
+    if (unlikely((key >> LG_VADDR) != 0)) return NOT_LIVE;
+    uintptr_t bits;
+    if (!leaf_read(tsdn, rtree_ctx, key, &bits)) return NOT_LIVE;
+    szind_t szind = (szind_t)(bits >> LG_VADDR);
+    if (likely(LEAF_ACTIVE_SLAB(bits))) {
+        if (unlikely(!leaf_arena_ok(hk, bits)) || unlikely(!region_start(key, bits, szind)))
+            return NOT_LIVE;
         return (int)szind | LIVE_SLAB;
     }
-    if (unlikely(key != (uintptr_t)edata_addr_get(edata) || szind >= SC_NSIZES)) return NOT_LIVE;
+    /* A large block (or nothing): an active extent of the arena that starts
+     * at ptr (edata_addr_get: jemalloc's cache-oblivious offset is part of
+     * the extent's address). */
+    edata_t *edata = leaf_edata(bits);
+    if ((bits & RTREE_LEAF_STATE_MASK) != 0 || edata == NULL || szind >= SC_NSIZES ||
+        !leaf_arena_ok(hk, bits) || key != (uintptr_t)edata_addr_get(edata))
+        return NOT_LIVE;
     return (int)szind;
 }
 
@@ -192,59 +313,121 @@ JEMALLOC_ALWAYS_INLINE int live_block_tsd(tsd_t *tsd, const hm_je_key_t *hk, con
     return live_block_notsd(hk, ptr);
 }
 
+/* A small block from the thread's tcache, or false. */
+JEMALLOC_ALWAYS_INLINE bool alloc_small(tsd_t *tsd, tcache_t *tcache, size_t size, void **ptr) {
+    /* sz_size2index_usize_fastpath (sz.h), one load */
+    uint32_t sz = g_sz[(size + (ZU(1) << SC_LG_TINY_MIN) - 1) >> SC_LG_TINY_MIN];
+    szind_t ind = sz & 0xff;
+    size_t usize = sz >> 8;
+    uint64_t allocated, threshold;
+    te_malloc_fastpath_ctx(tsd, &allocated, &threshold);
+    uint64_t allocated_after = allocated + usize;
+    /* An event due, or the thread data not "fast": threshold 0. */
+    if (unlikely(allocated_after >= threshold)) return false;
+    cache_bin_t *bin = &tcache->bins[ind];
+    bool ok;
+    void *ret = cache_bin_alloc_easy(bin, &ok);
+    if (unlikely(!ok)) ret = cache_bin_alloc(bin, &ok);
+    if (unlikely(!ok)) return false;
+    fastpath_success_finish(tsd, allocated_after, bin, ret);
+    *ptr = ret;
+    return true;
+}
+
+/* The fast path of a thread whose by_tp slot is not its own: the tcache
+ * through the thread's table (one TLS access). */
+static JEMALLOC_NOINLINE hm_result_t alloc_tl(void *state, size_t size, size_t alignment,
+                                              void **ptr) {
+    tsd_t *tsd = tsd_once();
+    tcache_t *tcache = tcache_of(state, tl_table);
+    if (likely(tcache != NULL) && likely(alloc_small(tsd, tcache, size, ptr))) return HM_SUCCESS;
+    return hm__je_alloc_slow(state, size, alignment, ptr);
+}
+
 __attribute__((visibility("hidden"))) hm_result_t hm__je_fast_alloc(void *state, size_t size,
                                                                      size_t alignment,
                                                                      void **ptr) {
     const hm_je_key_t *key = state;
     /* alignment 0 or 1: natural; size 1..SC_LOOKUP_MAXCLASS in one test. */
     if (likely(alignment <= 1 && size - 1 < SC_LOOKUP_MAXCLASS)) {
-        tsd_t *tsd = tsd_once();
-        tcache_t *tcache = tcache_of(key, tl_table);
-        if (likely(tcache != NULL)) {
-            szind_t ind;
-            size_t usize;
-            sz_size2index_usize_fastpath(size, &ind, &usize);
-            uint64_t allocated, threshold;
-            te_malloc_fastpath_ctx(tsd, &allocated, &threshold);
-            uint64_t allocated_after = allocated + usize;
-            /* An event due, or the thread data not "fast": threshold 0. */
-            if (likely(allocated_after < threshold)) {
-                cache_bin_t *bin = &tcache->bins[ind];
-                bool ok;
-                void *ret = cache_bin_alloc_easy(bin, &ok);
-                if (unlikely(!ok)) ret = cache_bin_alloc(bin, &ok);
-                if (likely(ok)) {
-                    fastpath_success_finish(tsd, allocated_after, bin, ret);
-                    *ptr = ret;
-                    return HM_SUCCESS;
-                }
-            }
-        }
+#if HM_JE_HAVE_TP
+        uintptr_t tp = hm_je_thread_tp();
+        const hm_je_tp_entry_t *b = &key->by_tp[hm_je_tp_slot(tp)];
+        if (unlikely(atomic_load_explicit(&b->tp, memory_order_relaxed) != tp))
+            return alloc_tl(state, size, alignment, ptr);
+#else
+        (void)key;
+        return alloc_tl(state, size, alignment, ptr);
+#endif
+        tcache_t *tcache = b->tcache;
+        if (likely(tcache != NULL) && likely(alloc_small(b->tsd, tcache, size, ptr)))
+            return HM_SUCCESS;
+        return hm__je_alloc_slow(state, size, 0, ptr); /* 0 and 1: the same */
     }
     return hm__je_alloc_slow(state, size, alignment, ptr);
 }
 
-__attribute__((visibility("hidden"))) hm_result_t hm__je_fast_free(void *state, void *ptr) {
+/* hm__je_fast_free when anything is not the common case: the whole check
+ * (large blocks, a thread without jemalloc data, lookup-cache misses), then
+ * jemalloc's general path or the refusal. */
+static JEMALLOC_NOINLINE hm_result_t free_checked(void *state, void *ptr) {
     const hm_je_key_t *key = state;
-    tsd_t *tsd = tsd_once();
-    hm_je_tl_table_t *t = tl_table;
-    int live = live_block_tsd(tsd, key, ptr);
-    if (unlikely(live < 0)) return hm__je_refuse(state, ptr, "free");
-    if (likely(live & LIVE_SLAB)) {
-        szind_t szind = (szind_t)(live & ~LIVE_SLAB);
-        tcache_t *tcache = tcache_of(key, t);
-        if (likely(tcache != NULL)) {
-            uint64_t deallocated, threshold;
-            te_free_fastpath_ctx(tsd, &deallocated, &threshold);
-            uint64_t deallocated_after = deallocated + sz_index2size(szind);
-            if (likely(deallocated_after < threshold) &&
-                likely(cache_bin_dalloc_easy(&tcache->bins[szind], ptr))) {
-                *tsd_thread_deallocatedp_get(tsd) = deallocated_after;
-                return HM_SUCCESS;
-            }
+    if (unlikely(live_block_tsd(tsd_once(), key, ptr) < 0))
+        return hm__je_refuse(state, ptr, "free");
+    return hm__je_free_slow(state, ptr);
+}
+
+/* hm__je_fast_free on the thread's tsd and tcache (NULL: none). */
+JEMALLOC_ALWAYS_INLINE hm_result_t free_body(void *state, void *ptr, tsd_t *tsd,
+                                             tcache_t *tcache) {
+    const hm_je_key_t *key = state;
+    uintptr_t k = (uintptr_t)ptr;
+    /* live_block's slab case, inline; everything else is decided again by
+     * free_checked. (An address above LG_VADDR bits has a leaf key no cache
+     * entry has: it goes there too.) */
+    if (unlikely(!tsd_nominal(tsd))) return free_checked(state, ptr);
+    rtree_ctx_t *ctx = tsd_rtree_ctx(tsd);
+    size_t slot = rtree_cache_direct_map(k);
+    if (unlikely(ctx->cache[slot].leafkey != rtree_leafkey(k))) return free_checked(state, ptr);
+    uintptr_t bits = rtree_leaf_elm_bits_read(
+        tsd_tsdn(tsd), &arena_emap_global.rtree,
+        &ctx->cache[slot].leaf[rtree_subkey(k, RTREE_HEIGHT - 1)], false);
+    if (unlikely(!LEAF_ACTIVE_SLAB(bits)) || unlikely(!leaf_meta_ok(key, bits)))
+        return free_checked(state, ptr);
+    size_t szind = bits >> LG_VADDR;
+    if (unlikely(!region_start(k, bits, (szind_t)szind)))
+        return hm__je_refuse(state, ptr, "free");
+    if (likely(tcache != NULL)) {
+        uint64_t deallocated, threshold;
+        te_free_fastpath_ctx(tsd, &deallocated, &threshold);
+        /* g_cls[szind].size == sz_index2size(szind): the line is read already */
+        uint64_t deallocated_after = deallocated + g_cls[szind].size;
+        if (likely(deallocated_after < threshold) &&
+            likely(cache_bin_dalloc_easy(&tcache->bins[szind], ptr))) {
+            *tsd_thread_deallocatedp_get(tsd) = deallocated_after;
+            return HM_SUCCESS;
         }
     }
     return hm__je_free_slow(state, ptr);
+}
+
+/* The fast path of a thread whose by_tp slot is not its own. */
+static JEMALLOC_NOINLINE hm_result_t free_tl(void *state, void *ptr) {
+    tsd_t *tsd = tsd_once();
+    return free_body(state, ptr, tsd, tcache_of(state, tl_table));
+}
+
+__attribute__((visibility("hidden"))) hm_result_t hm__je_fast_free(void *state, void *ptr) {
+#if HM_JE_HAVE_TP
+    const hm_je_key_t *key = state;
+    uintptr_t tp = hm_je_thread_tp();
+    const hm_je_tp_entry_t *b = &key->by_tp[hm_je_tp_slot(tp)];
+    if (unlikely(atomic_load_explicit(&b->tp, memory_order_relaxed) != tp))
+        return free_tl(state, ptr);
+    return free_body(state, ptr, b->tsd, b->tcache);
+#else
+    return free_tl(state, ptr);
+#endif
 }
 
 __attribute__((visibility("hidden"))) size_t hm__je_fast_check(const hm_je_key_t *key,

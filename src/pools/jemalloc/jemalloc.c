@@ -132,7 +132,19 @@ int hm__jemalloc_pthread_atfork(fork_fn prepare, fork_fn parent, fork_fn child) 
  * valid). */
 static void atfork_prepare(void) { hm__mutex_lock(&g_lock); }
 static void atfork_parent(void) { hm__mutex_unlock(&g_lock); }
-static void atfork_child(void) { hm__mutex_unlock(&g_lock); }
+static void atfork_child(void) {
+    /* The parent's other threads are gone and glibc reuses their control
+     * blocks: forget their by_tp entries (je_fast.h). */
+    uintptr_t tp = hm_je_thread_tp();
+    for (unsigned i = 0; i < g_nslots; i++) {
+        if (!g_slots[i]) continue;
+        hm_je_tp_entry_t *by_tp = g_slots[i]->key.by_tp;
+        for (unsigned j = 0; j < HM_JE_BY_TP; j++)
+            if (atomic_load_explicit(&by_tp[j].tp, memory_order_relaxed) != tp)
+                atomic_store_explicit(&by_tp[j].tp, 0, memory_order_relaxed);
+    }
+    hm__mutex_unlock(&g_lock);
+}
 
 /* Every live pool's range_lock, taken inside the extent hooks, that is under
  * jemalloc's locks: these handlers are registered before jemalloc's, so their
@@ -168,6 +180,13 @@ static void tl_destructor(void *arg) {
         tl_entry_t *e = &t->e[i];
         if (!e->gen || !e->node) continue;
         if (i < g_nslots && g_slots[i] && g_slots[i]->gen == e->gen) {
+            /* Free the pool's by_tp slot before this thread's pointer can be
+             * another thread's (je_fast.h). */
+            hm_je_tp_entry_t *b = hm_je_by_tp_mine(&g_slots[i]->key);
+            if (b) {
+                b->tcache = NULL;
+                atomic_store_explicit(&b->tp, 0, memory_order_release);
+            }
             tc_node_t *n = (tc_node_t *)e->node;
             je_tcache_destroy(n->tc);
             *n->prevp = n->next;
@@ -196,6 +215,19 @@ static void once_init(void) {
     if (g_je_prepare && pthread_atfork(g_je_prepare, g_je_parent, g_je_child) != 0)
         g_once_failed = 1;
     if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0) g_once_failed = 1;
+}
+
+/* Take the pool's by_tp slot of this thread unless another live thread holds
+ * it (je_fast.h); true if the caller holds it now. The caller then fills it
+ * (hm__je_fast_tcache_refresh). */
+static bool by_tp_claim(jpool_t *jp) {
+    uintptr_t tp = hm_je_thread_tp(), free_tp = 0;
+    if (!tp) return false;
+    _Atomic uintptr_t *slot = &jp->key.by_tp[hm_je_tp_slot(tp)].tp;
+    uintptr_t cur = atomic_load_explicit(slot, memory_order_relaxed);
+    if (cur) return cur == tp;
+    return atomic_compare_exchange_strong_explicit(slot, &free_tp, tp, memory_order_acq_rel,
+                                                   memory_order_relaxed);
 }
 
 /* The flags for this thread on this pool: its tcache, made on first use. */
@@ -253,18 +285,23 @@ static HM_NOINLINE int flags_slow(jpool_t *jp) {
     hm__mutex_unlock(&g_lock);
     e->node = n;
     e->tc = tc;
-    hm__je_fast_tcache_refresh(e);
+    by_tp_claim(jp);
+    hm__je_fast_tcache_refresh(&jp->key, e);
     e->flags = jp->arena_flags | MALLOCX_TCACHE(tc);
     e->gen = jp->gen;
     return e->flags;
 }
 
 /* After a slow-path call: the fast paths may use the tcache again (it is
- * re-created by jemalloc after the flush in jp_trim). */
+ * re-created by jemalloc after the flush in jp_trim), and a thread that uses
+ * its per-thread table takes its by_tp slot if that has become free. */
 static inline void tcache_refresh(jpool_t *jp) {
     tl_table_t *t = *hm__je_fast_tl();
-    if (t && jp->slot < t->cap && t->e[jp->slot].gen == jp->gen && !t->e[jp->slot].tcache)
-        hm__je_fast_tcache_refresh(&t->e[jp->slot]);
+    if (!t || jp->slot >= t->cap || t->e[jp->slot].gen != jp->gen || !t->e[jp->slot].node)
+        return;
+    tl_entry_t *e = &t->e[jp->slot];
+    bool claimed = !hm_je_by_tp_mine(&jp->key) && by_tp_claim(jp);
+    if (claimed || !e->tcache) hm__je_fast_tcache_refresh(&jp->key, e);
 }
 
 HM_INLINE int flags_of(jpool_t *jp) {
@@ -643,7 +680,9 @@ static hm_result_t jp_init(hm_pool_t *pool, const void *params_in, void **state)
         return r;
     }
     jp->arena = jp->key.arena = ind;
+    hm__mutex_lock(&g_lock);
     hm__je_fast_key_init(&jp->key);
+    hm__mutex_unlock(&g_lock);
     /* MALLOCX_ARENA(ind) without its signed overflow for ind >= 2047 (the
      * flag word keeps the arena in bits 20..31). */
     jp->arena_flags = (int)((unsigned)(ind + 1) << 20);
@@ -797,7 +836,10 @@ static hm_result_t jp_trim(void *state) {
     tl_table_t *t = *hm__je_fast_tl();
     if (t && jp->slot < t->cap && t->e[jp->slot].gen == jp->gen && t->e[jp->slot].node) {
         unsigned tc = t->e[jp->slot].tc;
-        t->e[jp->slot].tcache = NULL; /* flush destroys it (re-made on next use) */
+        /* flush destroys it (re-made on next use) */
+        t->e[jp->slot].tcache = NULL;
+        hm_je_tp_entry_t *b = hm_je_by_tp_mine(&jp->key);
+        if (b) b->tcache = NULL;
         int e = hm_je_mallctl("tcache.flush", NULL, NULL, &tc, sizeof(tc));
         if (e) HM_LOG_WARN("jemalloc pool: tcache.flush(%u): %s", tc, strerror(e));
     }
