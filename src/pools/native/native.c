@@ -607,7 +607,7 @@ static hm_result_t slab_acquire(nv_pool_t *nv, nv_heap_t *h, unsigned c, nv_slab
         }
         s->base = (uintptr_t)p;
         s->span = span;
-        if (s->base >> NV_ADDR_BITS) {
+        if (!s->base || s->base >> NV_ADDR_BITS) { /* 0: see nv_heap.r_key */
             HM_LOG_ERROR("native pool: provider address %p is beyond the page map's %d bits", p,
                          NV_ADDR_BITS);
             hm_pool_provider_free(nv->pool, p, span);
@@ -666,31 +666,36 @@ HM_INLINE uint32_t popcount64(uint64_t x) {
 #endif
 }
 
-/* Move the next word with free blocks of cl->cur into cl->bits. */
-static void take_word(nv_cls_t *cl, nv_slab_t *s) {
+/* Move the next word with free blocks of cl->cur (s) into cl->bits. */
+static void take_word(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s) {
     uint32_t i = s->scan;
     while (!s->bits[i]) i = i + 1 == s->nwords ? 0 : i + 1;
     uint64_t w = s->bits[i];
+    uint32_t n = popcount64(w);
     s->bits[i] = 0;
-    s->nfree -= popcount64(w);
+    s->nfree -= n;
     s->scan = i + 1 == s->nwords ? 0 : i + 1;
-    cl->bits = w;
+    stat_add_i(&h->st_bytes, (int64_t)n * s->bsize);
+    cl_set(cl, w);
     cl->word = i;
     cl->wbase = s->base + (uintptr_t)i * 64u * s->bsize;
 }
 
 /* Give cl's current slab back to the lists (its word's free bits too). */
-static void cls_retire_cur(nv_pool_t *nv, nv_cls_t *cl) {
+static void cls_retire_cur(nv_heap_t *h, nv_cls_t *cl) {
     nv_slab_t *s = cl->cur;
     if (!s) return;
-    if (cl->bits) {
-        s->bits[cl->word] |= cl->bits;
-        s->nfree += popcount64(cl->bits);
+    uint64_t bits = cl_bits(cl);
+    if (bits) {
+        uint32_t n = popcount64(bits);
+        s->bits[cl->word] |= bits;
+        s->nfree += n;
+        stat_add_i(&h->st_bytes, -(int64_t)n * s->bsize);
     }
-    cl->bits = 0;
+    cl_set(cl, 0);
     cl->cur = NULL;
     cl->word = UINT32_MAX;
-    if (s->nfree == s->nblocks) slab_release(nv, s);
+    if (s->nfree == s->nblocks) slab_release(h->nv, s);
     else if (s->nfree) partial_push(cl, s);
 }
 
@@ -717,20 +722,22 @@ static HM_NOINLINE void slab_transition(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s
 
 /* Free block idx of s, a slab of h, by h's owner: into the word being handed
  * out when it is that word, else straight into the slab's bitmap (whichever
- * slab of the heap it is, so a random free takes no slow path). Statistics
- * are the caller's. Returns HM_SUCCESS or HM_ERROR_DOUBLE_FREE (logged). */
+ * slab of the heap it is, so a random free takes no slow path). Returns
+ * HM_SUCCESS or HM_ERROR_DOUBLE_FREE (logged). */
 HM_INLINE hm_result_t free_own(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
     nv_cls_t *cl = s->cl;
     uint32_t w = idx >> 6;
     uint64_t bit = (uint64_t)1 << (idx & 63);
     if (s == cl->cur && w == cl->word) {
-        if (hm_unlikely(cl->bits & bit)) return double_free(s, idx);
-        cl->bits |= bit;
+        uint64_t b = cl_bits(cl);
+        if (hm_unlikely(b & bit)) return double_free(s, idx);
+        cl_set(cl, b | bit);
         return HM_SUCCESS;
     }
     uint64_t x = s->bits[w];
     if (hm_unlikely(x & bit)) return double_free(s, idx);
     s->bits[w] = x | bit;
+    stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
     uint32_t n = ++s->nfree;
     if (hm_unlikely(s != cl->cur && (!s->in_partial || n == s->nblocks)))
         slab_transition(h, cl, s);
@@ -776,6 +783,7 @@ static nv_batch_t *batch_get(nv_heap_t *h) {
     h->nstock--;
     cds_wfcq_node_init(&b->node);
     b->count = 0;
+    b->nfrees = 0;
     return b;
 }
 
@@ -796,11 +804,23 @@ static void batch_put(nv_heap_t *h, nv_batch_t *b) {
     hm__mutex_unlock(&nv->depot_lock);
 }
 
+/* Leave h's cached entry (nv_heap.r_key): the frees merged into it on the
+ * fast path are counted into its batch and the flush bound. */
+HM_INLINE void out_settle(nv_heap_t *h) {
+    if (!h->r_key) return;
+    uint32_t used = h->r_base - h->r_left;
+    h->r_b->nfrees += used;
+    h->out_pending += used;
+    h->r_key = 0;
+    h->r_span = 0;
+}
+
 static void publish(nv_heap_t *h, nv_out_t *o) {
+    out_settle(h);
     nv_batch_t *b = o->b;
     nv_heap_t *dest = o->dest;
     o->b = NULL;
-    stat_add_u(&h->st_published, b->count);
+    stat_add_u(&h->st_published, b->nfrees);
     if (h->nv->queue == HM_NATIVE_QUEUE_WFCQ) {
         NV_TSAN_RELEASE(b);
         cds_wfcq_enqueue(&dest->rq_head, &dest->rq_tail, &b->node);
@@ -813,6 +833,7 @@ static void publish(nv_heap_t *h, nv_out_t *o) {
 }
 
 static void flush_all(nv_heap_t *h) {
+    out_settle(h);
     for (unsigned i = 0; i < NV_OUT_SLOTS; i++)
         if (h->out[i].b) publish(h, &h->out[i]);
     h->out_pending = 0;
@@ -837,19 +858,61 @@ static nv_out_t *out_pick(nv_heap_t *h, nv_heap_t *dest) {
     return a;
 }
 
-static hm_result_t remote_push(nv_heap_t *h, nv_heap_t *dest, void *p) {
-    nv_out_t *o = out_pick(h, dest);
-    if (!o->b) {
-        o->b = batch_get(h);
-        if (hm_unlikely(!o->b)) {
-            HM_LOG_ERROR("native pool: out of host memory for a remote free of %p", p);
+static HM_NOINLINE hm_result_t remote_double_free(const nv_slab_t *s, uint32_t idx) {
+    HM_LOG_ERROR("native pool: double free of %p (block %u of the %u-byte slab at %p, remote, "
+                 "twice in one batch)", (void *)(s->base + (uintptr_t)idx * s->bsize), idx,
+                 s->bsize, (void *)s->base);
+    return HM_ERROR_DOUBLE_FREE;
+}
+
+/* Free block idx of s (another heap's slab, live) from h: into h's outgoing
+ * batch for the owner, merged with that batch's last entry when it is the
+ * same bitmap word; the entry becomes h's cached one (nv_heap.r_key), so the
+ * next frees into that word take nv_free's fast path. Statistics are the
+ * caller's. */
+static hm_result_t remote_free(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
+    nv_pool_t *nv = h->nv;
+    uint32_t sub = idx & 63;
+    uint64_t bit = (uint64_t)1 << sub;
+    uintptr_t wbase = s->base + (uintptr_t)(idx - sub) * s->bsize;
+    out_settle(h);
+    nv_out_t *o = out_pick(h, s->owner);
+    nv_batch_t *b = o->b;
+    if (!b) {
+        b = o->b = batch_get(h);
+        if (hm_unlikely(!b)) {
+            HM_LOG_ERROR("native pool: out of host memory for a remote free of %p",
+                         (void *)(s->base + (uintptr_t)idx * s->bsize));
             return HM_ERROR_OUT_OF_HOST_MEMORY;
         }
-        o->dest = dest;
+        o->dest = s->owner;
     }
-    o->b->ptrs[o->b->count++] = p;
-    if (o->b->count >= h->nv->batch_cap) publish(h, o);
-    else if (++h->out_pending >= NV_FLUSH_EVERY) flush_all(h);
+    nv_rent_t *e = b->count ? &b->ent[b->count - 1] : NULL;
+    if (e && e->wbase == wbase) {
+        if (hm_unlikely(e->mask & bit)) return remote_double_free(s, idx);
+        e->mask |= bit;
+    } else {
+        e = &b->ent[b->count++];
+        e->wbase = wbase;
+        e->mask = bit;
+    }
+    b->nfrees++;
+    h->out_pending++;
+    if (b->nfrees >= nv->batch_cap) {
+        publish(h, o);
+    } else if (h->out_pending >= NV_FLUSH_EVERY) {
+        flush_all(h);
+    } else {
+        uint32_t left = nv->batch_cap - b->nfrees, fl = NV_FLUSH_EVERY - h->out_pending;
+        h->r_key = wbase;
+        h->r_span = (uintptr_t)(s->nblocks - (idx - sub) < 64 ? s->nblocks - (idx - sub) : 64) *
+                    s->bsize;
+        h->r_magic = s->magic;
+        h->r_bsize = s->bsize;
+        h->r_ent = e;
+        h->r_b = b;
+        h->r_left = h->r_base = left < fl ? left : fl;
+    }
     return HM_SUCCESS;
 }
 
@@ -873,8 +936,11 @@ HM_INLINE int drain_word(nv_heap_t *h, nv_slab_t *s, uint32_t w, uint64_t mask) 
     uint64_t dup;
     int gone = 0;
     if (s == cl->cur && w == cl->word) {
-        dup = cl->bits & mask;
-        cl->bits |= mask;
+        uint64_t b = cl_bits(cl);
+        dup = b & mask;
+        cl_set(cl, b | mask);
+        /* Blocks coming back into a class word: see nv_heap.st_bytes. */
+        stat_add_i(&h->st_bytes, (int64_t)popcount64(mask & ~dup) * s->bsize);
     } else {
         uint64_t x = s->bits[w];
         dup = x & mask;
@@ -889,31 +955,31 @@ HM_INLINE int drain_word(nv_heap_t *h, nv_slab_t *s, uint32_t w, uint64_t mask) 
     return gone;
 }
 
-/* Free the blocks of one drained batch into h. Consecutive blocks are often
- * of one slab and one bitmap word (the freeing thread frees in the order the
- * owner allocated): the last slab found is tried before the page map, and
- * the blocks of one word are gathered into a mask applied at once (a block
- * twice in the mask is a double free too). */
+static HM_NOINLINE void drain_bad(const nv_rent_t *e, const char *why) {
+    for (uint64_t m = e->mask; m; m &= m - 1)
+        HM_LOG_ERROR("native pool: remote free of a block of the word at %p (bit %u) %s",
+                     (void *)e->wbase, (unsigned)__builtin_ctzll(m), why);
+}
+
+/* Free the entries of one drained batch into h. Consecutive entries are
+ * often of one slab: the last slab found is tried before the page map. The
+ * freeing side checked each block; the owner checks again that the slab is
+ * its own and the word a word of it (a double free may have raced with the
+ * slab going back to the pool). */
 static void drain_batch(nv_heap_t *h, nv_batch_t *b) {
     nv_pool_t *nv = h->nv;
     nv_slab_t *s = NULL;
     uintptr_t lo = 0, span = 0;
     uint64_t magic = 0;
     uint32_t bsize = 0, nblocks = 0;
-    uint32_t cur_w = UINT32_MAX;
-    uint64_t mask = 0;
     const uint32_t count = b->count;
     for (uint32_t i = 0; i < count; i++) {
-        void *p = b->ptrs[i];
-        uintptr_t off = (uintptr_t)p - lo;
+        const nv_rent_t *e = &b->ent[i];
+        uintptr_t off = e->wbase - lo;
         if (off >= span) {
-            if (mask) drain_word(h, s, cur_w, mask);
-            mask = 0;
-            cur_w = UINT32_MAX;
-            s = map_get(nv, p);
+            s = map_get(nv, (void *)e->wbase);
             if (hm_unlikely(!s || s->owner != h)) {
-                HM_LOG_ERROR("native pool: remote free of %p reached a heap that does not own "
-                             "it (double free?)", p);
+                drain_bad(e, "reached a heap that does not own it (double free?)");
                 span = 0;
                 continue;
             }
@@ -923,36 +989,18 @@ static void drain_batch(nv_heap_t *h, nv_batch_t *b) {
             magic = s->magic;
             bsize = s->bsize;
             nblocks = s->nblocks;
-            off = (uintptr_t)p - lo;
+            off = e->wbase - lo;
         }
         uint32_t idx = (uint32_t)((off * magic) >> 32); /* as block_index() */
-        if (hm_unlikely((uintptr_t)idx * bsize != off || idx >= nblocks)) {
-            HM_LOG_ERROR("native pool: remote free of %p: not the start of a block", p);
+        uint64_t mask = e->mask;
+        if (hm_unlikely((uintptr_t)idx * bsize != off || idx >= nblocks || (idx & 63) ||
+                        (nblocks - idx < 64 && (mask >> (nblocks - idx))))) {
+            drain_bad(e, "is not a block of its slab (double free?)");
             continue;
         }
-        uint32_t w = idx >> 6;
-        uint64_t bit = (uint64_t)1 << (idx & 63);
-        if (w != cur_w) {
-            if (mask && drain_word(h, s, cur_w, mask)) {
-                /* s went back to the pool (it may already be another
-                 * heap's): look it up again. */
-                mask = 0;
-                cur_w = UINT32_MAX;
-                span = 0;
-                i--;
-                continue;
-            }
-            cur_w = w;
-            mask = 0;
-        }
-        if (hm_unlikely(mask & bit)) {
-            HM_LOG_ERROR("native pool: double free of %p (twice in one remote batch)", p);
-            continue;
-        }
-        mask |= bit;
+        if (drain_word(h, s, idx >> 6, mask)) span = 0; /* s went back to the pool */
     }
-    if (mask) drain_word(h, s, cur_w, mask);
-    stat_add_u(&h->st_drained, b->count);
+    stat_add_u(&h->st_drained, b->nfrees);
     batch_put(h, b);
 }
 
@@ -979,7 +1027,7 @@ static size_t drain(nv_heap_t *h) {
             if (!node || node == CDS_WFCQ_WOULDBLOCK) break; /* in flight: next time */
             nv_batch_t *b = hm_container_of(node, nv_batch_t, node);
             NV_TSAN_ACQUIRE(b);
-            n += b->count;
+            n += b->nfrees;
             drain_batch(h, b);
         }
     } else if (atomic_load_explicit(&h->mq_list, memory_order_relaxed)) {
@@ -989,7 +1037,7 @@ static size_t drain(nv_heap_t *h) {
         hm__mutex_unlock(&h->mq_lock);
         while (b) {
             nv_batch_t *next = b->link;
-            n += b->count;
+            n += b->nfrees;
             drain_batch(h, b);
             b = next;
         }
@@ -1150,14 +1198,14 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
     if (h->out_pending) flush_all(h);
     nv_slab_t *s = cl->cur;
     if (s && s->nfree) {
-        take_word(cl, s);
+        take_word(h, cl, s);
         return HM_SUCCESS;
     }
     if (drain_pending(h) && drain(h)) {
-        if (cl->bits) return HM_SUCCESS; /* frees landed in the current word */
+        if (cl_bits(cl)) return HM_SUCCESS; /* frees landed in the current word */
         s = cl->cur;
         if (s && s->nfree) {
-            take_word(cl, s);
+            take_word(h, cl, s);
             return HM_SUCCESS;
         }
     }
@@ -1173,20 +1221,19 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
         if (r != HM_SUCCESS) return r;
     }
     cl->cur = s;
-    take_word(cl, s);
+    take_word(h, cl, s);
     return HM_SUCCESS;
 }
 
 static hm_result_t alloc_small(nv_heap_t *h, unsigned c, void **out) {
     nv_cls_t *cl = &h->cls[c];
-    if (!cl->bits) {
+    if (!cl_bits(cl)) {
         hm_result_t r = cls_refill(h, c);
         if (r != HM_SUCCESS) return r;
     }
-    uint64_t b = cl->bits;
-    cl->bits = b & (b - 1);
+    uint64_t b = cl_bits(cl);
+    cl_set(cl, b & (b - 1));
     *out = (void *)(cl->wbase + (uintptr_t)__builtin_ctzll(b) * cl->bsize);
-    stat_add_i(&h->st_bytes, (int64_t)cl->bsize);
     return HM_SUCCESS;
 }
 
@@ -1222,19 +1269,21 @@ static HM_NOINLINE hm_result_t alloc_refill(nv_heap_t *h, unsigned c, void **out
 
 static hm_result_t nv_alloc(void *state, size_t size, size_t align, void **out) {
     nv_pool_t *nv = state;
-    if (hm_likely(size <= nv->class_limit && align <= 8)) {
+    unsigned c;
+    if (hm_likely(size <= nv->fast_limit)) c = hm__nv_cls_of8[(size + 7) >> 3];
+    else if (size <= nv->class_limit) c = cls_of_big(size);
+    else return alloc_slow(nv, size, align, out);
+    if (hm_likely(align <= 8)) {
         uintptr_t tp = thread_tp();
         nv_heap_t *h = heap_by_tp(nv, tp);
         if (hm_likely(heap_is_mine(h, tp))) {
-            unsigned c = cls_of(size);
             nv_cls_t *cl = &h->cls[c];
-            uint64_t b = cl->bits;
+            uint64_t b = cl_bits(cl);
             if (hm_likely(b)) {
-                uint32_t bsize = cl->bsize;
+                /* No counter update: see nv_heap.st_bytes. */
                 uint64_t lowest = b & (0 - b);
-                uintptr_t p = cl->wbase + (uintptr_t)(unsigned)__builtin_ctzll(b) * bsize;
-                cl->bits = b ^ lowest;
-                stat_add_i(&h->st_bytes, (int64_t)bsize);
+                uintptr_t p = cl->wbase + (uintptr_t)(unsigned)__builtin_ctzll(b) * cl->bsize;
+                cl_set(cl, b ^ lowest);
                 h->last = p;
                 h->last_cl = cl;
                 h->last_bit = lowest;
@@ -1250,11 +1299,10 @@ static hm_result_t nv_alloc(void *state, size_t size, size_t align, void **out) 
 /* ------------------------------------------------------------------------ */
 /* Free                                                                     */
 
-static hm_result_t free_block(nv_heap_t *h, nv_slab_t *s, uint32_t idx, void *p) {
-    uint32_t bsize = s->bsize;
-    nv_heap_t *owner = s->owner;
-    hm_result_t r = owner == h ? free_own(h, s, idx) : remote_push(h, owner, p);
-    if (r == HM_SUCCESS) stat_add_i(&h->st_bytes, -(int64_t)bsize);
+static hm_result_t free_block(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
+    if (s->owner == h) return free_own(h, s, idx);
+    hm_result_t r = remote_free(h, s, idx);
+    if (r == HM_SUCCESS) stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
     return r;
 }
 
@@ -1274,67 +1322,25 @@ static HM_NOINLINE hm_result_t free_slow(nv_pool_t *nv, void *p) {
         return HM_ERROR_INVALID_ARGUMENT;
     }
     nv_heap_t *h = heap_get(nv);
-    if (hm_likely(h)) return free_block(h, s, idx, p);
+    if (hm_likely(h)) return free_block(h, s, idx);
     hm__mutex_lock(&nv->orphan_lock);
-    hm_result_t r = free_block(nv->orphan, s, idx, p);
+    hm_result_t r = free_block(nv->orphan, s, idx);
     flush_all(nv->orphan);
     hm__mutex_unlock(&nv->orphan_lock);
     return r;
 }
 
-/* A valid block of s freed by a thread not bound to its owner heap. */
-/* free_other's general case: h is the caller's heap (bound, or the thread
- * has none yet: h NULL). */
-static HM_NOINLINE hm_result_t free_other_slow(nv_pool_t *nv, nv_heap_t *h, nv_slab_t *s,
-                                               void *p) {
-    if (!h) {
+/* A valid block (index idx) of s freed by a thread not bound to its owner
+ * heap, or one whose heap is not in its by_tp slot (h is then
+ * &by_tp_nobody; the block may even be the caller's own). */
+static HM_NOINLINE hm_result_t free_other(nv_pool_t *nv, nv_slab_t *s, void *p, nv_heap_t *h,
+                                          uint32_t idx) {
+    if (hm_unlikely(h == &by_tp_nobody)) {
         if (hm_unlikely(tl.id != nv->id)) return free_slow(nv, p);
         h = tl.heap;
         by_tp_note(nv, h);
     }
-    uint32_t bsize = s->bsize;
-    nv_heap_t *owner = s->owner;
-    hm_result_t r;
-    if (hm_unlikely(owner == h)) { /* cannot be (h->tp is ours); be safe */
-        uint32_t idx;
-        block_index(s, p, &idx);
-        r = free_own(h, s, idx);
-    } else {
-        r = remote_push(h, owner, p);
-    }
-    if (hm_likely(r == HM_SUCCESS)) stat_add_i(&h->st_bytes, -(int64_t)bsize);
-    return r;
-}
-
-/* A valid block of s freed by a thread not bound to its owner heap (or one
- * whose heap is not in its by_tp slot). The common case, appending to an open batch for that owner that stays below
- * its cap and the flush bound, takes no call and no stack frame. */
-static HM_NOINLINE hm_result_t free_other(nv_pool_t *nv, nv_slab_t *s, void *p, nv_heap_t *h) {
-    /* h: the caller's heap as nv_free found it through by_tp, or NULL (not
-     * found there; the block may even be the caller's own). */
-    if (hm_unlikely(!h)) return free_other_slow(nv, NULL, s, p);
-    nv_heap_t *owner = s->owner;
-    nv_out_t *o = &h->out[out_slot(owner)];
-    if (o->dest != owner) o = &h->out[out_slot(owner) ^ 1]; /* see out_pick */
-    nv_batch_t *b = o->b;
-    if (hm_likely(b && o->dest == owner)) {
-        uint32_t n = b->count + 1;
-        uint32_t pend = h->out_pending + 1;
-        if (hm_likely(n < nv->batch_cap && pend < NV_FLUSH_EVERY)) {
-            b->ptrs[n - 1] = p;
-            b->count = n;
-            h->out_pending = pend;
-            stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
-            return HM_SUCCESS;
-        }
-    }
-    return free_other_slow(nv, h, s, p);
-}
-
-/* The fast path met a double free: undo its statistics, log, refuse. */
-static HM_NOINLINE hm_result_t free_double(nv_heap_t *h, const nv_slab_t *s, uint32_t idx) {
-    stat_add_i(&h->st_bytes, (int64_t)s->bsize);
-    return double_free(s, idx);
+    return free_block(h, s, idx);
 }
 
 /* The fast path met a double free of the block allocated last. */
@@ -1353,9 +1359,10 @@ static HM_NOINLINE hm_result_t free_transition(nv_heap_t *h, nv_cls_t *cl, nv_sl
     return HM_SUCCESS;
 }
 
-/* free_own() inlined with the ownership test, which compares the owner
- * heap's thread pointer with ours (no TLS access); every exit but success
- * is a tail call, so the fast path needs no stack frame. */
+/* free_own() inlined with the ownership test, which compares the slab's
+ * owner with the caller's heap found by thread pointer (no TLS access);
+ * every exit but success is a tail call, so the fast path needs no stack
+ * frame. */
 static hm_result_t nv_free(void *state, void *p) {
     nv_pool_t *nv = state;
     uintptr_t tp = thread_tp();
@@ -1368,15 +1375,33 @@ static hm_result_t nv_free(void *state, void *p) {
          * pairs. */
         if (me->last == (uintptr_t)p) {
             nv_cls_t *cl = me->last_cl;
-            uint64_t bit = me->last_bit, b = cl->bits;
+            uint64_t bit = me->last_bit, b = cl_bits(cl);
             me->last = 0;
             if (hm_unlikely(b & bit)) return free_double_last(nv, p);
-            cl->bits = b | bit;
-            stat_add_i(&me->st_bytes, -(int64_t)cl->bsize);
+            cl_set(cl, b | bit);
             return HM_SUCCESS;
         }
+        /* A block of the word of the caller's last remote free (nv_heap.
+         * r_key; r_span is 0 while there is none): the cached entry's
+         * geometry validates it without the page map (the slab cannot go
+         * back to the pool while the entry holds one of its blocks), and
+         * its bit goes into the entry. */
+        uintptr_t roff = (uintptr_t)p - me->r_key;
+        if (roff < me->r_span) {
+            uint32_t sub = (uint32_t)((roff * me->r_magic) >> 32);
+            uint32_t bsize = me->r_bsize;
+            nv_rent_t *e = me->r_ent;
+            uint64_t m = e->mask, bit = (uint64_t)1 << sub;
+            uint32_t left = me->r_left;
+            if (hm_likely((uintptr_t)sub * bsize == roff && !(m & bit) && left > 1)) {
+                e->mask = m | bit;
+                me->r_left = left - 1;
+                stat_add_i(&me->st_bytes, -(int64_t)bsize);
+                return HM_SUCCESS;
+            }
+        }
     } else {
-        me = NULL; /* free_other sorts it out */
+        me = &by_tp_nobody; /* free_other sorts it out */
     }
     nv_slab_t *s = map_get(nv, p);
     if (hm_unlikely(!s)) return free_slow(nv, p);
@@ -1388,20 +1413,20 @@ static hm_result_t nv_free(void *state, void *p) {
     /* Ownership: the owner heap is the caller's (found by thread pointer;
      * no load of the owner's fields). */
     nv_heap_t *h = s->owner;
-    if (hm_unlikely(h != me)) return free_other(nv, s, p, me);
-    stat_add_i(&h->st_bytes, -(int64_t)bsize);
+    if (hm_unlikely(h != me)) return free_other(nv, s, p, me, idx);
     nv_cls_t *cl = s->cl;
     uint32_t w = idx >> 6;
     uint64_t bit = (uint64_t)1 << (idx & 63);
     if (s == cl->cur && w == cl->word) {
-        uint64_t b = cl->bits;
-        if (hm_unlikely(b & bit)) return free_double(h, s, idx);
-        cl->bits = b | bit;
+        uint64_t b = cl_bits(cl);
+        if (hm_unlikely(b & bit)) return double_free(s, idx);
+        cl_set(cl, b | bit);
         return HM_SUCCESS;
     }
     uint64_t x = s->bits[w];
-    if (hm_unlikely(x & bit)) return free_double(h, s, idx);
+    if (hm_unlikely(x & bit)) return double_free(s, idx);
     s->bits[w] = x | bit;
+    stat_add_i(&h->st_bytes, -(int64_t)bsize);
     uint32_t n = ++s->nfree;
     if (hm_unlikely(s != cl->cur && (!s->in_partial || n == s->nblocks)))
         return free_transition(h, cl, s);
@@ -1452,7 +1477,7 @@ static void heap_tidy(nv_heap_t *h) {
     h->last = 0;
     flush_all(h);
     drain(h);
-    for (unsigned c = 0; c < h->nv->ncls; c++) cls_retire_cur(h->nv, &h->cls[c]);
+    for (unsigned c = 0; c < h->nv->ncls; c++) cls_retire_cur(h, &h->cls[c]);
 }
 
 static hm_result_t nv_trim(void *state) {
@@ -1565,6 +1590,11 @@ static hm_result_t nv_get_stats(void *state, hm_pool_stats_t *st) {
     hm__mutex_lock(&nv->lock);
     for (nv_heap_t *h = nv->heaps; h; h = h->all_next) {
         bytes += atomic_load_explicit(&h->st_bytes, memory_order_relaxed);
+        /* Blocks in the heap's class words are free (nv_heap.st_bytes). */
+        for (unsigned c = 0; c < nv->ncls; c++) {
+            uint64_t b = cl_bits(&h->cls[c]);
+            if (b) bytes -= (int64_t)popcount64(b) * h->cls[c].bsize;
+        }
         pub += atomic_load_explicit(&h->st_published, memory_order_relaxed);
         drained += atomic_load_explicit(&h->st_drained, memory_order_relaxed);
     }
@@ -1629,6 +1659,7 @@ static hm_result_t resolve_params(nv_pool_t *nv, hm_provider_t *prov,
     if (p->set & SET_LIMIT) limit = p->class_limit;
     nv->ncls = cls_of(limit) + 1;
     nv->class_limit = hm__nv_cls_size[nv->ncls - 1];
+    nv->fast_limit = nv->class_limit < NV_FAST_MAX ? nv->class_limit : NV_FAST_MAX;
     size_t large = (p->set & SET_LARGE) ? p->large_threshold
                                         : dev ? ((size_t)256 << 20) : ((size_t)32 << 20);
     if (large < nv->class_limit) {

@@ -16,7 +16,7 @@
 #define NV_MIN_BLOCKS 8          /* a slab holds at least this many blocks */
 #define NV_ADDR_BITS 48          /* addresses the page map covers */
 #define NV_OUT_SLOTS 8           /* outgoing remote-free batches per heap */
-#define NV_BATCH_CAP 126         /* pointers per batch: the batch is 1 KiB */
+#define NV_BATCH_CAP 126         /* frees per batch: the batch is 2 KiB */
 #define NV_FLUSH_EVERY 1024      /* remote frees between forced flushes */
 #define NV_STOCK_MAX 32          /* spare batches a heap keeps */
 #define NV_STOCK_MOVE 16         /* batches moved to/from the depot at once */
@@ -66,7 +66,9 @@ typedef struct nv_slab {
 /* Per heap and size class. `bits` are free blocks of word `word` of `cur`
  * taken out of cur->bits; the fast path hands them out. */
 struct nv_cls {
-    uint64_t bits;
+    /* Atomic only for get_stats, which reads other heaps' words (relaxed:
+     * plain loads and stores on the owner's paths). */
+    _Atomic uint64_t bits;
     uintptr_t wbase; /* address of the first block of that word */
     uint32_t bsize;
     uint32_t word;   /* UINT32_MAX: none */
@@ -74,13 +76,25 @@ struct nv_cls {
     nv_slab_t *partial; /* other slabs of this heap with free blocks */
 };
 
+/* One entry of a remote-free batch: blocks of one bitmap word of a slab,
+ * named by the address of the word's first block (an address in the managed
+ * memory, never dereferenced: the owner finds the slab through its page map)
+ * and a mask of the word's blocks freed. The freeing side merges consecutive
+ * frees into one word (allocation order, which remote frees usually follow)
+ * into one entry, so the owner's drain works per word, not per block. */
+typedef struct nv_rent {
+    uintptr_t wbase;
+    uint64_t mask;
+} nv_rent_t;
+
 /* A batch of remote frees: host memory, one queue node for up to
- * NV_BATCH_CAP pointers. */
+ * NV_BATCH_CAP frees (so at most that many entries). */
 typedef struct nv_batch {
     struct cds_wfcq_node node;
     struct nv_batch *link; /* stock/depot list, or the mutex-queue list */
-    uint32_t count;
-    void *ptrs[NV_BATCH_CAP];
+    uint32_t count;        /* entries */
+    uint32_t nfrees;       /* frees: the bits of the masks */
+    nv_rent_t ent[NV_BATCH_CAP];
 } nv_batch_t;
 
 typedef struct nv_out {
@@ -113,8 +127,13 @@ struct nv_heap {
      * do not exist there), so only the bound thread ever sees its own value. */
     _Atomic uintptr_t tp;
     /* The owner's, from the second line on. */
-    _Atomic int64_t st_bytes HM_CACHE_ALIGNED; /* class bytes allocated minus freed by this heap */
-    _Atomic uint64_t st_published, st_drained;
+    /* Class bytes this heap took out of slab bitmaps into its class words
+     * (take_word, and remote frees drained into a class word), minus those
+     * it put back (its frees into slab bitmaps, words retired) and its
+     * remote frees; the heap's share of bytes_requested is this minus the
+     * blocks in its class words, so allocations from a word and frees back
+     * into it need no counter update. */
+    _Atomic int64_t st_bytes HM_CACHE_ALIGNED;
     /* The block the allocation fast path handed out last (0: none), its
      * class and its bit in that class's `bits`: while set, that block is in
      * the word being handed out (cls_refill and heap_tidy, which change the
@@ -123,6 +142,20 @@ struct nv_heap {
     uintptr_t last;
     nv_cls_t *last_cl;
     uint64_t last_bit;
+    /* The entry of the caller's last remote free (r_key: its wbase, 0:
+     * none): a remote free into the same word only sets its bit there,
+     * while r_left > 1. r_left counts down from r_base the frees the batch
+     * and the flush bound still allow; the frees merged so (r_base - r_left)
+     * are added to r_b->nfrees and out_pending when the entry is left
+     * (out_settle). */
+    uintptr_t r_key;
+    uintptr_t r_span;  /* bytes of the word's blocks (0: no entry) */
+    uint64_t r_magic;  /* the slab's magic */
+    uint32_t r_bsize;
+    uint32_t r_left;
+    nv_rent_t *r_ent;
+    nv_batch_t *r_b;
+    uint32_t r_base;
     uint32_t out_pending; /* remote frees since the last flush */
     uint32_t nstock;
     nv_batch_t *stock;
@@ -132,6 +165,7 @@ struct nv_heap {
     nv_heap_t *all_next;
     nv_heap_t *aband_next;
     nv_binding_t *binding;
+    _Atomic uint64_t st_published, st_drained;
     struct __cds_wfcq_head rq_head HM_CACHE_ALIGNED;
     struct cds_wfcq_tail rq_tail HM_CACHE_ALIGNED;
     /* HM_NATIVE_QUEUE_MUTEX */
@@ -156,6 +190,7 @@ struct nv_pool {
     uint64_t id; /* unique in the process: thread-local caches key on it */
     uint32_t ncls;
     size_t class_limit;
+    size_t fast_limit; /* min(class_limit, NV_FAST_MAX): nv_alloc's fast path */
     size_t slab_size;
     unsigned shift; /* log2(slab_size) */
     unsigned leaf_bits;
@@ -236,6 +271,14 @@ HM_INLINE nv_slab_t *map_get(const nv_pool_t *nv, const void *p) {
         d = k & nv->leaf_mask;
     }
     return (nv_slab_t *)atomic_load_explicit(&leaf[d], memory_order_acquire);
+}
+
+/* A heap's class word (nv_cls.bits): relaxed, the owner is its only writer. */
+HM_INLINE uint64_t cl_bits(const nv_cls_t *cl) {
+    return atomic_load_explicit(&cl->bits, memory_order_relaxed);
+}
+HM_INLINE void cl_set(nv_cls_t *cl, uint64_t v) {
+    atomic_store_explicit(&cl->bits, v, memory_order_relaxed);
 }
 
 /* Counters with one writer: a relaxed load and store, no RMW. */
