@@ -144,16 +144,20 @@ __attribute__((visibility("hidden"))) void hm__je_fast_tcache_refresh(hm_je_key_
 /* Per small size class, what telling a region start needs (filled once from
  * jemalloc's bin_infos and arena_binind_div_info, which are fixed after
  * jemalloc boots):
- * - mask: the low bits every region start has clear. A slab starts on a page,
+ * - low: the low bits every region start has clear. A slab starts on a page,
  *   so a region start is a multiple of the largest power of two dividing the
  *   region size, capped at a page.
- * - magic: 0 when that already proves a region start (a power of two up to a
- *   page); else jemalloc's reciprocal of the region size (div_info_t.magic,
- *   div.h: n / size == (n * magic) >> 32 for every multiple n of size below
- *   2^32), with nregs and size to check the quotient. */
+ * - fast: `low` where that already proves a region start (a power of two up
+ *   to a page), else all ones (never passes: see region_start).
+ * - magic: jemalloc's reciprocal of the region size (div_info_t.magic, div.h:
+ *   n / size == (n * magic) >> 32 for every multiple n of size below 2^32),
+ *   with nregs and size to check the quotient. */
 typedef struct cls_info {
-    uint32_t mask, magic, nregs, size;
+    uint32_t fast, size, magic;
+    uint16_t nregs, low;
 } cls_info_t;
+_Static_assert(sizeof(cls_info_t) == 16, "one 16-byte entry per class");
+_Static_assert(PAGE - 1 <= UINT16_MAX && (PAGE >> SC_LG_TINY_MIN) <= UINT16_MAX, "cls_info_t.low, nregs");
 
 static cls_info_t g_cls[SC_NBINS];
 
@@ -170,9 +174,10 @@ static void cls_init(void) {
         size_t size = bin_infos[i].reg_size;
         size_t low = size & (0 - size); /* the largest power of two dividing size */
         cls_info_t *c = &g_cls[i];
-        c->mask = (uint32_t)((low < PAGE ? low : PAGE) - 1);
-        c->magic = (low == size && size <= PAGE) ? 0 : arena_binind_div_info[i].magic;
-        c->nregs = bin_infos[i].nregs;
+        c->low = (uint16_t)((low < PAGE ? low : PAGE) - 1);
+        c->fast = (low == size && size <= PAGE) ? c->low : UINT32_MAX;
+        c->magic = arena_binind_div_info[i].magic;
+        c->nregs = (uint16_t)bin_infos[i].nregs;
         c->size = (uint32_t)size;
     }
     for (size_t i = 0; i < SZ_LOOKUP_N; i++) {
@@ -234,19 +239,24 @@ JEMALLOC_ALWAYS_INLINE bool leaf_arena_ok(const hm_je_key_t *hk, uintptr_t bits)
  * so the descriptor is not NULL then. */
 #define LEAF_ACTIVE_SLAB(bits) (((bits) & (RTREE_LEAF_STATE_MASK | 1)) == 1)
 
-/* On an active slab of size class szind (< SC_NBINS for a slab), is key the
- * start of a region? */
-JEMALLOC_ALWAYS_INLINE bool region_start(uintptr_t key, uintptr_t bits, szind_t szind) {
-    const cls_info_t *c = &g_cls[szind];
-    if (unlikely((key & c->mask) != 0)) return false;
-    if (likely(c->magic == 0)) return true;
-    /* The region index by jemalloc's multiply-shift division, as
-     * arena_slab_regind (arena_inlines_b.h) computes it. diff >= 2^32 (only
-     * from a word read while another thread changed the extent) gives an
-     * index whose multiple is below 2^32, so it is refused too. */
+/* The region index by jemalloc's multiply-shift division, as
+ * arena_slab_regind (arena_inlines_b.h) computes it. diff >= 2^32 (only from
+ * a word read while another thread changed the extent) gives an index whose
+ * multiple is below 2^32, so it is refused too. */
+JEMALLOC_ALWAYS_INLINE bool region_start_div(uintptr_t key, uintptr_t bits,
+                                             const cls_info_t *c) {
+    if ((key & c->low) != 0) return false;
     size_t diff = key - (uintptr_t)edata_addr_get(leaf_edata(bits));
     size_t reg = (size_t)(((uint64_t)diff * c->magic) >> 32);
     return reg < c->nregs && reg * c->size == diff;
+}
+
+/* On an active slab of size class szind (< SC_NBINS for a slab), is key the
+ * start of a region? One test for powers of two up to a page (their `fast`
+ * mask); the others fail it and take the division. */
+JEMALLOC_ALWAYS_INLINE bool region_start(uintptr_t key, uintptr_t bits, const cls_info_t *c) {
+    if (likely((key & c->fast) == 0)) return true;
+    return region_start_div(key, bits, c);
 }
 
 /* The extent-map word of key's page, through the thread's lookup cache (the
@@ -284,7 +294,8 @@ JEMALLOC_ALWAYS_INLINE int live_block(tsdn_t *tsdn, rtree_ctx_t *rtree_ctx,
     if (!leaf_read(tsdn, rtree_ctx, key, &bits)) return NOT_LIVE;
     szind_t szind = (szind_t)(bits >> LG_VADDR);
     if (likely(LEAF_ACTIVE_SLAB(bits))) {
-        if (unlikely(!leaf_arena_ok(hk, bits)) || unlikely(!region_start(key, bits, szind)))
+        if (unlikely(!leaf_arena_ok(hk, bits)) ||
+            unlikely(!region_start(key, bits, &g_cls[szind])))
             return NOT_LIVE;
         return (int)szind | LIVE_SLAB;
     }
@@ -352,7 +363,7 @@ __attribute__((visibility("hidden"))) hm_result_t hm__je_fast_alloc(void *state,
     if (likely(alignment <= 1 && size - 1 < SC_LOOKUP_MAXCLASS)) {
 #if HM_JE_HAVE_TP
         uintptr_t tp = hm_je_thread_tp();
-        const hm_je_tp_entry_t *b = &key->by_tp[hm_je_tp_slot(tp)];
+        const hm_je_tp_entry_t *b = HM_JE_TP_ENTRY(key, tp);
         if (unlikely(atomic_load_explicit(&b->tp, memory_order_relaxed) != tp))
             return alloc_tl(state, size, alignment, ptr);
 #else
@@ -395,13 +406,15 @@ JEMALLOC_ALWAYS_INLINE hm_result_t free_body(void *state, void *ptr, tsd_t *tsd,
     if (unlikely(!LEAF_ACTIVE_SLAB(bits)) || unlikely(!leaf_meta_ok(key, bits)))
         return free_checked(state, ptr);
     size_t szind = bits >> LG_VADDR;
-    if (unlikely(!region_start(k, bits, (szind_t)szind)))
-        return hm__je_refuse(state, ptr, "free");
+    /* &g_cls[szind] from the word in two operations (16-byte entries) */
+    const cls_info_t *c =
+        (const cls_info_t *)((const char *)g_cls + ((bits >> (LG_VADDR - 4)) & ~(uintptr_t)15));
+    if (unlikely(!region_start(k, bits, c))) return hm__je_refuse(state, ptr, "free");
     if (likely(tcache != NULL)) {
         uint64_t deallocated, threshold;
         te_free_fastpath_ctx(tsd, &deallocated, &threshold);
-        /* g_cls[szind].size == sz_index2size(szind): the line is read already */
-        uint64_t deallocated_after = deallocated + g_cls[szind].size;
+        /* c->size == sz_index2size(szind), on the line read already */
+        uint64_t deallocated_after = deallocated + c->size;
         if (likely(deallocated_after < threshold) &&
             likely(cache_bin_dalloc_easy(&tcache->bins[szind], ptr))) {
             *tsd_thread_deallocatedp_get(tsd) = deallocated_after;
@@ -421,7 +434,7 @@ __attribute__((visibility("hidden"))) hm_result_t hm__je_fast_free(void *state, 
 #if HM_JE_HAVE_TP
     const hm_je_key_t *key = state;
     uintptr_t tp = hm_je_thread_tp();
-    const hm_je_tp_entry_t *b = &key->by_tp[hm_je_tp_slot(tp)];
+    const hm_je_tp_entry_t *b = HM_JE_TP_ENTRY(key, tp);
     if (unlikely(atomic_load_explicit(&b->tp, memory_order_relaxed) != tp))
         return free_tl(state, ptr);
     return free_body(state, ptr, b->tsd, b->tcache);

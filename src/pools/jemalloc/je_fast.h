@@ -114,6 +114,14 @@ typedef struct hm_je_key {
     hm_je_tp_entry_t by_tp[HM_JE_BY_TP]; /* see above */
 } hm_je_key_t;
 
+/* &key->by_tp[hm_je_tp_slot(tp)] (read-only), with the slot computed as a byte offset
+ * (the fast paths then address the entry's fields directly). */
+#define HM_JE_TP_ENTRY(key, tp)                                                        \
+    ((const hm_je_tp_entry_t *)((const char *)(key)->by_tp +                        \
+                          ((((uint64_t)(tp) * 0x9E3779B97F4A7C15ull) >>              \
+                            (64 - HM_JE_BY_TP_BITS - 5)) & ~(uint64_t)31)))
+_Static_assert(sizeof(hm_je_tp_entry_t) == 32, "HM_JE_TP_ENTRY assumes 32-byte entries");
+
 /* The caller's entry in key->by_tp if it owns it, else NULL. */
 static inline hm_je_tp_entry_t *hm_je_by_tp_mine(hm_je_key_t *key) {
     uintptr_t tp = hm_je_thread_tp();
