@@ -54,7 +54,11 @@
  * thread's tcache of the pool through the pool's own code written against
  * jemalloc 5.3.0's internals (src/pools/jemalloc/je_fast.c), with jemalloc's
  * thread-event bookkeeping kept as its own malloc/free keep it; everything
- * else goes through mallocx/dallocx.
+ * else goes through mallocx/dallocx. A thread finds its tcache of the pool
+ * through a small table in the pool keyed by its thread pointer (no TLS
+ * access; a thread whose entry another live thread holds uses a per-thread
+ * table instead). The check of a freed pointer is made from the one
+ * extent-map word jemalloc's own free reads.
  *
  * Errors: the pool validates every pointer given to free, realloc and
  * usable_size against jemalloc's own extent map (the pool sets
@@ -83,7 +87,8 @@
  * |   jemalloc's epoch refresh)|                              |                             |
  * | destroy                    | nothing on the same pool     | caller; global mutex        |
  * Fork: the child may keep using inherited pools (jemalloc's and this pool's
- * locks are taken around fork). */
+ * locks are taken around fork; the parent's other threads' entries in the
+ * thread-pointer tables are forgotten in the child). */
 #ifndef HETMEM_POOLS_JEMALLOC_H
 #define HETMEM_POOLS_JEMALLOC_H
 
