@@ -227,7 +227,7 @@ HM_INLINE int ready(void) {
 static void *pool_alloc(size_t size, size_t align) {
     void *p = NULL;
     tl_guard = 1;
-    hm_result_t r = hm_native_pool_ops()->alloc(g_state, size ? size : 1, align, &p);
+    hm_result_t r = hm__native_alloc(g_state, size ? size : 1, align, &p);
     tl_guard = 0;
     if (hm_unlikely(r != HM_SUCCESS)) {
         errno = ENOMEM;
@@ -236,9 +236,19 @@ static void *pool_alloc(size_t size, size_t align) {
     return p;
 }
 
-EXPORT void *malloc(size_t size) {
+static HM_NOINLINE void *malloc_slow(size_t size) {
     if (hm_unlikely(!ready())) return __libc_malloc(size);
     return pool_alloc(size, 0);
+}
+
+/* The pool's fast path calls nothing (no malloc, no lock), so it needs no
+ * guard; the pool sets the guard itself around a refill, and passes what it
+ * does not serve to malloc_slow. */
+EXPORT void *malloc(size_t size) {
+    if (hm_likely(atomic_load_explicit(&g_status, memory_order_acquire) == ST_READY &&
+                  !tl_guard))
+        return hm__native_malloc(g_state, size, &tl_guard, malloc_slow);
+    return malloc_slow(size);
 }
 
 /* Which pool's block is p: g_state's, g_old's (a forked child's inherited
@@ -254,16 +264,39 @@ HM_INLINE void *owner_of(void *p) {
     return NULL;
 }
 
-EXPORT void free(void *p) {
-    if (!p) return;
-    void *st = owner_of(p);
-    if (st) {
-        tl_guard = 1;
-        hm_native_pool_ops()->free(st, p);
-        tl_guard = 0;
-        return;
+/* free's general case: the pool's free tells its own blocks from others
+ * (HM_ERROR_NOT_FOUND, nothing done), one page-map lookup instead of
+ * owner_of() and then the free op looking the pointer up again. */
+static HM_NOINLINE hm_result_t free_slow(void *p) {
+    if (hm_likely(!tl_guard)) {
+        int st = atomic_load_explicit(&g_status, memory_order_acquire);
+        if (hm_likely(st == ST_READY)) {
+            tl_guard = 1;
+            hm_result_t r = hm__native_free_owned(g_state, p);
+            tl_guard = 0;
+            if (hm_likely(r != HM_ERROR_NOT_FOUND)) return r;
+        }
+        if (hm_unlikely(g_old != NULL) && (st == ST_READY || st == ST_FAILED)) {
+            tl_guard = 1;
+            hm_result_t r = hm__native_free_owned(g_old, p);
+            tl_guard = 0;
+            if (r != HM_ERROR_NOT_FOUND) return r;
+        }
     }
     __libc_free(p);
+    return HM_SUCCESS;
+}
+
+/* The pool's fast path calls nothing, so it needs no guard (see malloc);
+ * what it does not finish it passes, unchanged, to free_slow. */
+EXPORT void free(void *p) {
+    if (!p) return;
+    if (hm_likely(atomic_load_explicit(&g_status, memory_order_acquire) == ST_READY &&
+                  !tl_guard)) {
+        (void)hm__native_free(g_state, p, free_slow);
+        return;
+    }
+    (void)free_slow(p);
 }
 
 EXPORT void *calloc(size_t n, size_t size) {

@@ -637,17 +637,23 @@ static hm_result_t slab_acquire(nv_pool_t *nv, nv_heap_t *h, unsigned c, nv_slab
     return HM_SUCCESS;
 }
 
+/* The head of the partial list of s's class in its owner heap. */
+HM_INLINE nv_slab_t **partial_head(nv_slab_t *s) { return &s->owner->partial[s->cls]; }
+
 static void partial_push(nv_cls_t *cl, nv_slab_t *s) {
+    (void)cl;
+    nv_slab_t **head = partial_head(s);
     s->prev = NULL;
-    s->next = cl->partial;
-    if (cl->partial) cl->partial->prev = s;
-    cl->partial = s;
+    s->next = *head;
+    if (*head) (*head)->prev = s;
+    *head = s;
     s->in_partial = 1;
 }
 
 static void partial_unlink(nv_cls_t *cl, nv_slab_t *s) {
+    (void)cl;
     if (s->prev) s->prev->next = s->next;
-    else cl->partial = s->next;
+    else *partial_head(s) = s->next;
     if (s->next) s->next->prev = s->prev;
     s->prev = s->next = NULL;
     s->in_partial = 0;
@@ -1049,10 +1055,12 @@ static size_t drain(nv_heap_t *h) {
 /* Heaps and thread bindings                                                */
 
 static nv_heap_t *heap_new(nv_pool_t *nv) {
-    size_t size = hm_align_up(sizeof(nv_heap_t) + nv->ncls * sizeof(nv_cls_t), HM_CACHE_LINE);
+    size_t size = hm_align_up(sizeof(nv_heap_t) + nv->ncls * (sizeof(nv_cls_t) + sizeof(nv_slab_t *)),
+                              HM_CACHE_LINE);
     nv_heap_t *h = aligned_alloc(HM_CACHE_LINE, size);
     if (!h) return NULL;
     memset(h, 0, size);
+    h->partial = (nv_slab_t **)(h->cls + nv->ncls);
     h->nv = nv;
     __cds_wfcq_init(&h->rq_head, &h->rq_tail);
     __cds_wfcq_init(&h->priv_head, &h->priv_tail);
@@ -1213,7 +1221,7 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
         cl->cur = NULL;
         cl->word = UINT32_MAX;
     }
-    s = cl->partial;
+    s = h->partial[c];
     if (s) {
         partial_unlink(cl, s);
     } else {
@@ -1267,31 +1275,47 @@ static HM_NOINLINE hm_result_t alloc_refill(nv_heap_t *h, unsigned c, void **out
     return r;
 }
 
-static hm_result_t nv_alloc(void *state, size_t size, size_t align, void **out) {
-    nv_pool_t *nv = state;
+/* The allocation fast path (alignment <= 8): the block, or 0 with *hp the
+ * caller's heap (its class word *cp is empty: refill) or NULL (the slow
+ * path: a large size, or no heap found by thread pointer). Calls nothing. */
+HM_INLINE uintptr_t alloc_fast(nv_pool_t *nv, size_t size, nv_heap_t **hp, unsigned *cp) {
     unsigned c;
+    *hp = NULL;
     if (hm_likely(size <= nv->fast_limit)) c = hm__nv_cls_of8[(size + 7) >> 3];
     else if (size <= nv->class_limit) c = cls_of_big(size);
-    else return alloc_slow(nv, size, align, out);
+    else return 0;
+    uintptr_t tp = thread_tp();
+    nv_heap_t *h = heap_by_tp(nv, tp);
+    if (hm_unlikely(!heap_is_mine(h, tp))) return 0;
+    nv_cls_t *cl = &h->cls[c];
+    uint64_t b = cl_bits(cl);
+    if (hm_unlikely(!b)) {
+        *hp = h;
+        *cp = c;
+        return 0;
+    }
+    /* No counter update: see nv_heap.st_bytes. */
+    uint64_t lowest = b & (0 - b);
+    uintptr_t p = cl->wbase + (uintptr_t)(unsigned)__builtin_ctzll(b) * cl->bsize;
+    cl_set(cl, b ^ lowest);
+    h->last = p;
+    h->last_cl = cl;
+    h->last_bit = lowest;
+    if (!p) __builtin_unreachable(); /* a slab's base is never 0 (slab_acquire) */
+    return p;
+}
+
+static hm_result_t nv_alloc(void *state, size_t size, size_t align, void **out) {
+    nv_pool_t *nv = state;
     if (hm_likely(align <= 8)) {
-        uintptr_t tp = thread_tp();
-        nv_heap_t *h = heap_by_tp(nv, tp);
-        if (hm_likely(heap_is_mine(h, tp))) {
-            nv_cls_t *cl = &h->cls[c];
-            uint64_t b = cl_bits(cl);
-            if (hm_likely(b)) {
-                /* No counter update: see nv_heap.st_bytes. */
-                uint64_t lowest = b & (0 - b);
-                uintptr_t p = cl->wbase + (uintptr_t)(unsigned)__builtin_ctzll(b) * cl->bsize;
-                cl_set(cl, b ^ lowest);
-                h->last = p;
-                h->last_cl = cl;
-                h->last_bit = lowest;
-                *out = (void *)p;
-                return HM_SUCCESS;
-            }
-            return alloc_refill(h, c, out);
+        nv_heap_t *h;
+        unsigned c;
+        uintptr_t p = alloc_fast(nv, size, &h, &c);
+        if (hm_likely(p)) {
+            *out = (void *)p;
+            return HM_SUCCESS;
         }
+        if (h) return alloc_refill(h, c, out);
     }
     return alloc_slow(nv, size, align, out);
 }
@@ -1306,11 +1330,14 @@ static hm_result_t free_block(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
     return r;
 }
 
-static HM_NOINLINE hm_result_t free_slow(nv_pool_t *nv, void *p) {
+/* quiet: a pointer that is not the pool's returns HM_ERROR_NOT_FOUND
+ * without a log line (hm__native_free_owned). */
+static hm_result_t free_slow_q(nv_pool_t *nv, void *p, int quiet) {
     nv_slab_t *s = map_get(nv, p);
     if (!s) {
         hm_result_t r = large_free(nv, p);
         if (r == HM_ERROR_NOT_FOUND) {
+            if (quiet) return r;
             HM_LOG_ERROR("native pool: free(%p): not an allocation of this pool", p);
             return HM_ERROR_INVALID_ARGUMENT;
         }
@@ -1328,6 +1355,13 @@ static HM_NOINLINE hm_result_t free_slow(nv_pool_t *nv, void *p) {
     flush_all(nv->orphan);
     hm__mutex_unlock(&nv->orphan_lock);
     return r;
+}
+
+static HM_NOINLINE hm_result_t free_slow(nv_pool_t *nv, void *p) {
+    return free_slow_q(nv, p, 0);
+}
+static HM_NOINLINE hm_result_t free_slow_quiet(nv_pool_t *nv, void *p) {
+    return free_slow_q(nv, p, 1);
 }
 
 /* A valid block (index idx) of s freed by a thread not bound to its owner
@@ -1359,11 +1393,82 @@ static HM_NOINLINE hm_result_t free_transition(nv_heap_t *h, nv_cls_t *cl, nv_sl
     return HM_SUCCESS;
 }
 
+/* free_impl's modes: the free op; the same without a log line for a
+ * pointer that is not the pool's (hm__native_free_owned); the fast paths
+ * only (hm__native_free): every case that may call malloc or free (a slow
+ * path, a slab going back to the pool, an error) goes, before changing
+ * anything, to hm__native_free's other. */
+enum { NV_FREE_OP, NV_FREE_QUIET, NV_FREE_FAST };
+typedef hm_result_t (*nv_other_fn)(void *p);
+#define NV_EXIT(mode, call) ((mode) == NV_FREE_FAST ? other(p) : (call))
+
 /* free_own() inlined with the ownership test, which compares the slab's
  * owner with the caller's heap found by thread pointer (no TLS access);
  * every exit but success is a tail call, so the fast path needs no stack
- * frame. */
-static hm_result_t nv_free(void *state, void *p) {
+ * frame. mode is a constant: one copy is compiled per mode. */
+/* free_impl past the thread's own fast cases: me is the caller's heap, or
+ * &by_tp_nobody. */
+HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mode,
+                                   nv_other_fn other) {
+    nv_slab_t *s = map_get(nv, p);
+    if (hm_unlikely(!s))
+        return NV_EXIT(mode, mode == NV_FREE_QUIET ? free_slow_quiet(nv, p) : free_slow(nv, p));
+    uintptr_t off = (uintptr_t)p - s->base;
+    uint32_t idx = (uint32_t)((off * s->magic) >> 32);
+    uint32_t bsize = s->bsize;
+    if (hm_unlikely((uintptr_t)idx * bsize != off || idx >= s->nblocks))
+        return NV_EXIT(mode, mode == NV_FREE_QUIET ? free_slow_quiet(nv, p) : free_slow(nv, p));
+    /* Ownership: the owner heap is the caller's (found by thread pointer;
+     * no load of the owner's fields). */
+    nv_heap_t *h = s->owner;
+    if (hm_unlikely(h != me)) return NV_EXIT(mode, free_other(nv, s, p, me, idx));
+    nv_cls_t *cl = s->cl;
+    uint32_t w = idx >> 6;
+    uint64_t bit = (uint64_t)1 << (idx & 63);
+    if (s == cl->cur && w == cl->word) {
+        uint64_t b = cl_bits(cl);
+        if (hm_unlikely(b & bit)) return NV_EXIT(mode, double_free(s, idx));
+        cl_set(cl, b | bit);
+        return HM_SUCCESS;
+    }
+    uint64_t x = s->bits[w];
+    if (hm_unlikely(x & bit)) return NV_EXIT(mode, double_free(s, idx));
+    uint32_t n = s->nfree + 1;
+    int change = s != cl->cur && (!s->in_partial || n == s->nblocks);
+    /* A full slab joining the partial list calls nothing; one going back
+     * to the pool may (slab_release). */
+    if (mode == NV_FREE_FAST && hm_unlikely(change && n == s->nblocks))
+        return other(p);
+    s->bits[w] = x | bit;
+    stat_add_i(&h->st_bytes, -(int64_t)bsize);
+    s->nfree = n;
+    if (hm_unlikely(change)) return free_transition(h, cl, s);
+    return HM_SUCCESS;
+}
+
+/* A block in the word of the caller's last remote free (nv_heap.r_key;
+ * roff: its offset from the word's first block, below r_span): the cached
+ * entry's geometry validates it without the page map (the slab cannot go
+ * back to the pool while the entry holds one of its blocks), and its bit
+ * goes into the entry. Out of line: its registers would cost every local
+ * free a stack frame. */
+static HM_NOINLINE hm_result_t free_cached(nv_pool_t *nv, void *p, nv_heap_t *me, uintptr_t roff,
+                                           int mode, nv_other_fn other) {
+    uint32_t sub = (uint32_t)((roff * me->r_magic) >> 32);
+    uint32_t bsize = me->r_bsize;
+    nv_rent_t *e = me->r_ent;
+    uint64_t m = e->mask, bit = (uint64_t)1 << sub;
+    uint32_t left = me->r_left;
+    if (hm_likely((uintptr_t)sub * bsize == roff && !(m & bit) && left > 1)) {
+        e->mask = m | bit;
+        me->r_left = left - 1;
+        stat_add_i(&me->st_bytes, -(int64_t)bsize);
+        return HM_SUCCESS;
+    }
+    return free_general(nv, p, me, mode, other);
+}
+
+HM_INLINE hm_result_t free_impl(void *state, void *p, int mode, nv_other_fn other) {
     nv_pool_t *nv = state;
     uintptr_t tp = thread_tp();
     nv_heap_t *me = heap_by_tp(nv, tp);
@@ -1376,61 +1481,56 @@ static hm_result_t nv_free(void *state, void *p) {
         if (me->last == (uintptr_t)p) {
             nv_cls_t *cl = me->last_cl;
             uint64_t bit = me->last_bit, b = cl_bits(cl);
+            if (hm_unlikely(b & bit)) {
+                if (mode == NV_FREE_FAST) return other(p);
+                me->last = 0;
+                return free_double_last(nv, p);
+            }
             me->last = 0;
-            if (hm_unlikely(b & bit)) return free_double_last(nv, p);
             cl_set(cl, b | bit);
             return HM_SUCCESS;
         }
-        /* A block of the word of the caller's last remote free (nv_heap.
-         * r_key; r_span is 0 while there is none): the cached entry's
-         * geometry validates it without the page map (the slab cannot go
-         * back to the pool while the entry holds one of its blocks), and
-         * its bit goes into the entry. */
-        uintptr_t roff = (uintptr_t)p - me->r_key;
-        if (roff < me->r_span) {
-            uint32_t sub = (uint32_t)((roff * me->r_magic) >> 32);
-            uint32_t bsize = me->r_bsize;
-            nv_rent_t *e = me->r_ent;
-            uint64_t m = e->mask, bit = (uint64_t)1 << sub;
-            uint32_t left = me->r_left;
-            if (hm_likely((uintptr_t)sub * bsize == roff && !(m & bit) && left > 1)) {
-                e->mask = m | bit;
-                me->r_left = left - 1;
-                stat_add_i(&me->st_bytes, -(int64_t)bsize);
-                return HM_SUCCESS;
-            }
-        }
+        uintptr_t roff = (uintptr_t)p - me->r_key; /* see free_cached */
+        if (roff < me->r_span) return free_cached(nv, p, me, roff, mode, other);
     } else {
-        me = &by_tp_nobody; /* free_other sorts it out */
+        me = &by_tp_nobody; /* free_general sorts it out */
     }
-    nv_slab_t *s = map_get(nv, p);
-    if (hm_unlikely(!s)) return free_slow(nv, p);
-    uintptr_t off = (uintptr_t)p - s->base;
-    uint32_t idx = (uint32_t)((off * s->magic) >> 32);
-    uint32_t bsize = s->bsize;
-    if (hm_unlikely((uintptr_t)idx * bsize != off || idx >= s->nblocks))
-        return free_slow(nv, p);
-    /* Ownership: the owner heap is the caller's (found by thread pointer;
-     * no load of the owner's fields). */
-    nv_heap_t *h = s->owner;
-    if (hm_unlikely(h != me)) return free_other(nv, s, p, me, idx);
-    nv_cls_t *cl = s->cl;
-    uint32_t w = idx >> 6;
-    uint64_t bit = (uint64_t)1 << (idx & 63);
-    if (s == cl->cur && w == cl->word) {
-        uint64_t b = cl_bits(cl);
-        if (hm_unlikely(b & bit)) return double_free(s, idx);
-        cl_set(cl, b | bit);
-        return HM_SUCCESS;
-    }
-    uint64_t x = s->bits[w];
-    if (hm_unlikely(x & bit)) return double_free(s, idx);
-    s->bits[w] = x | bit;
-    stat_add_i(&h->st_bytes, -(int64_t)bsize);
-    uint32_t n = ++s->nfree;
-    if (hm_unlikely(s != cl->cur && (!s->in_partial || n == s->nblocks)))
-        return free_transition(h, cl, s);
-    return HM_SUCCESS;
+    return free_general(nv, p, me, mode, other);
+}
+
+static hm_result_t nv_free(void *state, void *p) {
+    return free_impl(state, p, NV_FREE_OP, NULL);
+}
+
+hm_result_t hm__native_free_owned(void *state, void *p) {
+    return free_impl(state, p, NV_FREE_QUIET, NULL);
+}
+
+hm_result_t hm__native_alloc(void *state, size_t size, size_t align, void **out) {
+    return nv_alloc(state, size, align, out);
+}
+
+/* hm__native_malloc's refill (h: the caller's heap, c: the class). */
+static HM_NOINLINE void *malloc_refill(nv_heap_t *h, unsigned c, size_t size, int *guard,
+                                       void *(*other)(size_t)) {
+    void *q;
+    *guard = 1;
+    hm_result_t r = alloc_refill(h, c, &q);
+    *guard = 0;
+    return hm_likely(r == HM_SUCCESS) ? q : other(size);
+}
+
+void *hm__native_malloc(void *state, size_t size, int *guard, void *(*other)(size_t)) {
+    nv_heap_t *h;
+    unsigned c;
+    uintptr_t p = alloc_fast(state, size, &h, &c);
+    if (hm_likely(p)) return (void *)p;
+    if (h) return malloc_refill(h, c, size, guard, other);
+    return other(size);
+}
+
+hm_result_t hm__native_free(void *state, void *p, hm_result_t (*other)(void *)) {
+    return free_impl(state, p, NV_FREE_FAST, other);
 }
 
 static size_t nv_usable_size(void *state, const void *p) {

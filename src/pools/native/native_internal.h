@@ -73,8 +73,7 @@ struct nv_cls {
     uint32_t bsize;
     uint32_t word;   /* UINT32_MAX: none */
     nv_slab_t *cur;
-    nv_slab_t *partial; /* other slabs of this heap with free blocks */
-};
+}; /* 32 bytes; the partial lists are apart (nv_heap.partial) */
 
 /* One entry of a remote-free batch: blocks of one bitmap word of a slab,
  * named by the address of the word's first block (an address in the managed
@@ -171,6 +170,9 @@ struct nv_heap {
     /* HM_NATIVE_QUEUE_MUTEX */
     pthread_mutex_t mq_lock HM_CACHE_ALIGNED;
     _Atomic(nv_batch_t *) mq_list;
+    /* Per class: the other slabs of this heap with free blocks (the array
+     * follows cls[]). */
+    nv_slab_t **partial;
     nv_cls_t cls[] HM_CACHE_ALIGNED;
 };
 
@@ -249,6 +251,24 @@ struct nv_pool {
 /* Is p the start of a block or large range of the pool with this state?
  * (For the malloc replacement, which must tell its pointers from libc's.) */
 int hm__native_owns(void *state, const void *p);
+
+/* The pool's free and alloc ops, called directly (for the malloc
+ * replacement). hm__native_free_owned returns HM_ERROR_NOT_FOUND, without a
+ * log line, for a pointer the pool does not hold (it frees nothing then);
+ * otherwise what the free op returns. */
+hm_result_t hm__native_free_owned(void *state, void *p);
+hm_result_t hm__native_alloc(void *state, size_t size, size_t align, void **out);
+/* malloc and free for the malloc replacement (alignment <= 8): the fast
+ * paths call nothing (no malloc, no lock, no log). hm__native_malloc runs a
+ * refill, which may call malloc, with *guard set (the replacement's
+ * recursion guard, a thread-local of the caller's), and passes what the
+ * pool does not serve at once (a large size, no heap for the thread yet, an
+ * out-of-memory refill) to other. hm__native_free passes every case beyond
+ * its fast path (a slow path, a slab going back to the pool, an error, a
+ * pointer that is not the pool's) to other, by tail call, having changed
+ * nothing. */
+void *hm__native_malloc(void *state, size_t size, int *guard, void *(*other)(size_t));
+hm_result_t hm__native_free(void *state, void *p, hm_result_t (*other)(void *));
 
 /* Call fn for every range the pool holds from its provider (slabs, live and
  * cached large ranges), under the pool's locks: fn must not call into the
