@@ -23,25 +23,29 @@
  *                     (bucket + four entry lines); "floor+sync": "floor" plus
  *                     the hit's synchronisation (mutex, atomic add, CAS on the
  *                     entry's line 0). See floor_run.
- *   ..., handle just received  the same, the handle two steps ahead prefetched
- *                     (the importer's usual case: the bytes were just received
- *                     into a buffer, the cache entry is cold).
+ *   ..., handle just received  the same, each handle rebuilt into one receive
+ *                     buffer before its open (the importer's usual case: the
+ *                     bytes were just received, the cache entry is cold;
+ *                     see rebuild). Baseline "rebuild": that alone.
  *   ... 8 hot          the same with 8 allocations/handles used in turn: the
  *                     cost without cache misses on the cache's own data.
  *   open+close (miss) cache bound 1: every open maps (pidfd_open, start-time
  *                     check, pidfd_getfd, mmap, tracker insert), every close
  *                     evicts (tracker remove, munmap).
  * Then two experiments printed after the table:
- *   destroy-latency   pool A holds 4000 opened mappings; thread 2 keeps doing
- *                     open+close (hits) through pool B; A is destroyed; thread
- *                     2's median, p99, p99.9 and worst open+close latency
- *                     during the destroy (target: worst < 10x median), next
- *                     to the same thread's figures in a control window of
- *                     the same length just before (no destroy), and its
- *                     voluntary/involuntary context switches (lock waits vs
- *                     preemption). Three repetitions, then three more with
- *                     thread 2 at SCHED_FIFO where permitted (no preemption
- *                     by other processes: the outliers left are ours).
+ *   destroy-windows   thread 2 keeps opening (hits, each open timed alone)
+ *                     through pool B while this thread runs, in rotating
+ *                     order, windows of five kinds: control (it spins, no
+ *                     call), destroy (pool A with 4000 opened mappings, each
+ *                     written once), and three kernel-only references: 4000
+ *                     munmaps of written private pages, of written shared
+ *                     memfd pages (as pool A's), and of the same shared pages
+ *                     one munmap per run of adjacent ones. Per window:
+ *                     median and worst open, opens > 10x the median, thread
+ *                     2's voluntary/involuntary switches, its off-CPU opens,
+ *                     and the TLB-shootdown IPIs its CPU received; then, per
+ *                     kind, medians over the windows (target: worst < 10x
+ *                     median during a destroy). See destroy_windows.
  *   destroy-isolation destroy of A (4000 mappings) with B holding 0 vs 10^5
  *                     entries (B opened in the order that lets the kernel
  *                     merge its mappings' VMAs: see open_range_rev);
@@ -184,6 +188,95 @@ static void stop_exporters(int done_fd) {
 static inline const hm_ipc_handle_t *H(size_t i) {
     return (const hm_ipc_handle_t *)(handles + i * HSTRIDE);
 }
+static inline const unsigned char *H0(void) { return handles; }
+
+/* ---- handles "just received" ----
+ * An importer opens a handle it has just received: the bytes are in a
+ * receive buffer, in cache, and only the cache's own data (index, entry)
+ * can be cold. Reading each handle from the 10^4-handle array (or
+ * prefetching it from there) would stream 1.5 MB of handle bytes through
+ * the cache on every pass, evicting the very entries being measured; a
+ * receiver's buffer does not. So the handles are also kept compactly: the
+ * bytes of handle 0 (the template) and, per handle, only the bytes at the
+ * positions where some handle differs from it (allocation id, base,
+ * payload, checksum: ~20 bytes a handle). rebuild() writes handle i into a
+ * buffer: a hot template copy plus those bytes, and its own cost is a
+ * baseline of the cases that use it. */
+static unsigned char htemplate[HSTRIDE];
+static uint16_t *vcols;      /* byte positions that vary */
+static size_t nvcols, ncompact;
+static unsigned char *hvar;  /* ncompact x nvcols */
+
+static void handles_compact(size_t n) {
+    size_t len = hlens[0];
+    for (size_t i = 1; i < n; i++)
+        if (hlens[i] != len) return; /* not all alike: the received cases skip */
+    memcpy(htemplate, H0(), len);
+    vcols = malloc(len * sizeof(*vcols));
+    for (size_t b = 0; b < len; b++)
+        for (size_t i = 1; i < n; i++)
+            if (handles[i * HSTRIDE + b] != htemplate[b]) {
+                vcols[nvcols++] = (uint16_t)b;
+                break;
+            }
+    hvar = malloc(n * (nvcols ? nvcols : 1));
+    for (size_t i = 0; i < n; i++)
+        for (size_t c = 0; c < nvcols; c++) hvar[i * nvcols + c] = handles[i * HSTRIDE + vcols[c]];
+    ncompact = n;
+}
+static inline void rebuild(size_t i, unsigned char *out) {
+    memcpy(out, htemplate, HSTRIDE);
+    const unsigned char *v = hvar + i * nvcols;
+    for (size_t c = 0; c < nvcols; c++) out[vcols[c]] = v[c];
+}
+static unsigned char rxbuf[HSTRIDE] __attribute__((aligned(64))); /* the receive buffer */
+/* The received cases visit the handles in a random order (one cycle over
+ * all, read sequentially from this array): a constant stride, as in the
+ * other cases, lets the core's stride prefetcher fetch the next entry
+ * whenever entries lie in handle order, which flatters a floor more than
+ * the library (whose entries lie where its free list put them). */
+static uint32_t *rorders[4];
+static size_t rorder_n[4];
+/* The random order over [0, n) (made once per n, at set-up). */
+static const uint32_t *rorder_for(size_t n) {
+    int k = 0;
+    for (; k < 4 && rorders[k]; k++)
+        if (rorder_n[k] == n) return rorders[k];
+    if (k == 4 || !(rorders[k] = malloc(n * sizeof(uint32_t)))) return NULL;
+    uint32_t *o = rorders[k];
+    rorder_n[k] = n;
+    for (size_t i = 0; i < n; i++) o[i] = (uint32_t)i;
+    uint64_t x = 0x2545F4914F6CDD1Dull;
+    for (size_t i = n - 1; i > 0; i--) { /* Fisher-Yates, xorshift64 (Marsaglia 2003) */
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        size_t j = x % (i + 1);
+        uint32_t t = o[i];
+        o[i] = o[j];
+        o[j] = t;
+    }
+    return o;
+}
+
+/* Baseline: the rebuild alone (what the received cases pay for the bench's
+ * own handle store). */
+static int rebuild_setup(const void *arg, void **ctx) {
+    (void)ctx;
+    size_t n = *(const size_t *)arg;
+    return n > ncompact ? HM_BENCH_SKIP : !rorder_for(n);
+}
+static int rebuild_run(void *ctx, const void *arg, uint64_t iters) {
+    (void)ctx;
+    size_t n = *(const size_t *)arg, at = 0;
+    const uint32_t *rorder = rorder_for(n);
+    for (uint64_t k = 0; k < iters; k++) {
+        rebuild(rorder[at], rxbuf);
+        hm_bench_escape(rxbuf);
+        at = at + 1 < n ? at + 1 : 0;
+    }
+    return 0;
+}
 
 /* ---- get+put (hit) ---- */
 typedef struct get_ctx {
@@ -323,9 +416,10 @@ static void chase_teardown(void *ctx) {
 typedef struct floor_ctx {
     unsigned char *ent, *idx;
     void *map;
-    size_t n, i, esize, slot, lines, map_len;
+    size_t n, i, at, esize, slot, lines, map_len;
     uint32_t *pos; /* entry i's index slot */
-    int recv;      /* prefetch the handle two steps ahead ("just received") */
+    const uint32_t *order; /* recv: the random order (rorder_for) */
+    int recv;      /* the handle is rebuilt into the receive buffer ("just received") */
     int atomics;   /* also what the hit's synchronisation does: a mutex around it,
                       an atomic add on the entry's line 0 and a CAS on it (close) */
     pthread_mutex_t lock;
@@ -335,12 +429,13 @@ static int floor_setup_common(const void *arg, void **ctx, int old, int recv) {
     int atomics = old == 2;
     if (atomics) old = 0;
     size_t n = *(const size_t *)arg;
-    if (n > nhandles) return HM_BENCH_SKIP;
+    if (n > nhandles || (recv && n > ncompact)) return HM_BENCH_SKIP;
     floor_ctx_t *c = calloc(1, sizeof(*c));
     size_t cap = 64;
     while (old ? cap < n : (n + 1) * 4 > cap * 3) cap *= 2;
     c->n = n;
     c->recv = recv;
+    if (recv && !(c->order = rorder_for(n))) return 1;
     c->atomics = atomics;
     pthread_mutex_init(&c->lock, NULL);
     c->esize = old ? 320 : 192;
@@ -378,6 +473,9 @@ static int floor_setup(const void *arg, void **ctx) { return floor_setup_common(
 static int floor_old_setup(const void *arg, void **ctx) { return floor_setup_common(arg, ctx, 1, 0); }
 static int floor_recv_setup(const void *arg, void **ctx) { return floor_setup_common(arg, ctx, 0, 1); }
 static int floor_sync_setup(const void *arg, void **ctx) { return floor_setup_common(arg, ctx, 2, 0); }
+static int floor_sync_recv_setup(const void *arg, void **ctx) {
+    return floor_setup_common(arg, ctx, 2, 1);
+}
 static int floor_old_recv_setup(const void *arg, void **ctx) {
     return floor_setup_common(arg, ctx, 1, 1);
 }
@@ -387,13 +485,13 @@ static int floor_run(void *ctx, const void *arg, uint64_t iters) {
     size_t i = c->i, next = (i + 7919) % c->n, next2 = (next + 7919) % c->n;
     uint64_t acc = 0;
     for (uint64_t k = 0; k < iters; k++) {
-        if (c->recv) {
-            const unsigned char *h2 = (const unsigned char *)H(next2);
-            __builtin_prefetch(h2);
-            __builtin_prefetch(h2 + 64);
-            __builtin_prefetch(h2 + 128);
-        }
         const unsigned char *h = (const unsigned char *)H(i);
+        if (c->recv) { /* random order (rorder), the handle in the receive buffer */
+            i = c->order[c->at + (size_t)(acc & c->zero)]; /* after the last call's loads */
+            c->at = c->at + 1 < c->n ? c->at + 1 : 0;
+            rebuild(i, rxbuf);
+            h = rxbuf;
+        }
         uint64_t w = 0, v;
         for (size_t o = 0; o + 8 <= hlens[i]; o += 8) {
             memcpy(&v, h + o, 8);
@@ -446,6 +544,7 @@ typedef struct open_ctx {
     hm_pool_t *pool;
     size_t n;
     size_t i;
+    const uint32_t *order; /* the received case's random order */
 } open_ctx_t;
 
 static int open_hit_setup(const void *arg, void **ctx) {
@@ -486,28 +585,30 @@ static int open_run(void *ctx, const void *arg, uint64_t iters) {
     }
     return 0;
 }
-/* The importer's usual case: the handle arrived just now (the receive wrote
- * it, so its bytes are in cache) but the cache entry it names was last used
- * 10^4 opens ago. The handle two steps ahead is prefetched while the current
- * one is opened (the "just received" bytes); entries stay cold. */
+/* The importer's usual case: the handle arrived just now (its bytes are in
+ * the receive buffer, in cache) but the cache entry it names was last used
+ * 10^4 opens ago: each handle is rebuilt into rxbuf, then opened from there
+ * (see rebuild). */
 static int open_recv_run(void *ctx, const void *arg, uint64_t iters) {
     (void)arg;
     open_ctx_t *c = ctx;
-    size_t next = (c->i + 7919) % c->n, next2 = (next + 7919) % c->n;
     for (uint64_t k = 0; k < iters; k++) {
-        const unsigned char *h2 = (const unsigned char *)H(next2);
-        __builtin_prefetch(h2);
-        __builtin_prefetch(h2 + 64);
-        __builtin_prefetch(h2 + 128);
+        size_t i = c->order[c->i];
+        rebuild(i, rxbuf);
         void *p;
-        if (hm_ipc_open(c->pool, H(c->i), hlens[c->i], &p)) return 1;
+        if (hm_ipc_open(c->pool, (const hm_ipc_handle_t *)rxbuf, hlens[i], &p)) return 1;
         hm_bench_escape(p);
         if (hm_ipc_close(p)) return 1;
-        c->i = next;
-        next = next2;
-        next2 = (next2 + 7919) % c->n;
+        c->i = c->i + 1 < c->n ? c->i + 1 : 0;
     }
     return 0;
+}
+static int open_recv_setup(const void *arg, void **ctx) {
+    size_t n = *(const size_t *)arg;
+    if (n > ncompact) return HM_BENCH_SKIP;
+    int r = open_hit_setup(arg, ctx);
+    if (!r && !(((open_ctx_t *)*ctx)->order = rorder_for(n))) r = 1;
+    return r;
 }
 static int open_hot_run(void *ctx, const void *arg, uint64_t iters) { /* 8 handles */
     (void)arg;
@@ -539,6 +640,7 @@ static void open_teardown(void *ctx) {
  * buffer before its timer starts, so the bytes are in cache and only the
  * cache's own entries are cold. Median of `reps` passes. */
 static int cmp_d(const void *a, const void *b);
+static double cpu_now_s(void);
 static void split_ops(size_t n, int reps) {
     enum { BATCH = 8 };
     get_ctx_t *g = NULL;
@@ -583,7 +685,10 @@ static void split_ops(size_t n, int reps) {
             t1 = now_ns();
             for (int j = 0; j < BATCH; j++) (void)hm_ipc_close(p[j]);
             soc += t1 - t0 - ovh;
-            for (int j = 0; j < BATCH; j++) memcpy(rbuf[j], H(id2[j]), hlens[id2[j]]);
+            for (int j = 0; j < BATCH; j++) { /* received: in cache, not streamed (see rebuild) */
+                if (n <= ncompact) rebuild(id2[j], rbuf[j]);
+                else memcpy(rbuf[j], H(id2[j]), hlens[id2[j]]);
+            }
             t0 = now_ns();
             for (int j = 0; j < BATCH; j++)
                 (void)hm_ipc_open(o->pool, (const hm_ipc_handle_t *)rbuf[j], hlens[id2[j]], &p[j]);
@@ -617,87 +722,160 @@ static void split_ops(size_t n, int reps) {
     get_teardown(g);
 }
 
-/* ---- destroy of pool A next to a busy pool B ----
- * Thread 2 loops open+close (hits) through pool B and records, per op, its
- * start time and latency. Pool A (a_entries mappings) is destroyed while it
- * runs. The same thread's ops in a window of the same length just before the
- * destroy are the control (same process, same run, no destroy). For both
- * windows: median, p99, p99.9, worst, and thread 2's voluntary / involuntary
- * context switches (getrusage RUSAGE_THREAD): a lock wait is a voluntary
- * switch (futex sleep); preemption is an involuntary one. No voluntary
- * switch during the destroy means no outlier was a wait on a lock. */
-typedef struct lat_sample {
-    double t0, ns;
-    double off_cpu; /* wall minus thread CPU time around the op: > 0 when the
-                       thread was descheduled, or the CPU taken by the
-                       hypervisor or interrupts, while it ran */
-} lat_sample_t;
-/* A sample whose op lost more than this to not running is "off-CPU". */
+/* ---- destroy of pool A next to a busy pool B: windows ----
+ * Thread 2 ("the opener", pinned to the last online CPU; this thread to the
+ * first) loops hm_ipc_open (hits, timed alone) + hm_ipc_close through pool
+ * B. This thread runs windows of five kinds, in rotating order, `nwin` of
+ * each:
+ *   control  it spins as long as the last destroy took (no library call):
+ *            the machine's own outliers (preemption, timer, other tenants);
+ *   destroy  hm_pool_destroy(A), A holding a_entries opened mappings;
+ *   munmap   it unmaps a_entries separate, written 4 KiB private anonymous
+ *            mappings, one munmap each (no library call): what unmapping
+ *            costs the opener through the kernel alone (each munmap of
+ *            written pages in a process whose other thread runs on another
+ *            CPU sends that CPU a TLB-shootdown IPI);
+ *   munmap-shm  the same with written 4 KiB shared memfd mappings, as pool
+ *            A's are;
+ *   shm-runs the same shared pages unmapped one munmap per run of adjacent
+ *            mappings: what a destroy that unmapped in runs would cost.
+ * Per window: the opener's median and worst open latency, how many opens
+ * took > 10x the window's median, the opener's voluntary and involuntary
+ * context switches in the window (getrusage RUSAGE_THREAD, taken by the
+ * opener at the window's edges: a lock wait is voluntary, preemption
+ * involuntary), opens that lost > OFF_CPU_NS to not running (wall minus
+ * thread CPU time: descheduled, or the vCPU stolen), and the TLB-shootdown
+ * IPIs its CPU received (/proc/interrupts). A window is "clean" when the
+ * opener had no context switch in it. Summary per kind: the median over
+ * windows of worst/median, the share of windows whose worst is > 10x the
+ * median (all windows, and clean windows only), and the median count of
+ * > 10x opens per window. A stall of the library's own making (a lock the
+ * destroy holds) shows in destroy windows only, or as voluntary switches;
+ * what the kernel does for any munmap shows in munmap windows as well. */
 #define OFF_CPU_NS 1000.0
+enum { WK_CONTROL, WK_DESTROY, WK_MUNMAP, WK_MUNMAP_SHM, WK_MUNMAP_RUNS, WK_KINDS };
+static const char *const wk_name[WK_KINDS] = {"control", "destroy", "munmap", "munmap-shm",
+                                              "shm-runs"};
+
+typedef struct lat_sample {
+    float ns;      /* the open's latency */
+    float off_cpu; /* wall minus thread CPU time around it */
+    int16_t win;   /* window, -1 between windows */
+} lat_sample_t;
+
+typedef struct wstat {
+    int kind;
+    double dur_ns;
+    long csw[2][2]; /* [start, end][voluntary, involuntary], by the opener */
+    long ipis;      /* TLB shootdowns received by the opener's CPU */
+    long cals;      /* function-call IPIs received by it (membarrier, ...) */
+    size_t n, over10, off, over10_on;
+    double med, worst, worst_on;
+} wstat_t;
+
+#define MAX_WIN 128
+typedef struct opener {
+    hm_pool_t *pool;
+    int cpu; /* -1: not pinned */
+    _Atomic int stop;
+    _Atomic int win; /* the current window, -1 between windows */
+    _Atomic int seen; /* the window whose edge the opener recorded last, -2 none */
+    wstat_t *ws;
+    lat_sample_t *lat;
+    size_t nlat, cap;
+} opener_t;
 
 static double thread_cpu_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
-
-typedef struct opener {
-    hm_pool_t *pool;
-    _Atomic int stop;
-    _Atomic int measuring;
-    _Atomic int csw_req; /* 1: thread 2 records its switch counts into csw[csw_n] */
-    long csw[4][2];
-    int csw_n;
-    lat_sample_t *lat;
-    size_t nlat, cap;
-    int fifo; /* in: ask for SCHED_FIFO; out: 1 got it, -1 refused */
-} opener_t;
-
 static void thread_csw(long out[2]) {
     struct rusage ru;
     getrusage(RUSAGE_THREAD, &ru);
     out[0] = ru.ru_nvcsw;
     out[1] = ru.ru_nivcsw;
 }
+static int pin_to(int cpu) {
+    if (cpu < 0) return 0;
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    CPU_SET(cpu, &s);
+    return pthread_setaffinity_np(pthread_self(), sizeof(s), &s);
+}
 
 static void *opener_thread(void *arg) {
     opener_t *o = arg;
-    if (o->fifo) { /* no preemption by other processes: what is left is ours */
-        struct sched_param sp = {.sched_priority = 1};
-        o->fifo = pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp) == 0 ? 1 : -1;
-    }
+    (void)pin_to(o->cpu);
     size_t i = 0;
+    int cur = -1;
+    atomic_store_explicit(&o->seen, -1, memory_order_release); /* running */
     while (!atomic_load_explicit(&o->stop, memory_order_relaxed)) {
-        if (atomic_load_explicit(&o->csw_req, memory_order_acquire)) {
-            thread_csw(o->csw[o->csw_n++]);
-            atomic_store_explicit(&o->csw_req, 0, memory_order_release);
+        int w = atomic_load_explicit(&o->win, memory_order_acquire);
+        if (w != cur) { /* a window's edge: its start (w >= 0) or cur's end */
+            long c[2];
+            thread_csw(c);
+            if (cur >= 0) memcpy(o->ws[cur].csw[1], c, sizeof(c));
+            if (w >= 0) memcpy(o->ws[w].csw[0], c, sizeof(c));
+            cur = w;
+            atomic_store_explicit(&o->seen, w, memory_order_release);
         }
-        /* wall and thread-CPU clocks around the op: m0 c0 [t0 op t1] c1 m1 */
+        /* wall and thread-CPU clocks around the open: m0 c0 [t0 open t1] c1 m1 */
         double m0 = now_ns(), c0 = thread_cpu_ns();
         double t0 = now_ns();
         void *p;
-        if (hm_ipc_open(o->pool, H(i), hlens[i], &p) == HM_SUCCESS) hm_ipc_close(p);
+        hm_result_t r = hm_ipc_open(o->pool, H(i), hlens[i], &p);
         double t1 = now_ns();
         double c1 = thread_cpu_ns(), m1 = now_ns();
-        if (atomic_load_explicit(&o->measuring, memory_order_relaxed) && o->nlat < o->cap)
-            o->lat[o->nlat++] = (lat_sample_t){t0, t1 - t0, (m1 - m0) - (c1 - c0)};
+        if (r == HM_SUCCESS) hm_ipc_close(p);
+        if (cur >= 0 && o->nlat < o->cap)
+            o->lat[o->nlat++] =
+                (lat_sample_t){(float)(t1 - t0), (float)((m1 - m0) - (c1 - c0)), (int16_t)cur};
         i = (i + 1) % 64;
     }
     return NULL;
 }
 
-static void csw_mark(opener_t *o) { /* thread 2 records its counters */
-    atomic_store_explicit(&o->csw_req, 1, memory_order_release);
-    while (atomic_load_explicit(&o->csw_req, memory_order_acquire)) sched_yield();
+/* Set the window (w >= 0: start it; -1: end the current one) and wait
+ * until the opener has recorded the edge. */
+static void window_edge(opener_t *o, int w) {
+    atomic_store_explicit(&o->win, w, memory_order_release);
+    while (atomic_load_explicit(&o->seen, memory_order_acquire) != w) sched_yield();
 }
 
+/* The interrupts of /proc/interrupts row `row` ("TLB:" shootdowns, "CAL:"
+ * function calls) CPU `cpu` has received (columns are the online CPUs in
+ * order). -1: unknown. */
+static long cpu_irqs(const char *row, int cpu) {
+    FILE *f = fopen("/proc/interrupts", "r");
+    char line[4096];
+    long v = -1;
+    size_t rl = strlen(row);
+    if (!f) return -1;
+    while (fgets(line, sizeof(line), f)) {
+        char *p = line;
+        while (*p == ' ') p++;
+        if (strncmp(p, row, rl)) continue;
+        p += rl;
+        for (int c = 0; c <= cpu; c++) v = strtol(p, &p, 10);
+        break;
+    }
+    fclose(f);
+    return v;
+}
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
 /* Open handles [lo, hi) through pool (all misses), leaving them open; with
- * rev, from hi - 1 down to lo (see open_range_rev). */
+ * rev, from hi - 1 down to lo (see open_range_rev). Forward, each mapping's
+ * first byte is also written (with its own value), as an importer uses what
+ * it opens: its page is then mapped, and unmapping it makes the kernel
+ * flush the TLB of every other CPU running the process, one IPI per munmap
+ * (an untouched mapping's munmap flushes nothing: pool A's destroy then
+ * sent its opener's CPU 1-8 IPIs per 4000 munmaps, against ~4000 once
+ * written). */
 static int open_range_dir(hm_pool_t *pool, size_t lo, size_t hi, int rev) {
     for (size_t k = lo; k < hi; k++) {
         size_t i = rev ? hi - 1 - (k - lo) : k;
@@ -707,39 +885,12 @@ static int open_range_dir(hm_pool_t *pool, size_t lo, size_t hi, int rev) {
             fprintf(stderr, "bench_ipc: open #%zu: %s\n", i, hm_result_string(r));
             return 1;
         }
+        if (!rev) *(volatile char *)p = *(volatile const char *)p;
     }
     return 0;
 }
 static int open_range(hm_pool_t *pool, size_t lo, size_t hi) {
     return open_range_dir(pool, lo, hi, 0);
-}
-
-typedef struct lat_stats {
-    size_t n;
-    double med, p99, p999, worst;
-    size_t off;            /* samples that lost > OFF_CPU_NS to not running */
-    double worst_on;       /* the worst of the others */
-} lat_stats_t;
-
-/* Latencies of the samples whose start lies in [a, b). */
-static lat_stats_t window(const opener_t *o, double a, double b) {
-    lat_stats_t s = {0};
-    double *v = malloc((o->nlat + 1) * sizeof(double));
-    for (size_t i = 0; i < o->nlat; i++)
-        if (o->lat[i].t0 >= a && o->lat[i].t0 < b) {
-            v[s.n++] = o->lat[i].ns;
-            if (o->lat[i].off_cpu > OFF_CPU_NS) s.off++;
-            else if (o->lat[i].ns > s.worst_on) s.worst_on = o->lat[i].ns;
-        }
-    if (s.n) {
-        qsort(v, s.n, sizeof(double), cmp_d);
-        s.med = v[s.n / 2];
-        s.p99 = v[(size_t)((double)(s.n - 1) * 0.99)];
-        s.p999 = v[(size_t)((double)(s.n - 1) * 0.999)];
-        s.worst = v[s.n - 1];
-    }
-    free(v);
-    return s;
 }
 
 static double cpu_now_s(void) {
@@ -749,70 +900,220 @@ static double cpu_now_s(void) {
            (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
-static void destroy_latency(size_t a_entries, int rep, int fifo) {
+static double median_of(double *v, size_t n) {
+    if (!n) return 0;
+    qsort(v, n, sizeof(double), cmp_d);
+    return v[n / 2];
+}
+
+/* n separate 4 KiB anonymous mappings (every other page of one region
+ * made PROT_NONE, so that no two merge), each touched; *region for the
+ * clean-up. */
+static char *munmap_prepare(size_t n, size_t *len) {
+    long pg = sysconf(_SC_PAGESIZE);
+    *len = 2 * n * (size_t)pg;
+    char *m = mmap(NULL, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        m[2 * i * (size_t)pg] = 1;
+        (void)mprotect(m + (2 * i + 1) * (size_t)pg, (size_t)pg, PROT_NONE);
+    }
+    return m;
+}
+
+/* n separate 4 KiB shared mappings of one memfd (ascending offsets at
+ * descending addresses: no two merge), each written, as pool A's are. */
+static char **shm_prepare(size_t n) {
+    long pg = sysconf(_SC_PAGESIZE);
+    int fd = memfd_create("bench_ipc", 0);
+    char **v = malloc(n * sizeof(*v));
+    if (fd < 0 || !v || ftruncate(fd, (off_t)(n * (size_t)pg))) {
+        if (fd >= 0) close(fd);
+        free(v);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        v[i] = mmap(NULL, (size_t)pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)(i * (size_t)pg));
+        if (v[i] == MAP_FAILED) {
+            while (i--) munmap(v[i], (size_t)pg);
+            close(fd);
+            free(v);
+            return NULL;
+        }
+        v[i][0] = 1;
+    }
+    close(fd);
+    return v;
+}
+
+static void destroy_windows(size_t a_entries, int nwin) {
     hm_ipc_set_cache_limits(0, 0);
-    hm_pool_t *A = shared_pool(), *B = shared_pool();
-    if (!A || !B || open_range(A, 64, 64 + a_entries)) return;
-    opener_t o = {.pool = B, .cap = 1u << 21, .fifo = fifo};
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    hm_pool_t *B = shared_pool();
+    if (!B || nwin * WK_KINDS > MAX_WIN) return;
+    opener_t o = {.pool = B, .cap = (size_t)1 << 22, .cpu = ncpu >= 2 ? (int)ncpu - 1 : -1};
+    atomic_init(&o.win, -1);
+    atomic_init(&o.seen, -2);
+    o.ws = calloc(MAX_WIN, sizeof(wstat_t));
     o.lat = malloc(o.cap * sizeof(lat_sample_t));
+    if (!o.ws || !o.lat) return;
     /* Touched now: a page fault while recording would take the mmap lock,
-     * which the destroy's munmaps hold for writing (the bench's own wait,
-     * not the library's). */
+     * which munmap holds for writing (the bench's own wait, not the library's). */
     memset(o.lat, 0, o.cap * sizeof(lat_sample_t));
     for (size_t i = 0; i < 64; i++) { /* B's working set: cached */
         void *p;
         if (hm_ipc_open(B, H(i), hlens[i], &p) == HM_SUCCESS) hm_ipc_close(p);
     }
+    (void)pin_to(ncpu >= 2 ? 0 : -1);
     pthread_t t;
     pthread_create(&t, NULL, opener_thread, &o);
-    usleep(20000);
-    atomic_store(&o.measuring, 1);
-    double c0 = now_ns(), cpu0 = cpu_now_s();
-    csw_mark(&o);
-    usleep(quick ? 20000 : 300000); /* the control: B alone */
-    csw_mark(&o);
-    double t0 = now_ns();
-    hm_pool_destroy(A);
-    double t1 = now_ns();
-    csw_mark(&o);
-    double cpu1 = cpu_now_s(), c1 = now_ns();
+    window_edge(&o, -1);
+    double last_destroy = 20e6, cpu0 = cpu_now_s(), wall0 = now_ns();
+    int nw = 0;
+    for (int r = 0; r < nwin; r++) {
+        hm_pool_t *A = shared_pool();
+        size_t mlen = 0;
+        char *mm = munmap_prepare(a_entries, &mlen);
+        char **shm_one = shm_prepare(a_entries), **shm_runs = shm_prepare(a_entries);
+        if (!A || !mm || !shm_one || !shm_runs || open_range(A, 64, 64 + a_entries)) {
+            printf("destroy-windows: set-up failed\n");
+            break;
+        }
+        long pg = sysconf(_SC_PAGESIZE);
+        for (int k = 0; k < WK_KINDS; k++) {
+            int kind = (k + r) % WK_KINDS; /* rotating order */
+            wstat_t *w = &o.ws[nw];
+            w->kind = kind;
+            int oc = o.cpu < 0 ? 0 : o.cpu;
+            long ip0 = cpu_irqs("TLB:", oc), ca0 = cpu_irqs("CAL:", oc);
+            window_edge(&o, nw);
+            double t0 = now_ns();
+            if (kind == WK_DESTROY) {
+                hm_pool_destroy(A);
+            } else if (kind == WK_MUNMAP) {
+                for (size_t i = 0; i < a_entries; i++) (void)munmap(mm + 2 * i * (size_t)pg, (size_t)pg);
+            } else if (kind == WK_MUNMAP_SHM) {
+                for (size_t i = 0; i < a_entries; i++) (void)munmap(shm_one[i], (size_t)pg);
+            } else if (kind == WK_MUNMAP_RUNS) { /* one munmap per run of adjacent mappings */
+                char **shm = shm_runs;
+                size_t i = 0;
+                while (i < a_entries) {
+                    size_t j = i + 1;
+                    while (j < a_entries && shm[j] + pg == shm[j - 1]) j++; /* descending */
+                    (void)munmap(shm[j - 1], (size_t)pg * (j - i));
+                    i = j;
+                }
+            } else {
+                while (now_ns() - t0 < last_destroy) {
+                }
+            }
+            double t1 = now_ns();
+            window_edge(&o, -1);
+            long ip1 = cpu_irqs("TLB:", oc), ca1 = cpu_irqs("CAL:", oc);
+            w->cals = ca0 >= 0 && ca1 >= 0 ? ca1 - ca0 : -1;
+            w->dur_ns = t1 - t0;
+            w->ipis = ip0 >= 0 && ip1 >= 0 ? ip1 - ip0 : -1;
+            if (kind == WK_DESTROY) last_destroy = w->dur_ns;
+            nw++;
+        }
+        munmap(mm, mlen);
+        free(shm_one);
+        free(shm_runs);
+    }
+    double cpus = (cpu_now_s() - cpu0) / ((now_ns() - wall0) / 1e9);
     atomic_store(&o.stop, 1);
     pthread_join(t, NULL);
-    double dur = t1 - t0;
-    /* control: a window as long as the destroy, just before it */
-    lat_stats_t d = window(&o, t0, t1), c = window(&o, t0 - dur > c0 ? t0 - dur : c0, t0);
-    lat_stats_t cl = window(&o, c0, t0);
-    if (fifo && o.fifo < 0) {
-        printf("destroy-latency #%d (thread 2 SCHED_FIFO): refused here, skipped\n", rep);
-        free(o.lat);
-        hm_pool_destroy(B);
-        return;
+    (void)pin_to(-1);
+    {   /* back to every CPU */
+        cpu_set_t s;
+        CPU_ZERO(&s);
+        for (long c = 0; c < ncpu && c < CPU_SETSIZE; c++) CPU_SET((int)c, &s);
+        pthread_setaffinity_np(pthread_self(), sizeof(s), &s);
     }
-    printf("destroy-latency #%d%s: destroy of pool A (%zu mappings) took %.2f ms (%.1f us per "
-           "mapping); effective CPUs of the experiment %.2f (%ld online)\n",
-           rep, fifo ? " (thread 2 SCHED_FIFO)" : "", a_entries, dur / 1e6, dur / 1e3 / (double)a_entries,
-           (cpu1 - cpu0) / ((c1 - c0) / 1e9), sysconf(_SC_NPROCESSORS_ONLN));
-    printf("  pool B open+close, during the destroy:     n %7zu  median %6.0f ns  p99 %7.0f  "
-           "p99.9 %8.0f  worst %9.0f ns = %7.1fx median; thread 2 switches: %ld voluntary, "
-           "%ld involuntary\n",
-           d.n, d.med, d.p99, d.p999, d.worst, d.med > 0 ? d.worst / d.med : 0,
-           o.csw[2][0] - o.csw[1][0], o.csw[2][1] - o.csw[1][1]);
-    printf("  control, same thread, no destroy, as long: n %7zu  median %6.0f ns  p99 %7.0f  "
-           "p99.9 %8.0f  worst %9.0f ns = %7.1fx median\n",
-           c.n, c.med, c.p99, c.p999, c.worst, c.med > 0 ? c.worst / c.med : 0);
-    printf("  on-CPU samples only (dropped: those that lost > %.0f ns to not running, by "
-           "wall - thread CPU time):\n"
-           "    during the destroy: %zu dropped of %zu, worst %.0f ns = %.1fx median;"
-           " control as long: %zu dropped of %zu, worst %.0f ns = %.1fx median\n",
-           OFF_CPU_NS, d.off, d.n, d.worst_on, d.med > 0 ? d.worst_on / d.med : 0, c.off, c.n,
-           c.worst_on, c.med > 0 ? c.worst_on / c.med : 0);
-    printf("  control, whole %3.0f ms before:             n %7zu  median %6.0f ns  p99 %7.0f  "
-           "p99.9 %8.0f  worst %9.0f ns = %7.1fx median; thread 2 switches: %ld voluntary, "
-           "%ld involuntary\n",
-           (t0 - c0) / 1e6, cl.n, cl.med, cl.p99, cl.p999, cl.worst,
-           cl.med > 0 ? cl.worst / cl.med : 0, o.csw[1][0] - o.csw[0][0],
-           o.csw[1][1] - o.csw[0][1]);
+
+    /* per-window statistics */
+    double *v = malloc(o.nlat * sizeof(double) + 1);
+    for (int w = 0; w < nw; w++) {
+        wstat_t *s = &o.ws[w];
+        size_t n = 0;
+        for (size_t i = 0; i < o.nlat; i++)
+            if (o.lat[i].win == w) v[n++] = o.lat[i].ns;
+        s->n = n;
+        s->med = median_of(v, n);
+        s->worst = n ? v[n - 1] : 0;
+        for (size_t i = 0; i < o.nlat; i++) {
+            if (o.lat[i].win != w) continue;
+            if (o.lat[i].ns > 10 * s->med) s->over10++;
+            if (o.lat[i].off_cpu > OFF_CPU_NS) {
+                s->off++;
+                continue;
+            }
+            if (o.lat[i].ns > s->worst_on) s->worst_on = o.lat[i].ns;
+            if (o.lat[i].ns > 10 * s->med) s->over10_on++;
+        }
+    }
+    printf("destroy-windows: pool A holds %zu mappings; thread 2 opens (hits, each open timed "
+           "alone) through pool B on CPU %d, this thread on CPU %d; %d windows of each kind; "
+           "effective CPUs %.2f (%ld online)\n",
+           a_entries, o.cpu, o.cpu < 0 ? -1 : 0, nwin, cpus, ncpu);
+    if (!quick) {
+        printf("  %-7s %7s %6s %6s %9s %8s %6s %5s %5s %6s %9s %8s %6s %8s %5s\n", "window", "ms",
+               "n", "median", "worst", "x median", ">10x", "vcsw", "icsw", "offcpu", "worst on",
+               "x median", ">10x on", "TLB IPIs", "CAL");
+        for (int w = 0; w < nw; w++) {
+            wstat_t *s = &o.ws[w];
+            printf("  %-7s %7.2f %6zu %6.0f %9.0f %8.1f %6zu %5ld %5ld %6zu %9.0f %8.1f %6zu "
+                   "%8ld %5ld\n",
+                   wk_name[s->kind], s->dur_ns / 1e6, s->n, s->med, s->worst,
+                   s->med > 0 ? s->worst / s->med : 0, s->over10, s->csw[1][0] - s->csw[0][0],
+                   s->csw[1][1] - s->csw[0][1], s->off, s->worst_on,
+                   s->med > 0 ? s->worst_on / s->med : 0, s->over10_on, s->ipis, s->cals);
+        }
+    }
+    printf("  (munmap: 4 KiB private anonymous pages; munmap-shm: 4 KiB shared memfd pages, as "
+           "pool A's; each written, one munmap each; shm-runs: the same pages, one munmap per "
+           "run of adjacent ones)\n");
+    printf("  summary by kind, medians over its windows (ratio: a window's worst open over "
+           "its median open; \"on-CPU\": opens that lost < %.0f ns to not running; "
+           "\"clean\": windows in which the opener was never switched out):\n", OFF_CPU_NS);
+    for (int k = 0; k < WK_KINDS; k++) {
+        double ratio[MAX_WIN], ratio_on[MAX_WIN], ratio_c[MAX_WIN], med[MAX_WIN], over[MAX_WIN],
+            over_on[MAX_WIN], ipi[MAX_WIN], dur[MAX_WIN], vcsw[MAX_WIN];
+        size_t m = 0, mc = 0, gt = 0, gt_on = 0, gtc = 0;
+        for (int w = 0; w < nw; w++) {
+            wstat_t *s = &o.ws[w];
+            if (s->kind != k || !s->n) continue;
+            double rt = s->worst / s->med, rt_on = s->worst_on / s->med;
+            int clean = s->csw[1][0] == s->csw[0][0] && s->csw[1][1] == s->csw[0][1];
+            med[m] = s->med;
+            over[m] = (double)s->over10;
+            over_on[m] = (double)s->over10_on;
+            ipi[m] = (double)s->ipis;
+            dur[m] = s->dur_ns / 1e6;
+            vcsw[m] = (double)(s->csw[1][0] - s->csw[0][0]);
+            ratio_on[m] = rt_on;
+            ratio[m++] = rt;
+            gt += rt > 10;
+            gt_on += rt_on > 10;
+            if (clean) {
+                ratio_c[mc++] = rt;
+                gtc += rt > 10;
+            }
+        }
+        if (!m) continue;
+        printf("    %-7s %2zu windows of %5.1f ms, median open %4.0f ns, TLB IPIs to the opener's "
+               "CPU %5.0f, voluntary switches %2.0f\n"
+               "            worst/median %8.1fx (on-CPU %6.1fx); windows with worst > 10x: %2zu "
+               "of %zu (on-CPU: %2zu; clean: %zu of %zu); opens > 10x median per window: %4.0f "
+               "(on-CPU %4.0f)\n",
+               wk_name[k], m, median_of(dur, m), median_of(med, m), median_of(ipi, m),
+               median_of(vcsw, m), median_of(ratio, m), median_of(ratio_on, m), gt, m, gt_on,
+               gtc, mc, median_of(over, m), median_of(over_on, m));
+        (void)ratio_c;
+    }
+    free(v);
     free(o.lat);
+    free(o.ws);
     hm_pool_destroy(B);
 }
 
@@ -886,11 +1187,14 @@ static size_t max_maps(void) {
 }
 
 int main(int argc, char **argv) {
-    int cases_only = 0;
+    int cases_only = 0, windows_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
-        if (!strcmp(argv[i], "--cases-only")) { /* the table only, no experiments */
-            cases_only = 1;
+        int c = !strcmp(argv[i], "--cases-only");    /* the table only, no experiments */
+        int w = !strcmp(argv[i], "--windows-only");  /* only the destroy windows */
+        if (c || w) {
+            cases_only |= c;
+            windows_only |= w;
             memmove(&argv[i], &argv[i + 1], (size_t)(argc - i) * sizeof(*argv));
             argc--;
             i--;
@@ -905,13 +1209,14 @@ int main(int argc, char **argv) {
     size_t limit = max_maps();
     if (2 * a_entries + 12000 > limit) a_entries = (limit - 12000) / 2;
     size_t cached = quick ? 1000 : 10000;
-    size_t n = a_entries + b_entries;
+    size_t n = cases_only ? 0 : windows_only ? 64 + a_entries : a_entries + b_entries;
     if (n < cached) n = cached;
     int done_fd = -1;
     if (start_exporters(n, &done_fd)) { /* before any thread exists */
         fprintf(stderr, "bench_ipc: could not start the exporter\n");
         return 1;
     }
+    handles_compact(cached);
     {   /* the pidfd transport must work here */
         hm_pool_t *p = shared_pool();
         void *m;
@@ -926,6 +1231,11 @@ int main(int argc, char **argv) {
         }
     }
     int code = 0;
+    if (windows_only) {
+        destroy_windows(a_entries, quick ? 1 : 12);
+        stop_exporters(done_fd);
+        return 0;
+    }
     hm_bench_t *b = hm_bench_create("ipc", &argc, argv, &code);
     if (!b) return code;
     const hm_bench_impl_t get_impl = {"hetmem", get_setup, get_run, get_teardown};
@@ -940,13 +1250,19 @@ int main(int argc, char **argv) {
         {"floor-old", floor_old_setup, floor_run, floor_teardown},
         {"floor+sync", floor_sync_setup, floor_run, floor_teardown}};
     hm_bench_case(b, "open+close (hit), 10^4 mappings cached", &cached, 1, &hit_impl, floors, 4);
-    const hm_bench_impl_t recv_impl = {"hetmem", open_hit_setup, open_recv_run, open_teardown};
-    const hm_bench_impl_t recv_floors[3] = {
-        getpid_impl[1],
+    const hm_bench_impl_t recv_impl = {"hetmem", open_recv_setup, open_recv_run, open_teardown};
+    const hm_bench_impl_t recv_floors[4] = {
+        {"rebuild", rebuild_setup, rebuild_run, NULL},
         {"floor", floor_recv_setup, floor_run, floor_teardown},
-        {"floor-old", floor_old_recv_setup, floor_run, floor_teardown}};
+        {"floor-old", floor_old_recv_setup, floor_run, floor_teardown},
+        {"floor+sync", floor_sync_recv_setup, floor_run, floor_teardown}};
     hm_bench_case(b, "open+close (hit), 10^4 cached, handle just received", &cached, 1,
-                  &recv_impl, recv_floors, 3);
+                  &recv_impl, recv_floors, 4);
+    /* The same at a tenth of the footprint (index + entries ~150 KB): what a
+     * hit costs when the cache's own lines stay in this machine's caches. */
+    size_t small = cached / 10;
+    hm_bench_case(b, "open+close (hit), 10^3 cached, handle just received", &small, 1,
+                  &recv_impl, recv_floors, 4);
     const hm_bench_impl_t get_hot = {"hetmem", get_setup, get_hot_run, get_teardown};
     hm_bench_case(b, "get+put (hit), 8 hot of 10^4 exports cached", &cached, 1, &get_hot, NULL, 0);
     const hm_bench_impl_t open_hot = {"hetmem", open_hit_setup, open_hot_run, open_teardown};
@@ -960,11 +1276,7 @@ int main(int argc, char **argv) {
         return code;
     }
 
-    for (int rep = 1; rep <= (quick ? 1 : 3); rep++) destroy_latency(a_entries, rep, 0);
-    /* The same with thread 2 at real-time priority where allowed: other
-     * processes cannot preempt it, so its outliers are this process's own
-     * (locks, the destroy's TLB shootdowns, page faults). */
-    for (int rep = 1; rep <= (quick ? 1 : 3); rep++) destroy_latency(a_entries, rep, 1);
+    destroy_windows(a_entries, quick ? 1 : 12);
     destroy_isolation(a_entries, b_entries);
     hm_ipc_cache_stats_t st;
     hm_ipc_get_cache_stats(&st);
