@@ -13,7 +13,7 @@
  *   native-nobatch (remote cases) the wait-free queue, one free per batch.
  *   native-mutex-nobatch (remote cases) the mutex list, one free per batch:
  *                 with native-nobatch, what the queue buys per remote free.
- *   ring-only     (remote 64B only) no allocator: the producer hands addresses
+ *   ring-only     (remote 64B cases only) no allocator: the producer hands addresses
  *                 of a static array through the same ring and the consumer
  *                 drops them. The hand-off's own cost per object, i.e. the
  *                 floor under every implementation's remote figure.
@@ -22,6 +22,11 @@
  *                   LD_PRELOAD=libjemalloc.so.2 ./bench_native
  *                   LD_PRELOAD=libmimalloc.so.2 ./bench_native
  *                   LD_PRELOAD=libtcmalloc_minimal.so.4 ./bench_native
+ *                 and hetmem's own malloc replacement (the native pool's
+ *                 ops called directly, no hm_pool_* front-end):
+ *                   LD_PRELOAD=.../libhetmem_proxy.so ./bench_native
+ *                 (its "native" row is the same in every run, so proxy vs
+ *                 tcmalloc is (proxy/native) x (native/tcmalloc)).
  *
  * Cases (one op = one allocation and its free):
  *   pairs S       malloc immediately followed by free, sizes S (cycled from a
@@ -32,6 +37,16 @@
  *                 (handed through a single-producer/single-consumer ring)
  *   xmalloc 2+2   2 producers allocate batches of 4096 objects (16..512 B),
  *                 2 consumers free whole batches (the xmalloc-test pattern)
+ *   remote 64B 1->3  one thread allocates 64-byte objects, 3 threads free
+ *                 them (each gets every third object through its own ring):
+ *                 3 threads publish into one heap's queue, 4 threads on
+ *                 the machine's cores. With the nobatch rows (one
+ *                 publication per free) it shows what the wait-free queue
+ *                 buys over the mutex list when publishers contend and are
+ *                 preempted (a preempted mutex holder stalls the others; a
+ *                 wfcq enqueue never waits); with batching (the default)
+ *                 one publication carries up to 126 frees and both queues
+ *                 cost the same.
  * Memory is not touched beyond one byte per block (the allocator is timed,
  * not page faults).
  *
@@ -224,6 +239,12 @@ int main(int argc, char **argv) {
     remote_base[4].name = wl_malloc_name();
 
     wl_run_cases(b, &local_subject, local_base, 2, &remote_subject, remote_base, 6);
+    /* Fan-in: FANIN threads publish into one heap (see the header). */
+    static case_arg_t fan_arg;
+    wl_fill_arg(&fan_arg, 0, 64, 64, 11);
+    remote_subject.run = wl_run_fanin;
+    for (size_t k = 0; k < 6; k++) remote_base[k].run = wl_run_fanin;
+    hm_bench_case(b, "remote 64B 1->3", &fan_arg, 1, &remote_subject, remote_base, 6);
     rc = hm_bench_finish(b);
     if (rss_n) rss_table(rss_n);
     return rc;

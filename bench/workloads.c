@@ -133,6 +133,39 @@ int wl_run_remote(void *ctx, const void *arg, uint64_t iters) {
     return 0;
 }
 
+/* ---- remote fan-in: one allocating thread, FANIN freeing threads ---- */
+
+/* The producer deals objects round robin onto one ring per consumer: every
+ * consumer frees into the producer's heap, so FANIN threads publish into
+ * one heap's queue at once (with more threads than cores: preemption). */
+int wl_run_fanin(void *ctx, const void *arg, uint64_t iters) {
+    (void)arg;
+    static ring_t rings[FANIN];
+    remote_run_t rr[FANIN];
+    pthread_t t[FANIN];
+    impl_ctx_t *c = ctx;
+    int ring_only = c->kind == K_RING;
+    static char fake[4 * RING][64] HM_ALIGN64; /* FANIN * RING < 4 * RING in flight */
+    for (int k = 0; k < FANIN; k++) {
+        atomic_store(&rings[k].head, 0);
+        atomic_store(&rings[k].tail, 0);
+        rr[k] = (remote_run_t){c, &rings[k], iters / FANIN + ((uint64_t)k < iters % FANIN)};
+        if (pthread_create(&t[k], NULL, remote_consumer, &rr[k])) abort();
+    }
+    for (uint64_t i = 0; i < iters; i++) {
+        ring_t *r = &rings[i % FANIN];
+        uint64_t j = i / FANIN;
+        while (j - atomic_load_explicit(&r->head, memory_order_acquire) >= RING) sched_yield();
+        void *p = ring_only ? fake[i & (4 * RING - 1)] : xalloc(c, 64);
+        if (!p) abort(); /* the consumers wait for every object */
+        *(char *)p = 1;
+        r->slot[j & (RING - 1)] = p;
+        atomic_store_explicit(&r->tail, j + 1, memory_order_release);
+    }
+    for (int k = 0; k < FANIN; k++) pthread_join(t[k], NULL);
+    return 0;
+}
+
 /* ---- xmalloc-test pattern: 2 producers, 2 consumers, batches of 4096 ---- */
 
 #define XBATCH 4096

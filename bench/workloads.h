@@ -55,6 +55,11 @@ int wl_run_pairs(void *ctx, const void *arg, uint64_t iters);
 int wl_run_random(void *ctx, const void *arg, uint64_t iters);
 int wl_run_remote(void *ctx, const void *arg, uint64_t iters);
 int wl_run_xmalloc(void *ctx, const void *arg, uint64_t iters);
+/* One thread allocates 64-byte objects, FANIN threads free them (each gets
+ * every FANIN-th object through its own ring); K_RING works as in
+ * wl_run_remote. */
+#define FANIN 3
+int wl_run_fanin(void *ctx, const void *arg, uint64_t iters);
 
 /* Fills a's sizes in [lo, hi] and slot indices from seed (xorshift64*). */
 void wl_fill_arg(case_arg_t *a, int random, size_t lo, size_t hi, uint64_t seed);
