@@ -449,6 +449,59 @@ static void test_last_block_double_free(void) {
     CHECK_OK(hm_pool_destroy(pool));
 }
 
+/* Classes of 512 B and up reuse the blocks freed last first (the heap's
+ * freed-block hints, kept off the managed memory): a block freed into a
+ * full slab comes back at the next allocation of its class; a double free of
+ * a block whose hint is pending is refused; a block handed out again is not
+ * handed out twice through its stale hint; slabs holding hints still go back
+ * at trim; the statistics stay exact. Also over PROT_NONE memory. */
+static void test_lifo_reuse(unsigned prot) {
+    hm_test_set_context(prot == RW ? "freed-block hints (LIFO)" : "freed-block hints, PROT_NONE");
+    hm_pool_t *pool = os_pool(NULL, 0, prot);
+    /* 12 slabs of 16 blocks of 4 KiB, every block handed out: the class
+     * word is empty, so the next allocations take the hints. */
+    enum { N = 192 };
+    void *p[N];
+    for (int i = 0; i < N; i++) REQUIRE(p[i] = hm_pool_malloc(pool, 4096));
+    /* Blocks of different slabs; the last one is of the current slab's
+     * word, so it goes back into the class word, which serves first. */
+    int order[] = {5, 77, 140, 33, 191};
+    for (size_t k = 0; k < sizeof order / sizeof order[0]; k++) CHECK_OK(hm_pool_free(pool, p[order[k]]));
+    hm_log_level_t old = hm_log_get_level();
+    hm_log_set_level(HM_LOG_OFF);
+    CHECK_RES(hm_pool_free(pool, p[140]), HM_ERROR_DOUBLE_FREE); /* its hint is pending */
+    hm_log_set_level(old);
+    /* Newest first. */
+    for (int k = (int)(sizeof order / sizeof order[0]) - 1; k >= 0; k--) {
+        void *q = hm_pool_malloc(pool, 4096);
+        CHECK_MSG(q == p[order[k]], "got %p, want %p (freed %d-th last)", q, p[order[k]],
+                  (int)(sizeof order / sizeof order[0]) - k);
+        p[order[k]] = q;
+    }
+    /* The class word is empty again: a freed block comes straight back. */
+    CHECK_OK(hm_pool_free(pool, p[10]));
+    void *a = hm_pool_malloc(pool, 4096);
+    CHECK(a == p[10]);
+    p[10] = a;
+    hm_pool_stats_t st;
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, (size_t)N * 4096);
+    for (int i = 0; i < N; i++) CHECK_OK(hm_pool_free(pool, p[i]));
+    /* Every block exactly once: N allocations are distinct. */
+    for (int i = 0; i < N; i++) REQUIRE(p[i] = hm_pool_malloc(pool, 4096));
+    qsort(p, N, sizeof(void *), cmp_ptr);
+    int dups = 0;
+    for (int i = 1; i < N; i++) dups += p[i] == p[i - 1];
+    CHECK_EQ(dups, 0);
+    for (int i = 0; i < N; i++) CHECK_OK(hm_pool_free(pool, p[i]));
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, 0);
+    CHECK_OK(hm_pool_trim(pool));
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_MSG(st.bytes_from_provider == 0, "held %zu after trim", st.bytes_from_provider);
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
 /* Provider failures: a failing alloc reports OUT_OF_MEMORY (a failed slab
  * falls back to a range of its own, so only nth = every call must fail);
  * nothing leaks, nothing is misused, failed frees are retried later. */
@@ -557,6 +610,8 @@ int main(int argc, char **argv) {
         test_stats_and_trim();
         test_params();
         test_prot_none();
+        test_lifo_reuse(RW);
+        test_lifo_reuse(HM_OS_PROT_NONE);
         test_faults();
         test_many_pools();
     }

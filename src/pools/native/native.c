@@ -672,6 +672,59 @@ HM_INLINE uint32_t popcount64(uint64_t x) {
 #endif
 }
 
+/* Index of the block p of s; 0 if p is not the start of a block. */
+static inline int block_index(const nv_slab_t *s, const void *p, uint32_t *idx) {
+    uintptr_t off = (uintptr_t)p - s->base;
+    uint32_t i = (uint32_t)((off * s->magic) >> 32);
+    *idx = i;
+    return (uintptr_t)i * s->bsize == off && i < s->nblocks;
+}
+
+/* ---- Freed-block hints (nv_lifo_t) ---- */
+
+HM_INLINE void lifo_push(const nv_pool_t *nv, nv_heap_t *h, const nv_slab_t *s, uintptr_t p) {
+    unsigned c = s->cls;
+    if (c < nv->lifo_min) return;
+    nv_lifo_t *L = &h->lifo[c];
+    uint32_t n = L->n;
+    if (n < NV_LIFO) {
+        L->slot[n] = p;
+        L->n = n + 1;
+    }
+}
+
+/* s (h's) goes back to the pool: drop its hints. */
+static void lifo_purge(nv_heap_t *h, const nv_slab_t *s) {
+    unsigned c = s->cls;
+    if (c < h->nv->lifo_min) return;
+    nv_lifo_t *L = &h->lifo[c];
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < L->n; i++)
+        if (L->slot[i] - s->base >= s->span) L->slot[k++] = L->slot[i];
+    L->n = k;
+}
+
+/* The newest hint of class c that is still a free block, taken out of its
+ * slab's bitmap; 0 if none. */
+static uintptr_t lifo_pop(nv_heap_t *h, unsigned c) {
+    nv_lifo_t *L = &h->lifo[c];
+    while (L->n) {
+        uintptr_t p = L->slot[--L->n];
+        nv_slab_t *s = map_get(h->nv, (void *)p);
+        uint32_t idx;
+        if (hm_unlikely(!s || s->owner != h || s->cls != c || !block_index(s, (void *)p, &idx)))
+            continue; /* cannot be (lifo_purge): be safe */
+        uint32_t w = idx >> 6;
+        uint64_t bit = (uint64_t)1 << (idx & 63), x = s->bits[w];
+        if (!(x & bit)) continue; /* handed out again since */
+        s->bits[w] = x & ~bit;
+        s->nfree--; /* a slab in the partial list may reach 0: see cls_refill */
+        stat_add_i(&h->st_bytes, (int64_t)s->bsize);
+        return p;
+    }
+    return 0;
+}
+
 /* Move the next word with free blocks of cl->cur (s) into cl->bits. */
 static void take_word(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s) {
     uint32_t i = s->scan;
@@ -701,7 +754,10 @@ static void cls_retire_cur(nv_heap_t *h, nv_cls_t *cl) {
     cl_set(cl, 0);
     cl->cur = NULL;
     cl->word = UINT32_MAX;
-    if (s->nfree == s->nblocks) slab_release(h->nv, s);
+    if (s->nfree == s->nblocks) {
+        lifo_purge(h, s);
+        slab_release(h->nv, s);
+    }
     else if (s->nfree) partial_push(cl, s);
 }
 
@@ -720,6 +776,7 @@ static HM_NOINLINE hm_result_t double_free(const nv_slab_t *s, uint32_t idx) {
 static HM_NOINLINE void slab_transition(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s) {
     if (s->nfree == s->nblocks) {
         if (s->in_partial) partial_unlink(cl, s);
+        lifo_purge(h, s);
         slab_release(h->nv, s);
     } else if (!s->in_partial) {
         partial_push(cl, s);
@@ -744,19 +801,13 @@ HM_INLINE hm_result_t free_own(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
     if (hm_unlikely(x & bit)) return double_free(s, idx);
     s->bits[w] = x | bit;
     stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
+    lifo_push(h->nv, h, s, s->base + (uintptr_t)idx * s->bsize);
     uint32_t n = ++s->nfree;
     if (hm_unlikely(s != cl->cur && (!s->in_partial || n == s->nblocks)))
         slab_transition(h, cl, s);
     return HM_SUCCESS;
 }
 
-/* Index of the block p of s; 0 if p is not the start of a block. */
-static inline int block_index(const nv_slab_t *s, const void *p, uint32_t *idx) {
-    uintptr_t off = (uintptr_t)p - s->base;
-    uint32_t i = (uint32_t)((off * s->magic) >> 32);
-    *idx = i;
-    return (uintptr_t)i * s->bsize == off && i < s->nblocks;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Remote frees                                                             */
@@ -1055,12 +1106,16 @@ static size_t drain(nv_heap_t *h) {
 /* Heaps and thread bindings                                                */
 
 static nv_heap_t *heap_new(nv_pool_t *nv) {
-    size_t size = hm_align_up(sizeof(nv_heap_t) + nv->ncls * (sizeof(nv_cls_t) + sizeof(nv_slab_t *)),
-                              HM_CACHE_LINE);
+    size_t lifo_off = hm_align_up(sizeof(nv_heap_t) + nv->ncls * (sizeof(nv_cls_t) +
+                                                                   sizeof(nv_slab_t *)),
+                                  HM_CACHE_LINE);
+    size_t size = lifo_off + (nv->ncls - nv->lifo_min) * sizeof(nv_lifo_t);
     nv_heap_t *h = aligned_alloc(HM_CACHE_LINE, size);
     if (!h) return NULL;
     memset(h, 0, size);
     h->partial = (nv_slab_t **)(h->cls + nv->ncls);
+    /* Indexed by class: entries below lifo_min are never touched. */
+    h->lifo = (nv_lifo_t *)((char *)h + lifo_off) - nv->lifo_min;
     h->nv = nv;
     __cds_wfcq_init(&h->rq_head, &h->rq_tail);
     __cds_wfcq_init(&h->priv_head, &h->priv_tail);
@@ -1221,7 +1276,8 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
         cl->cur = NULL;
         cl->word = UINT32_MAX;
     }
-    s = h->partial[c];
+    /* Slabs whose last free blocks lifo_pop took stay listed until here. */
+    while ((s = h->partial[c]) && !s->nfree) partial_unlink(cl, s);
     if (s) {
         partial_unlink(cl, s);
     } else {
@@ -1269,6 +1325,13 @@ static HM_NOINLINE hm_result_t alloc_slow(nv_pool_t *nv, size_t size, size_t ali
 
 /* The fast path's refill: h is the caller's heap, c a class. */
 static HM_NOINLINE hm_result_t alloc_refill(nv_heap_t *h, unsigned c, void **out) {
+    if (c >= h->nv->lifo_min) {
+        uintptr_t p = lifo_pop(h, c);
+        if (p) {
+            *out = (void *)p;
+            return HM_SUCCESS;
+        }
+    }
     hm_result_t r = alloc_small(h, c, out);
     if (hm_unlikely(r == HM_ERROR_OUT_OF_MEMORY)) /* see alloc_slow */
         r = large_alloc(h->nv, hm__nv_cls_size[c], 16, out);
@@ -1387,9 +1450,21 @@ static HM_NOINLINE hm_result_t free_double_last(nv_pool_t *nv, void *p) {
     return HM_ERROR_DOUBLE_FREE;
 }
 
-/* The fast path's state change of a slab (see slab_transition). */
-static HM_NOINLINE hm_result_t free_transition(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s) {
-    slab_transition(h, cl, s);
+typedef hm_result_t (*nv_other_fn)(void *p); /* see free_impl */
+
+/* free_general's free of block idx of s (h's, valid, free not yet) that
+ * changes the slab's state (see slab_transition). other (hm__native_free's):
+ * a slab going back to the pool may call free, so that case goes there,
+ * unchanged; a full slab joining the partial list calls nothing. */
+static HM_NOINLINE hm_result_t free_transition(nv_heap_t *h, nv_slab_t *s, uint32_t idx,
+                                               nv_other_fn other) {
+    uintptr_t p = s->base + (uintptr_t)idx * s->bsize;
+    if (other && s->nfree + 1 == s->nblocks) return other((void *)p);
+    s->bits[idx >> 6] |= (uint64_t)1 << (idx & 63);
+    stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
+    s->nfree++;
+    lifo_push(h->nv, h, s, p);
+    slab_transition(h, s->cl, s);
     return HM_SUCCESS;
 }
 
@@ -1399,7 +1474,6 @@ static HM_NOINLINE hm_result_t free_transition(nv_heap_t *h, nv_cls_t *cl, nv_sl
  * path, a slab going back to the pool, an error) goes, before changing
  * anything, to hm__native_free's other. */
 enum { NV_FREE_OP, NV_FREE_QUIET, NV_FREE_FAST };
-typedef hm_result_t (*nv_other_fn)(void *p);
 #define NV_EXIT(mode, call) ((mode) == NV_FREE_FAST ? other(p) : (call))
 
 /* free_own() inlined with the ownership test, which compares the slab's
@@ -1434,15 +1508,12 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
     uint64_t x = s->bits[w];
     if (hm_unlikely(x & bit)) return NV_EXIT(mode, double_free(s, idx));
     uint32_t n = s->nfree + 1;
-    int change = s != cl->cur && (!s->in_partial || n == s->nblocks);
-    /* A full slab joining the partial list calls nothing; one going back
-     * to the pool may (slab_release). */
-    if (mode == NV_FREE_FAST && hm_unlikely(change && n == s->nblocks))
-        return other(p);
+    if (hm_unlikely(s != cl->cur && (!s->in_partial || n == s->nblocks)))
+        return free_transition(h, s, idx, mode == NV_FREE_FAST ? other : NULL);
     s->bits[w] = x | bit;
     stat_add_i(&h->st_bytes, -(int64_t)bsize);
     s->nfree = n;
-    if (hm_unlikely(change)) return free_transition(h, cl, s);
+    lifo_push(nv, h, s, (uintptr_t)p);
     return HM_SUCCESS;
 }
 
@@ -1760,6 +1831,8 @@ static hm_result_t resolve_params(nv_pool_t *nv, hm_provider_t *prov,
     nv->ncls = cls_of(limit) + 1;
     nv->class_limit = hm__nv_cls_size[nv->ncls - 1];
     nv->fast_limit = nv->class_limit < NV_FAST_MAX ? nv->class_limit : NV_FAST_MAX;
+    nv->lifo_min = cls_of(NV_LIFO_MIN_SIZE);
+    if (nv->lifo_min > nv->ncls) nv->lifo_min = nv->ncls;
     size_t large = (p->set & SET_LARGE) ? p->large_threshold
                                         : dev ? ((size_t)256 << 20) : ((size_t)32 << 20);
     if (large < nv->class_limit) {

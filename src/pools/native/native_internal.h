@@ -20,6 +20,8 @@
 #define NV_FLUSH_EVERY 1024      /* remote frees between forced flushes */
 #define NV_STOCK_MAX 32          /* spare batches a heap keeps */
 #define NV_STOCK_MOVE 16         /* batches moved to/from the depot at once */
+#define NV_LIFO 7                /* freed-block hints per class (nv_lifo_t) */
+#define NV_LIFO_MIN_SIZE 512     /* classes of this size and up keep them */
 #define NV_BY_TP_BITS 6
 #define NV_BY_TP (1u << NV_BY_TP_BITS) /* heaps found by thread pointer */
 
@@ -85,6 +87,19 @@ typedef struct nv_rent {
     uintptr_t wbase;
     uint64_t mask;
 } nv_rent_t;
+
+/* Per heap and class (classes of NV_LIFO_MIN_SIZE and up): the addresses
+ * of the last blocks the owner freed into a slab bitmap (not into the class
+ * word), newest last: a refill hands the newest one out again first (the
+ * LIFO reuse of tcmalloc's and jemalloc's thread caches, kept apart from the
+ * managed memory). Only hints: the slab bitmap says whether the block is
+ * still free. Every hint is in a slab of the heap (lifo_purge drops a slab's
+ * hints before the slab goes back to the pool). One cache line. */
+typedef struct nv_lifo {
+    uint32_t n;
+    uint32_t unused;
+    uintptr_t slot[NV_LIFO];
+} nv_lifo_t;
 
 /* A batch of remote frees: host memory, one queue node for up to
  * NV_BATCH_CAP frees (so at most that many entries). */
@@ -173,6 +188,7 @@ struct nv_heap {
     /* Per class: the other slabs of this heap with free blocks (the array
      * follows cls[]). */
     nv_slab_t **partial;
+    nv_lifo_t *lifo; /* per class, from lifo_min on (after partial[]) */
     nv_cls_t cls[] HM_CACHE_ALIGNED;
 };
 
@@ -193,6 +209,7 @@ struct nv_pool {
     uint32_t ncls;
     size_t class_limit;
     size_t fast_limit; /* min(class_limit, NV_FAST_MAX): nv_alloc's fast path */
+    uint32_t lifo_min; /* first class with a LIFO (nv_lifo_t); ncls: none */
     size_t slab_size;
     unsigned shift; /* log2(slab_size) */
     unsigned leaf_bits;
