@@ -153,13 +153,23 @@ __attribute__((visibility("hidden"))) void hm__je_fast_tcache_refresh(hm_je_key_
  *   n / size == (n * magic) >> 32 for every multiple n of size below 2^32),
  *   with nregs and size to check the quotient. */
 typedef struct cls_info {
+    uintptr_t sel;  /* ~0: the check needs the slab's start; 0: key's page */
+    uintptr_t zero; /* where sel is 0, &g_zero_word; else 0 */
+    uintptr_t page; /* where sel is 0, ~PAGE_MASK; else 0 */
+    uint64_t dmul;  /* ceil(2^64 / size): see region_start_nb */
+    uint32_t bound; /* offsets from the start that region_start_nb accepts are below */
     uint32_t fast, size, magic;
     uint16_t nregs, low;
+    uint32_t unused[3];
 } cls_info_t;
-_Static_assert(sizeof(cls_info_t) == 16, "one 16-byte entry per class");
-_Static_assert(PAGE - 1 <= UINT16_MAX && (PAGE >> SC_LG_TINY_MIN) <= UINT16_MAX, "cls_info_t.low, nregs");
+_Static_assert(sizeof(cls_info_t) == 64, "one 64-byte entry per class");
+_Static_assert(PAGE - 1 <= UINT16_MAX && (PAGE >> SC_LG_TINY_MIN) <= UINT16_MAX,
+               "cls_info_t.low, nregs");
 
-static cls_info_t g_cls[SC_NBINS];
+/* Never written: what region_start_nb reads instead of a slab's start. */
+static uintptr_t g_zero_word;
+
+static cls_info_t g_cls[SC_NBINS] __attribute__((aligned(64)));
 
 /* Size class and usable size of every size up to SC_LOOKUP_MAXCLASS in one
  * word, by (size + 7) / 8 (jemalloc's sz_size2index_tab and
@@ -176,6 +186,11 @@ static void cls_init(void) {
         cls_info_t *c = &g_cls[i];
         c->low = (uint16_t)((low < PAGE ? low : PAGE) - 1);
         c->fast = (low == size && size <= PAGE) ? c->low : UINT32_MAX;
+        c->sel = c->fast == UINT32_MAX ? ~(uintptr_t)0 : 0;
+        c->zero = c->sel ? 0 : (uintptr_t)&g_zero_word;
+        c->page = c->sel ? 0 : ~(uintptr_t)PAGE_MASK;
+        c->dmul = UINT64_MAX / size + 1; /* ceil(2^64 / size), size >= 8 */
+        c->bound = c->sel ? (uint32_t)bin_infos[i].slab_size : (uint32_t)PAGE;
         c->magic = arena_binind_div_info[i].magic;
         c->nregs = (uint16_t)bin_infos[i].nregs;
         c->size = (uint32_t)size;
@@ -257,6 +272,24 @@ JEMALLOC_ALWAYS_INLINE bool region_start_div(uintptr_t key, uintptr_t bits,
 JEMALLOC_ALWAYS_INLINE bool region_start(uintptr_t key, uintptr_t bits, const cls_info_t *c) {
     if (likely((key & c->fast) == 0)) return true;
     return region_start_div(key, bits, c);
+}
+
+/* region_start without a branch that depends on the size class (a free of
+ * a random mix of classes would mispredict it about every other time): one
+ * test for every class, from the slab's start for classes that need it (read
+ * from the descriptor) and from key's page for powers of two up to a page
+ * (whose regions tile every page of their slabs; the descriptor is not read,
+ * the address to read chosen by the class's masks). The offset is a multiple
+ * of the size iff offset * ceil(2^64 / size) mod 2^64 < ceil(2^64 / size), for
+ * offsets below 2^32 (Lemire, Kaser, Kurz, "Faster remainder by direct
+ * computation", Software: Practice and Experience 49(6), 2019, the
+ * divisibility test); the bound (the slab's size, or the page) keeps it there
+ * and the region inside the slab. */
+JEMALLOC_ALWAYS_INLINE bool region_start_nb(uintptr_t key, uintptr_t bits, const cls_info_t *c) {
+    uintptr_t src = ((uintptr_t)&leaf_edata(bits)->e_addr & c->sel) | c->zero;
+    uintptr_t base = *(const uintptr_t *)src | (key & c->page);
+    uint64_t diff = key - base;
+    return (diff * c->dmul < c->dmul) & (diff < c->bound);
 }
 
 /* The extent-map word of key's page, through the thread's lookup cache (the
@@ -406,10 +439,10 @@ JEMALLOC_ALWAYS_INLINE hm_result_t free_body(void *state, void *ptr, tsd_t *tsd,
     if (unlikely(!LEAF_ACTIVE_SLAB(bits)) || unlikely(!leaf_meta_ok(key, bits)))
         return free_checked(state, ptr);
     size_t szind = bits >> LG_VADDR;
-    /* &g_cls[szind] from the word in two operations (16-byte entries) */
+    /* &g_cls[szind] from the word in two operations (64-byte entries) */
     const cls_info_t *c =
-        (const cls_info_t *)((const char *)g_cls + ((bits >> (LG_VADDR - 4)) & ~(uintptr_t)15));
-    if (unlikely(!region_start(k, bits, c))) return hm__je_refuse(state, ptr, "free");
+        (const cls_info_t *)((const char *)g_cls + ((bits >> (LG_VADDR - 6)) & ~(uintptr_t)63));
+    if (unlikely(!region_start_nb(k, bits, c))) return hm__je_refuse(state, ptr, "free");
     if (likely(tcache != NULL)) {
         uint64_t deallocated, threshold;
         te_free_fastpath_ctx(tsd, &deallocated, &threshold);
