@@ -190,7 +190,8 @@ static void cls_init(void) {
         c->zero = c->sel ? 0 : (uintptr_t)&g_zero_word;
         c->page = c->sel ? 0 : ~(uintptr_t)PAGE_MASK;
         c->dmul = UINT64_MAX / size + 1; /* ceil(2^64 / size), size >= 8 */
-        c->bound = c->sel ? (uint32_t)bin_infos[i].slab_size : (uint32_t)PAGE;
+        /* the regions proper (a slab may end in a few unused bytes) */
+        c->bound = c->sel ? (uint32_t)(bin_infos[i].nregs * size) : (uint32_t)PAGE;
         c->magic = arena_binind_div_info[i].magic;
         c->nregs = (uint16_t)bin_infos[i].nregs;
         c->size = (uint32_t)size;
@@ -283,7 +284,7 @@ JEMALLOC_ALWAYS_INLINE bool region_start(uintptr_t key, uintptr_t bits, const cl
  * of the size iff offset * ceil(2^64 / size) mod 2^64 < ceil(2^64 / size), for
  * offsets below 2^32 (Lemire, Kaser, Kurz, "Faster remainder by direct
  * computation", Software: Practice and Experience 49(6), 2019, the
- * divisibility test); the bound (the slab's size, or the page) keeps it there
+ * divisibility test); the bound (the slab's regions, or the page) keeps it there
  * and the region inside the slab. */
 JEMALLOC_ALWAYS_INLINE bool region_start_nb(uintptr_t key, uintptr_t bits, const cls_info_t *c) {
     uintptr_t src = ((uintptr_t)&leaf_edata(bits)->e_addr & c->sel) | c->zero;
