@@ -452,6 +452,19 @@ static void test_foreign_pointers(void) {
             CHECK_OK(hm_pool_free(own, p));
         }
     }
+    /* Every small size class (8 B .. 14 KiB), found by usable size: every
+     * 8-aligned offset inside the first region up to 256 B and a spread
+     * of larger ones is refused (the free path's divisibility test). */
+    for (size_t s = 8; s <= 14 * KIB;) {
+        void *p = hm_pool_malloc(a, s);
+        REQUIRE(p);
+        size_t us = hm_pool_malloc_usable_size(a, p);
+        REQUIRE(us >= s);
+        for (size_t off = 8; off < us; off += off < 256 ? 8 : off / 4 & ~(size_t)7)
+            check_refused(a, (char *)p + off, "interior pointer (every class)");
+        CHECK_OK(hm_pool_free(a, p));
+        s = us + 1;
+    }
     /* Not jemalloc's at all. */
     void *m = malloc(64);
     REQUIRE(m);
