@@ -19,20 +19,26 @@
  * - hm__je_fast_alloc() is jemalloc's own malloc fast path
  *   (imalloc_fastpath, jemalloc_internal_inlines_c.h) with the thread's
  *   explicit tcache of the pool instead of its automatic one: size class by
- *   table (sz_size2index_usize_fastpath, sz.h, folded into one table), the thread-event check
- *   (te_malloc_fastpath_ctx, thread_event.h: one branch that also catches a
- *   thread whose jemalloc data is not "nominal", whose threshold is 0), a pop
- *   from the cache bin (cache_bin_alloc_easy / cache_bin_alloc,
- *   cache_bin.h), and the byte counter advanced exactly as jemalloc does
- *   (fastpath_success_finish). Whenever a thread event is due, the bin is
- *   empty or anything is unusual it returns NULL and the pool calls mallocx(),
- *   which runs the event (tcache GC, decay ticks, statistics) and refills the
- *   bin from the pool's arena. So jemalloc's bookkeeping is the same as for
- *   its own malloc().
+ *   table (sz_size2index_usize_fastpath, sz.h), a pop from the cache bin
+ *   (cache_bin_alloc_easy / cache_bin_alloc, cache_bin.h) and the bin's
+ *   request count (fastpath_success_finish). When the bin is empty or
+ *   anything is unusual the pool calls mallocx(), which refills the bin from
+ *   the pool's arena.
  * - hm__je_fast_free() first proves that ptr is a live block of the pool's
  *   arena (live_block below), then is jemalloc's free fast path
- *   (free_fastpath, src/jemalloc.c: te_free_fastpath_ctx, cache_bin_dalloc_easy)
- *   on the explicit tcache; anything else is left to dallocx().
+ *   (free_fastpath, src/jemalloc.c: cache_bin_dalloc_easy) on the explicit
+ *   tcache; anything else is left to dallocx().
+ * - Neither makes jemalloc's thread-event check (te_malloc_fastpath_ctx /
+ *   te_free_fastpath_ctx, thread_event.h) nor advances the thread's byte
+ *   counters: in jemalloc 5.3.0 every thread event acts on the thread's
+ *   automatic tcache (tcache_gc_event_handler -> tcache_event ->
+ *   tcache_get(tsd), tcache.c), which the pool never uses, or is a statistic
+ *   of the thread (thread.allocated, thread.peak) or disabled (prof, stats
+ *   interval); explicit tcaches are never garbage-collected by events, and
+ *   arena decay ticks come from the arena paths (arena_decay_tick), not from
+ *   thread events. With the check, a free of 4 KiB blocks went to dallocx()
+ *   every 16 calls (the 64 KiB GC interval) for nothing. mallocx()/dallocx()
+ *   on the slow paths keep jemalloc's own bookkeeping.
  * - live_block() is a non-dependent lookup in jemalloc's global extent map
  *   (rtree_leaf_elm_lookup, rtree.h, on arena_emap_global, the map
  *   ivsalloc() uses), of one word per page: the extent descriptor's address,
@@ -171,12 +177,6 @@ static uintptr_t g_zero_word;
 
 static cls_info_t g_cls[SC_NBINS] __attribute__((aligned(64)));
 
-/* Size class and usable size of every size up to SC_LOOKUP_MAXCLASS in one
- * word, by (size + 7) / 8 (jemalloc's sz_size2index_tab and
- * sz_index2size_tab, sz.h, folded: one load instead of two): the class in
- * the low 8 bits, the usable size above. */
-#define SZ_LOOKUP_N ((SC_LOOKUP_MAXCLASS >> SC_LG_TINY_MIN) + 1)
-static uint32_t g_sz[SZ_LOOKUP_N];
 static bool g_cls_ready; /* set under the pool registry's lock (see je_fast.h) */
 
 static void cls_init(void) {
@@ -195,10 +195,6 @@ static void cls_init(void) {
         c->magic = arena_binind_div_info[i].magic;
         c->nregs = (uint16_t)bin_infos[i].nregs;
         c->size = (uint32_t)size;
-    }
-    for (size_t i = 0; i < SZ_LOOKUP_N; i++) {
-        szind_t ind = sz_size2index_tab[i];
-        g_sz[i] = (uint32_t)ind | (uint32_t)sz_index2size_tab[ind] << 8;
     }
 }
 
@@ -358,23 +354,15 @@ JEMALLOC_ALWAYS_INLINE int live_block_tsd(tsd_t *tsd, const hm_je_key_t *hk, con
     return live_block_notsd(hk, ptr);
 }
 
-/* A small block from the thread's tcache, or false. */
-JEMALLOC_ALWAYS_INLINE bool alloc_small(tsd_t *tsd, tcache_t *tcache, size_t size, void **ptr) {
-    /* sz_size2index_usize_fastpath (sz.h), one load */
-    uint32_t sz = g_sz[(size + (ZU(1) << SC_LG_TINY_MIN) - 1) >> SC_LG_TINY_MIN];
-    szind_t ind = sz & 0xff;
-    size_t usize = sz >> 8;
-    uint64_t allocated, threshold;
-    te_malloc_fastpath_ctx(tsd, &allocated, &threshold);
-    uint64_t allocated_after = allocated + usize;
-    /* An event due, or the thread data not "fast": threshold 0. */
-    if (unlikely(allocated_after >= threshold)) return false;
+/* A small block from the thread's tcache, or false (bin empty). */
+JEMALLOC_ALWAYS_INLINE bool alloc_small(tcache_t *tcache, size_t size, void **ptr) {
+    szind_t ind = sz_size2index_lookup(size);
     cache_bin_t *bin = &tcache->bins[ind];
     bool ok;
     void *ret = cache_bin_alloc_easy(bin, &ok);
     if (unlikely(!ok)) ret = cache_bin_alloc(bin, &ok);
     if (unlikely(!ok)) return false;
-    fastpath_success_finish(tsd, allocated_after, bin, ret);
+    if (config_stats) bin->tstats.nrequests++; /* as fastpath_success_finish */
     *ptr = ret;
     return true;
 }
@@ -383,9 +371,8 @@ JEMALLOC_ALWAYS_INLINE bool alloc_small(tsd_t *tsd, tcache_t *tcache, size_t siz
  * through the thread's table (one TLS access). */
 static JEMALLOC_NOINLINE hm_result_t alloc_tl(void *state, size_t size, size_t alignment,
                                               void **ptr) {
-    tsd_t *tsd = tsd_once();
     tcache_t *tcache = tcache_of(state, tl_table);
-    if (likely(tcache != NULL) && likely(alloc_small(tsd, tcache, size, ptr))) return HM_SUCCESS;
+    if (likely(tcache != NULL) && likely(alloc_small(tcache, size, ptr))) return HM_SUCCESS;
     return hm__je_alloc_slow(state, size, alignment, ptr);
 }
 
@@ -405,7 +392,7 @@ __attribute__((visibility("hidden"))) hm_result_t hm__je_fast_alloc(void *state,
         return alloc_tl(state, size, alignment, ptr);
 #endif
         tcache_t *tcache = b->tcache;
-        if (likely(tcache != NULL) && likely(alloc_small(b->tsd, tcache, size, ptr)))
+        if (likely(tcache != NULL) && likely(alloc_small(tcache, size, ptr)))
             return HM_SUCCESS;
         return hm__je_alloc_slow(state, size, 0, ptr); /* 0 and 1: the same */
     }
@@ -444,17 +431,8 @@ JEMALLOC_ALWAYS_INLINE hm_result_t free_body(void *state, void *ptr, tsd_t *tsd,
     const cls_info_t *c =
         (const cls_info_t *)((const char *)g_cls + ((bits >> (LG_VADDR - 6)) & ~(uintptr_t)63));
     if (unlikely(!region_start_nb(k, bits, c))) return hm__je_refuse(state, ptr, "free");
-    if (likely(tcache != NULL)) {
-        uint64_t deallocated, threshold;
-        te_free_fastpath_ctx(tsd, &deallocated, &threshold);
-        /* c->size == sz_index2size(szind), on the line read already */
-        uint64_t deallocated_after = deallocated + c->size;
-        if (likely(deallocated_after < threshold) &&
-            likely(cache_bin_dalloc_easy(&tcache->bins[szind], ptr))) {
-            *tsd_thread_deallocatedp_get(tsd) = deallocated_after;
-            return HM_SUCCESS;
-        }
-    }
+    if (likely(tcache != NULL) && likely(cache_bin_dalloc_easy(&tcache->bins[szind], ptr)))
+        return HM_SUCCESS;
     return hm__je_free_slow(state, ptr);
 }
 
