@@ -286,7 +286,10 @@ void hm__coarse_destroy(hm_coarse_t *c) {
 
 size_t hm__coarse_granularity(const hm_coarse_t *c) { return c->gran; }
 
-static hm_result_t add_region_locked(hm_coarse_t *c, uintptr_t base, size_t len, uint64_t tag) {
+/* Records the region [base, +len) as one free block (*blk, if blk is not
+ * NULL). */
+static hm_result_t add_region_locked(hm_coarse_t *c, uintptr_t base, size_t len, uint64_t tag,
+                                     block_t **blk) {
     uintptr_t last;
     if (!base || !len || (base & (c->gran - 1)) || (len & (c->gran - 1)) ||
         __builtin_add_overflow(base, len - 1, &last)) {
@@ -321,12 +324,13 @@ static hm_result_t add_region_locked(hm_coarse_t *c, uintptr_t base, size_t len,
     c->st.mapped += len;
     c->st.free += len;
     c->st.regions++;
+    if (blk) *blk = b;
     return HM_SUCCESS;
 }
 
 hm_result_t hm__coarse_add_region(hm_coarse_t *c, void *base, size_t len, uint64_t tag) {
     hm__mutex_lock(&c->lock);
-    hm_result_t r = add_region_locked(c, (uintptr_t)base, len, tag);
+    hm_result_t r = add_region_locked(c, (uintptr_t)base, len, tag, NULL);
     hm__mutex_unlock(&c->lock);
     return r;
 }
@@ -381,10 +385,8 @@ static void unlink_block(block_t *b) {
     if (b->next) b->next->prev = b->prev;
 }
 
-static hm_result_t alloc_locked(hm_coarse_t *c, size_t sz, size_t alignment, void **ptr) {
-    uintptr_t at;
-    block_t *b = find_fit(c, sz, alignment, &at);
-    if (!b) return HM_ERROR_OUT_OF_MEMORY;
+/* Carves [at, +sz) out of the free block b that holds it. */
+static hm_result_t carve_locked(hm_coarse_t *c, block_t *b, uintptr_t at, size_t sz, void **ptr) {
     if (!reserve_blocks(c, 2)) return HM_ERROR_OUT_OF_HOST_MEMORY;
     size_t head = at - b->base, tail = b->size - head - sz;
     size_remove(c, b);
@@ -416,6 +418,13 @@ static hm_result_t alloc_locked(hm_coarse_t *c, size_t sz, size_t alignment, voi
     return HM_SUCCESS;
 }
 
+static hm_result_t alloc_locked(hm_coarse_t *c, size_t sz, size_t alignment, void **ptr) {
+    uintptr_t at;
+    block_t *b = find_fit(c, sz, alignment, &at);
+    if (!b) return HM_ERROR_OUT_OF_MEMORY;
+    return carve_locked(c, b, at, sz, ptr);
+}
+
 hm_result_t hm__coarse_alloc(hm_coarse_t *c, size_t size, size_t alignment, void **ptr) {
     *ptr = NULL;
     if (!size) return HM_ERROR_INVALID_ARGUMENT;
@@ -436,18 +445,22 @@ hm_result_t hm__coarse_alloc(hm_coarse_t *c, size_t size, size_t alignment, void
     r = c->ops.grow(c->owner, sz, alignment, &base, &len, &tag);
     if (r != HM_SUCCESS) return r;
     hm__mutex_lock(&c->lock);
-    r = add_region_locked(c, (uintptr_t)base, len, tag);
-    if (r == HM_SUCCESS) {
-        r = alloc_locked(c, sz, alignment, ptr);
+    block_t *b;
+    r = add_region_locked(c, (uintptr_t)base, len, tag, &b);
+    bool recorded = r == HM_SUCCESS; /* kept, free, even if the carve below fails */
+    if (recorded) {
+        /* Carve from the grown region itself: find_fit may stop probing
+         * (ALIGN_PROBES) before it reaches a region that holds the range
+         * aligned but is smaller than size + alignment, and other threads
+         * may have taken what was free meanwhile. */
+        uintptr_t at = fit_in(b, sz, alignment);
+        r = at ? carve_locked(c, b, at, sz, ptr) : HM_ERROR_OUT_OF_MEMORY;
         if (r == HM_ERROR_OUT_OF_MEMORY)
             HM_LOG_ERROR("coarse: grown region [%p, +%zu) cannot hold %zu bytes aligned to %zu",
                          base, len, sz, alignment);
     }
     hm__mutex_unlock(&c->lock);
-    if (r == HM_ERROR_INVALID_ARGUMENT || r == HM_ERROR_OUT_OF_HOST_MEMORY) {
-        /* The region was not recorded: give it back. */
-        if (c->ops.release) c->ops.release(c->owner, base, len, tag);
-    }
+    if (!recorded && c->ops.release) c->ops.release(c->owner, base, len, tag); /* give it back */
     return r;
 }
 

@@ -391,6 +391,55 @@ static void test_grow(void) {
     CHECK_EQ(g.mapped, 0);
 }
 
+/* A grower like the file provider's: each region is just what was asked
+ * (at least 4 granules), aligned as asked, and otherwise placed one granule
+ * past a 64-granule boundary, so no block in it is aligned to more. */
+static hm_result_t tight_grow_cb(void *owner, size_t size, size_t alignment, void **base,
+                                 size_t *len, uint64_t *tag) {
+    grower_t *g = owner;
+    size_t rlen = size < 4 * G ? 4 * G : size;
+    size_t span = 128 * G + rlen + alignment;
+    char *m = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return HM_ERROR_OUT_OF_MEMORY;
+    uintptr_t at = (uintptr_t)m;
+    if (alignment > G) at = (at + alignment - 1) & ~(uintptr_t)(alignment - 1);
+    else at = ((at + 64 * G - 1) & ~(uintptr_t)(64 * G - 1)) + G;
+    if (at > (uintptr_t)m) munmap(m, at - (uintptr_t)m);
+    if ((uintptr_t)m + span > at + rlen) munmap((void *)(at + rlen), (uintptr_t)m + span - at - rlen);
+    *base = (void *)at;
+    *len = rlen;
+    *tag = (uint64_t)atomic_fetch_add(&g->grows, 1);
+    atomic_fetch_add(&g->mapped, rlen);
+    return HM_SUCCESS;
+}
+
+static const hm_coarse_ops_t tight_ops = {.grow = tight_grow_cb, .release = release_cb};
+
+/* An aligned request that no free block can hold, while more free blocks
+ * than the fit search probes are too small for any alignment: the region
+ * grown for it must serve it (it is not larger than size + alignment, so a
+ * search over all free blocks would stop before reaching it). */
+static void test_grow_aligned_past_probes(void) {
+    grower_t g = {0};
+    hm_coarse_t *c;
+    REQUIRE_OK(hm__coarse_create(&tight_ops, &g, G, &c));
+    enum { N = 20 };
+    void *p[2 * N];
+    for (int i = 0; i < 2 * N; i++) REQUIRE_OK(hm__coarse_alloc(c, 2 * G, 0, &p[i]));
+    CHECK_EQ(g.grows, N); /* two per region */
+    for (int i = 1; i < 2 * N; i += 2) CHECK_OK(hm__coarse_free(c, p[i], 2 * G));
+    /* Now N free blocks of 2 granules, none aligned to 16 granules. */
+    void *a = NULL;
+    CHECK_OK(hm__coarse_alloc(c, 2 * G, 16 * G, &a));
+    CHECK_EQ(g.grows, N + 1);
+    CHECK(a && ((uintptr_t)a & (16 * G - 1)) == 0);
+    CHECK(!hm__coarse_check(c));
+    if (a) CHECK_OK(hm__coarse_free(c, a, 2 * G));
+    for (int i = 0; i < 2 * N; i += 2) CHECK_OK(hm__coarse_free(c, p[i], 2 * G));
+    hm__coarse_destroy(c);
+    CHECK_EQ(g.mapped, 0);
+}
+
 /* ---- many threads (run under TSan in the sanitizer build) ---- */
 
 #define THREADS 4
@@ -469,6 +518,7 @@ int main(void) {
     test_errors();
     test_random_model();
     test_grow();
+    test_grow_aligned_past_probes();
     test_threads();
     return hm_test_finish();
 }
