@@ -52,9 +52,10 @@
  *
  * Fast paths: small allocations and frees (up to 4 KiB) go straight to the
  * thread's tcache of the pool through the pool's own code written against
- * jemalloc 5.3.0's internals (src/pools/jemalloc/je_fast.c), with jemalloc's
- * thread-event bookkeeping kept as its own malloc/free keep it; everything
- * else goes through mallocx/dallocx. A thread finds its tcache of the pool
+ * jemalloc 5.3.0's internals (src/pools/jemalloc/je_fast.c), without
+ * jemalloc's per-thread event counters (their events act on jemalloc's
+ * automatic thread cache, which the pool never uses; je_fast.c says why this
+ * is safe); everything else goes through mallocx/dallocx. A thread finds its tcache of the pool
  * through a small table in the pool keyed by its thread pointer (no TLS
  * access; a thread whose entry another live thread holds uses a per-thread
  * table instead). The check of a freed pointer is made from the one

@@ -143,8 +143,7 @@ hm_je_tl_table_t **hm__je_fast_tl(void);
 
 /* The pool's alloc op (state = the key): a small block from this thread's
  * tcache of the pool; otherwise (no tcache yet, cache empty, not small,
- * aligned, a jemalloc thread event due, thread data not ready) a tail call
- * to hm__je_alloc_slow. */
+ * aligned) a tail call to hm__je_alloc_slow. */
 hm_result_t hm__je_fast_alloc(void *state, size_t size, size_t alignment, void **ptr);
 
 /* The pool's free op: refuses (tail call to hm__je_refuse) unless ptr is a

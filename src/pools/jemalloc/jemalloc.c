@@ -759,7 +759,7 @@ static void jp_fini(void *state) {
 /* The pool's alloc and free ops are je_fast.c's hm__je_fast_alloc and
  * hm__je_fast_free (state = jp, whose first member is the key); they come
  * here when the fast path does not apply: no tcache yet, cache empty or full,
- * not small, aligned, or a jemalloc thread event due. */
+ * not small, aligned, or the thread's jemalloc data not usable. */
 hm_result_t hm__je_alloc_slow(void *state, size_t size, size_t alignment, void **ptr) {
     jpool_t *jp = state;
     int flags = flags_of(jp);
