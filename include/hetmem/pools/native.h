@@ -36,7 +36,8 @@
  * | alloc, free of own block     | every other call but destroy  | none: thread-local heap, no|
  * |   (fast path)                |                               | lock, no atomic RMW        |
  * | free of another heap's block | everything but destroy        | batched per owner heap on  |
- * |   (remote free)              |                               | the freeing side; one      |
+ * |   (remote free)              |                               | the freeing side (one entry|
+ * |                              |                               | per bitmap word); one      |
  * |                              |                               | wait-free enqueue (xchg)   |
  * |                              |                               | per batch of up to 126     |
  * | owner drains its queue       | enqueues by any thread        | nonblocking splice+dequeue;|
@@ -60,8 +61,13 @@
  *
  * Errors: freeing a pointer that is not the start of a live block of this
  * pool returns HM_ERROR_INVALID_ARGUMENT; a double free that the pool sees
- * returns HM_ERROR_DOUBLE_FREE (a double free through a remote free is found
- * when the owner drains it and is logged). Both log one line. */
+ * returns HM_ERROR_DOUBLE_FREE (a remote double free is found at once when
+ * both frees fall in one batch entry, else when the owner drains it, and is
+ * logged). Both log one line.
+ *
+ * Statistics: bytes_requested counts blocks in a heap's per-class word of
+ * free blocks as free, so it is exact whenever no thread is inside a call
+ * (and approximate while one is). */
 #ifndef HETMEM_POOLS_NATIVE_H
 #define HETMEM_POOLS_NATIVE_H
 

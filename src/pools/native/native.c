@@ -30,19 +30,35 @@
  *   thread's bindings. A free tells its own blocks by comparing the slab's
  *   owner with that heap. The heap remembers the block it handed out last:
  *   freeing that one (malloc/free pairs) is an address comparison and a bit
- *   set, with no page-map lookup on the loop's critical path.
+ *   set, with no page-map lookup on the loop's critical path. Byte counters
+ *   change only when blocks move between slab bitmaps and class words (or
+ *   leave as remote frees), not per allocation (nv_heap.st_bytes).
+ * - LIFO reuse (classes of 512 B and up): the addresses of the last blocks
+ *   a heap freed into slab bitmaps are kept per class (nv_lifo_t, host
+ *   memory); a refill hands the newest still-free one out again before
+ *   taking a new word, as a thread cache's free list would (tcmalloc,
+ *   jemalloc), with the bitmap as the only truth.
  * - Sharing: what a remote free reads (a slab's fixed fields, a heap's
  *   thread pointer) sits on cache lines nobody writes while they are live;
  *   the owner's counters and lists are on other lines.
  * - Remote frees (snmalloc's message passing, Lietar et al. 2019, on the
  *   queue of the glibc RFC "malloc: use wfcqueue to speed up remote frees"):
  *   a thread freeing another heap's block appends it to a host-memory batch
- *   for that heap (8 outgoing slots, two-way associative by destination); a full
- *   batch is published with one cds_wfcq_enqueue (one xchg). The owner
- *   splices its queue into a private one and drains it with the _nonblocking
- *   calls only, on its allocation slow path, gathering the blocks of one
- *   bitmap word into a mask. Drained batches are recycled through the
- *   heap's stock and a per-pool depot.
+ *   for that heap (8 outgoing slots, two-way associative by destination); a
+ *   batch entry is one bitmap word (its first block's address and a mask),
+ *   and consecutive frees into one word (the owner's allocation order, which
+ *   remote frees usually follow) share it. The heap caches the entry of its
+ *   last remote free with the word's geometry, so the next free into that
+ *   word is validated and recorded without the page map (the slab cannot go
+ *   back to the pool while an unpublished entry holds one of its blocks). A
+ *   batch of 126 frees is published with one cds_wfcq_enqueue (one xchg).
+ *   The owner splices its queue into a private one and drains it with the
+ *   _nonblocking calls only, on its allocation slow path, one word's mask at
+ *   a time. Drained batches are recycled through the heap's stock and a
+ *   per-pool depot.
+ * - The malloc replacement calls the fast paths directly
+ *   (hm__native_malloc/hm__native_free): they call nothing, so its
+ *   recursion guard is set only around what may call malloc.
  * - Thread exit: a pthread key destructor abandons the thread's heaps; a
  *   thread that starts using the pool adopts one. Heaps live until the pool
  *   is destroyed, so a remote free can always reach its owner's queue.
@@ -1517,25 +1533,10 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
     return HM_SUCCESS;
 }
 
-/* A block in the word of the caller's last remote free (nv_heap.r_key;
- * roff: its offset from the word's first block, below r_span): the cached
- * entry's geometry validates it without the page map (the slab cannot go
- * back to the pool while the entry holds one of its blocks), and its bit
- * goes into the entry. Out of line: its registers would cost every local
- * free a stack frame. */
-static HM_NOINLINE hm_result_t free_cached(nv_pool_t *nv, void *p, nv_heap_t *me, uintptr_t roff,
-                                           int mode, nv_other_fn other) {
-    uint32_t sub = (uint32_t)((roff * me->r_magic) >> 32);
-    uint32_t bsize = me->r_bsize;
-    nv_rent_t *e = me->r_ent;
-    uint64_t m = e->mask, bit = (uint64_t)1 << sub;
-    uint32_t left = me->r_left;
-    if (hm_likely((uintptr_t)sub * bsize == roff && !(m & bit) && left > 1)) {
-        e->mask = m | bit;
-        me->r_left = left - 1;
-        stat_add_i(&me->st_bytes, -(int64_t)bsize);
-        return HM_SUCCESS;
-    }
+/* free_general out of line (the cached remote free's fallback: inlined,
+ * its registers would cost every free a stack frame). */
+static HM_NOINLINE hm_result_t free_general_out(nv_pool_t *nv, void *p, nv_heap_t *me, int mode,
+                                                nv_other_fn other) {
     return free_general(nv, p, me, mode, other);
 }
 
@@ -1561,8 +1562,27 @@ HM_INLINE hm_result_t free_impl(void *state, void *p, int mode, nv_other_fn othe
             cl_set(cl, b | bit);
             return HM_SUCCESS;
         }
-        uintptr_t roff = (uintptr_t)p - me->r_key; /* see free_cached */
-        if (roff < me->r_span) return free_cached(nv, p, me, roff, mode, other);
+        /* A block in the word of the caller's last remote free (nv_heap.
+         * r_key; its offset from the word's first block is below r_span,
+         * which is 0 while there is none): the cached entry's geometry
+         * validates it without the page map (the slab cannot go back to the
+         * pool while the entry holds one of its blocks), and its bit goes
+         * into the entry. */
+        uintptr_t roff = (uintptr_t)p - me->r_key;
+        if (roff < me->r_span) {
+            uint32_t sub = (uint32_t)((roff * me->r_magic) >> 32);
+            uint32_t bsize = me->r_bsize;
+            nv_rent_t *e = me->r_ent;
+            uint64_t m = e->mask, bit = (uint64_t)1 << sub;
+            uint32_t left = me->r_left;
+            if (hm_likely((uintptr_t)sub * bsize == roff && !(m & bit) && left > 1)) {
+                e->mask = m | bit;
+                me->r_left = left - 1;
+                stat_add_i(&me->st_bytes, -(int64_t)bsize);
+                return HM_SUCCESS;
+            }
+            return free_general_out(nv, p, me, mode, other);
+        }
     } else {
         me = &by_tp_nobody; /* free_general sorts it out */
     }
