@@ -43,6 +43,7 @@ hm_result_t hm_provider_create(const hm_provider_ops_t *ops, const void *params,
     hm_provider_t *p = calloc(1, sizeof(*p));
     if (!p) return HM_ERROR_OUT_OF_HOST_MEMORY;
     p->ops = *ops;
+    if (!(caps_from_ops(ops) & HM_PROVIDER_CAP_IPC)) p->ops.ipc.close_many = NULL;
     hm_result_t r = ops->init(params, &p->state);
     if (r != HM_SUCCESS) {
         HM_LOG_INFO("provider '%s' init failed: %s", ops->name ? ops->name : "?",

@@ -80,7 +80,7 @@ typedef struct hm_provider_ops {
     hm_result_t (*split)(void *state, void *ptr, size_t total, size_t first);
     hm_result_t (*merge)(void *state, void *lo, void *hi, size_t total);
 
-    /* IPC: all five or none. The native payload is handle_size() opaque bytes
+    /* IPC: the first five all or none. The native payload is handle_size() opaque bytes
      * the provider writes in get() and reads in open(). A provider whose
      * handle carries a file descriptor returns it in *fd (valid in this
      * process until put()); the IPC layer moves it to the importer, which
@@ -92,6 +92,12 @@ typedef struct hm_provider_ops {
         hm_result_t (*put)(void *state, void *payload);
         hm_result_t (*open)(void *state, const void *payload, int fd, size_t size, void **ptr);
         hm_result_t (*close)(void *state, void *ptr, size_t size);
+        /* Optional even with the five (NULL: close() each): close n
+         * mappings that open() made, as close() would each, where the
+         * provider can do better together (e.g. unmap adjacent mappings with
+         * one call: one TLB flush instead of one per mapping). Closes every
+         * mapping it can; returns the first error. */
+        hm_result_t (*close_many)(void *state, void *const *ptrs, const size_t *sizes, size_t n);
     } ipc;
 } hm_provider_ops_t;
 

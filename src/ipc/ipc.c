@@ -824,6 +824,49 @@ static void close_mapping(hm_pool_t *pool, uintptr_t local, size_t size) {
                      (void *)local, size, hm_result_string(r));
 }
 
+/* Mappings a pool's destroy closes together through the provider's
+ * close_many (one by one where it has none or memory is short): out of the
+ * tracker at once, unmapped at the end. */
+typedef struct closing {
+    void **ptr;
+    size_t *size;
+    size_t n, cap;
+} closing_t;
+
+static void closing_add(closing_t *cl, hm_pool_t *pool, uintptr_t local, size_t size) {
+    if (pool->provider->ops.ipc.close_many && cl->n == cl->cap) {
+        size_t cap = cl->cap ? 2 * cl->cap : 256;
+        void **p = realloc(cl->ptr, cap * sizeof(*p));
+        if (p) cl->ptr = p;
+        size_t *z = p ? realloc(cl->size, cap * sizeof(*z)) : NULL;
+        if (z) {
+            cl->size = z;
+            cl->cap = cap;
+        }
+    }
+    if (cl->n == cl->cap) {
+        close_mapping(pool, local, size);
+        return;
+    }
+    if (hm__tracker_remove(local, size) != HM_SUCCESS)
+        HM_LOG_ERROR("IPC: the opened mapping [%p, +%zu) was not tracked any more", (void *)local,
+                     size);
+    cl->ptr[cl->n] = (void *)local;
+    cl->size[cl->n++] = size;
+}
+
+static void closing_finish(closing_t *cl, hm_pool_t *pool) {
+    hm_provider_t *prov = pool->provider;
+    if (cl->n) {
+        hm_result_t r = prov->ops.ipc.close_many(prov->state, cl->ptr, cl->size, cl->n);
+        if (r != HM_SUCCESS)
+            HM_LOG_ERROR("IPC: provider '%s' failed to close some of %zu mappings: %s",
+                         prov->info.name, cl->n, hm_result_string(r));
+    }
+    free(cl->ptr);
+    free(cl->size);
+}
+
 /* e is out of both pool hashes, killed, unused; the caller is its closer. */
 static void retire(imp_t *e) {
     hm_pool_t *pool = e->pi->pool;
@@ -1647,6 +1690,7 @@ void hm__ipc_pool_destroy(hm_pool_t *pool) {
      * batch, then unmap them with no lock held. */
     enum { DESTROY_BATCH = 16 };
     size_t open_count = 0, n = 0, bucket = 0;
+    closing_t cl = {0};
     for (;;) {
         imp_t *batch[DESTROY_BATCH];
         /* The mapping of each, copied while the entry is still ours: once an
@@ -1683,10 +1727,11 @@ void hm__ipc_pool_destroy(hm_pool_t *pool) {
         }
         hm__mutex_unlock(&gc.lock);
         for (size_t i = 0; i < k; i++) {
-            close_mapping(pool, local[i], size[i]);
+            closing_add(&cl, pool, local[i], size[i]);
             if (mine[i]) imp_free(batch[i]);
         }
     }
+    closing_finish(&cl, pool);
     if (open_count)
         HM_LOG_WARN("pool '%s' destroyed with %zu IPC mappings still open (of %zu cached); "
                     "closed them", pool->ops.name, open_count, n);

@@ -7,9 +7,12 @@
 #include "ipc_proto.h"
 
 #include <hetmem/hetmem.h>
+
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 static hm_pool_t *pools[PEER_POOLS];
@@ -111,6 +114,13 @@ int main(int argc, char **argv) {
             /* every pointer opened through it is gone from the tracker */
             for (int s = 0; s < PEER_SLOTS; s++)
                 if (slots[s] && !hm_pool_by_ptr(slots[s])) {
+                    /* and unmapped: mincore fails with ENOMEM */
+                    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+                    unsigned char vec;
+                    errno = 0;
+                    if (mincore((void *)((uintptr_t)slots[s] & ~(pg - 1)), 1, &vec) == -1 &&
+                        errno == ENOMEM)
+                        rep.v[1]++;
                     slots[s] = NULL;
                     rep.v[0]++;
                 }

@@ -133,6 +133,7 @@ static void destroy_consumer_pool(peer_t *pe, hm_pool_t *pool) {
     peer_reply_t d = peer_cmd(pe, PEER_DESTROY, 1, 0, 0, 0, 0);
     CHECK_OK(d.result);
     CHECK_EQ(d.v[0], 3); /* exactly its three mappings left the tracker */
+    CHECK_EQ(d.v[1], 3); /* and are unmapped */
     peer_reply_t s1 = peer_cmd(pe, PEER_STATS, 0, 0, 0, 0, 0);
     CHECK_EQ(s0.v[0] - s1.v[0], 3);
     CHECK_EQ(s1.v[2], 1);

@@ -521,6 +521,42 @@ static void test_ipc(void) {
     CHECK_OK(hm_provider_free(p, x, page));
     CHECK_OK(hm_provider_free(p, x + page, page));
 
+    /* close_many: several opened mappings at once (adjacent ones unmapped
+     * together), a pointer that is not an opened mapping is refused with
+     * the others still closed. */
+    {
+        enum { M = 12 };
+        REQUIRE(ops->ipc.close_many);
+        void *open_at[M + 1];
+        size_t sizes[M + 1];
+        REQUIRE_OK(hm_provider_alloc(p, 4 * page, 0, (void **)&x));
+        memset(x, 0x3c, 4 * page);
+        REQUIRE_OK(ops->ipc.get(st, x, 4 * page, payload, &fd));
+        for (int i = 0; i < M; i++) {
+            mine = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+            REQUIRE(mine >= 0);
+            sizes[i] = (size_t)(i % 4 + 1) * page;
+            REQUIRE_OK(ops->ipc.open(ist, payload, mine, sizes[i], &open_at[i]));
+            close(mine);
+            CHECK(((char *)open_at[i])[sizes[i] - 1] == 0x3c);
+            ((char *)open_at[i])[0] = (char)i; /* written: unmapping must flush */
+        }
+        open_at[M] = x; /* the exporter's own allocation: not an opened mapping */
+        sizes[M] = 4 * page;
+        CHECK_RES(ops->ipc.close_many(ist, open_at, sizes, M + 1), HM_ERROR_INVALID_ARGUMENT);
+        unsigned char vec[4];
+        for (int i = 0; i < M; i++) { /* gone: mincore fails with ENOMEM */
+            errno = 0;
+            CHECK_MSG(mincore(open_at[i], page, vec) == -1 && errno == ENOMEM,
+                      "mapping %d at %p still mapped after close_many", i, open_at[i]);
+        }
+        CHECK(x[0] == (char)(M - 1) && x[4 * page - 1] == 0x3c); /* the exporter's is intact */
+        CHECK_RES(ops->ipc.close(ist, open_at[0], sizes[0]), HM_ERROR_INVALID_ARGUMENT);
+        CHECK_OK(ops->ipc.close_many(ist, open_at, sizes, 0));
+        CHECK_OK(ops->ipc.put(st, payload));
+        CHECK_OK(hm_provider_free(p, x, 4 * page));
+    }
+
     /* An importer destroyed with a mapping still open unmaps it. */
     REQUIRE_OK(hm_provider_alloc(p, page, 0, (void **)&x));
     REQUIRE_OK(ops->ipc.get(st, x, page, payload, &fd));

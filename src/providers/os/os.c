@@ -1019,6 +1019,54 @@ static hm_result_t os_ipc_close(void *state, void *ptr, size_t size) {
     return hm__prim_unmap(ptr, len);
 }
 
+static int cmp_range(const void *a, const void *b) {
+    uintptr_t x = ((const uintptr_t *)a)[0], y = ((const uintptr_t *)b)[0];
+    return (x > y) - (x < y);
+}
+
+/* Each munmap of a written shared mapping sends a TLB-shootdown interrupt to
+ * every other CPU running this process; unmapping each run of adjacent
+ * mappings at once sends one per run (mmap places consecutive mappings next
+ * to each other, so a pool's imports are mostly runs). */
+static hm_result_t os_ipc_close_many(void *state, void *const *ptrs, const size_t *sizes,
+                                     size_t n) {
+    os_provider_t *s = state;
+    hm_result_t res = HM_SUCCESS;
+    uintptr_t(*run)[2] = n && !in_forked_child(s) ? malloc(n * sizeof(*run)) : NULL;
+    if (!run) { /* one by one */
+        for (size_t i = 0; i < n; i++) {
+            hm_result_t r = os_ipc_close(state, ptrs[i], sizes[i]);
+            if (res == HM_SUCCESS) res = r;
+        }
+        return res;
+    }
+    size_t k = 0;
+    hm__mutex_lock(&s->lock);
+    for (size_t i = 0; i < n; i++) {
+        os_mapping_t *m = ptrs[i] ? map_find(s, (uintptr_t)ptrs[i]) : NULL;
+        if (!m || !m->imported) {
+            HM_LOG_ERROR("os provider: ipc close(%p): not opened through this provider", ptrs[i]);
+            res = HM_ERROR_INVALID_ARGUMENT;
+            continue;
+        }
+        run[k][0] = m->addr;
+        run[k++][1] = m->len;
+        map_remove(s, m);
+    }
+    hm__mutex_unlock(&s->lock);
+    qsort(run, k, sizeof(*run), cmp_range);
+    for (size_t i = 0; i < k;) {
+        uintptr_t end = run[i][0] + run[i][1];
+        size_t j = i + 1;
+        while (j < k && run[j][0] == end) end += run[j++][1];
+        hm_result_t r = hm__prim_unmap((void *)run[i][0], end - run[i][0]);
+        if (res == HM_SUCCESS) res = r;
+        i = j;
+    }
+    free(run);
+    return res;
+}
+
 /* ---------------------------------------------------------------------- */
 
 static const hm_provider_ops_t os_ops = {
@@ -1040,6 +1088,7 @@ static const hm_provider_ops_t os_ops = {
             .put = os_ipc_put,
             .open = os_ipc_open,
             .close = os_ipc_close,
+            .close_many = os_ipc_close_many,
         },
 };
 
