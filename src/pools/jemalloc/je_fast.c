@@ -387,14 +387,14 @@ __attribute__((visibility("hidden"))) hm_result_t hm__je_fast_alloc(void *state,
         const hm_je_tp_entry_t *b = HM_JE_TP_ENTRY(key, tp);
         if (unlikely(atomic_load_explicit(&b->tp, memory_order_relaxed) != tp))
             return alloc_tl(state, size, alignment, ptr);
-#else
-        (void)key;
-        return alloc_tl(state, size, alignment, ptr);
-#endif
         tcache_t *tcache = b->tcache;
         if (likely(tcache != NULL) && likely(alloc_small(tcache, size, ptr)))
             return HM_SUCCESS;
         return hm__je_alloc_slow(state, size, 0, ptr); /* 0 and 1: the same */
+#else
+        (void)key;
+        return alloc_tl(state, size, alignment, ptr);
+#endif
     }
     return hm__je_alloc_slow(state, size, alignment, ptr);
 }
