@@ -45,6 +45,8 @@ hm_result_t hm_pool_create(const hm_pool_ops_t *ops, hm_provider_t *provider, co
     pool->flags = flags;
     pool->tracked = !(flags & HM_POOL_FLAG_NO_TRACKING);
     pool->check_owner = pool->tracked && !(ops->flags & HM_POOL_OPS_VALIDATES_POINTERS);
+    pool->malloc_fast = ops->malloc_fast;
+    atomic_init(&pool->free_fast, pool->check_owner ? NULL : ops->free);
     pool->cpu_accessible = hm_provider_cpu_accessible(provider);
     hm__tracker_index_init(&pool->index);
     hm_result_t r = ops->init(pool, params, &pool->state);
@@ -122,7 +124,7 @@ static HM_NOINLINE __attribute__((cold)) void *fail_errno(hm_result_t r) {
     return NULL;
 }
 
-void *hm_pool_malloc(hm_pool_t *pool, size_t size) {
+static HM_NOINLINE void *malloc_checked(hm_pool_t *pool, size_t size) {
     if (hm_unlikely(!pool || !size)) {
         if (!pool) HM_LOG_ERROR("hm_pool_malloc: pool is NULL");
         return fail_errno(HM_ERROR_INVALID_ARGUMENT);
@@ -131,6 +133,14 @@ void *hm_pool_malloc(hm_pool_t *pool, size_t size) {
     hm_result_t r = pool->alloc(pool->state, size, 0, &p);
     if (hm_unlikely(r != HM_SUCCESS)) return fail_errno(r);
     return p;
+}
+
+void *hm_pool_malloc(hm_pool_t *pool, size_t size) {
+    if (hm_likely(pool && size)) {
+        void *(*m)(void *, size_t) = pool->malloc_fast;
+        if (hm_likely(m != NULL)) return m(pool->state, size); /* a tail call */
+    }
+    return malloc_checked(pool, size);
 }
 
 void *hm_pool_aligned_malloc(hm_pool_t *pool, size_t size, size_t alignment) {
@@ -238,9 +248,11 @@ static HM_NOINLINE hm_result_t free_checked(hm_pool_t *pool, void *ptr) {
 hm_result_t hm_pool_free(hm_pool_t *pool, void *ptr) {
     /* Fast: the pool checks pointers itself (or is untracked) and holds no
      * IPC mapping that ptr could be. */
-    if (hm_likely(pool && ptr && !pool->check_owner &&
-                  !atomic_load_explicit(&pool->ipc, memory_order_relaxed)))
-        return pool->free(pool->state, ptr);
+    if (hm_likely(pool && ptr)) {
+        hm_result_t (*f)(void *, void *) =
+            atomic_load_explicit(&pool->free_fast, memory_order_relaxed);
+        if (hm_likely(f != NULL)) return f(pool->state, ptr); /* a tail call */
+    }
     return free_checked(pool, ptr);
 }
 

@@ -68,6 +68,12 @@ typedef struct hm_pool_ops {
     hm_result_t (*realloc)(void *state, void *ptr, size_t size, void **out);
     hm_result_t (*trim)(void *state);
     hm_result_t (*get_stats)(void *state, hm_pool_stats_t *stats);
+    /* Optional: alloc(state, size, 0, &p) returning p itself, or NULL with
+     * errno set as hm_pool_malloc() documents (ENOMEM, EINVAL, ...) and the
+     * failure logged as alloc would. hm_pool_malloc() then tail-calls it:
+     * no result code, out-parameter or stack frame between the caller and
+     * the pool. size > 0. */
+    void *(*malloc_fast)(void *state, size_t size);
 
     /* HM_POOL_OPS_* bits. */
     uint32_t flags;

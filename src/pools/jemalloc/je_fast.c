@@ -399,6 +399,21 @@ __attribute__((visibility("hidden"))) hm_result_t hm__je_fast_alloc(void *state,
     return hm__je_alloc_slow(state, size, alignment, ptr);
 }
 
+__attribute__((visibility("hidden"))) void *hm__je_fast_malloc(void *state, size_t size) {
+#if HM_JE_HAVE_TP
+    const hm_je_key_t *key = state;
+    if (likely(size - 1 < SC_LOOKUP_MAXCLASS)) {
+        uintptr_t tp = hm_je_thread_tp();
+        const hm_je_tp_entry_t *b = HM_JE_TP_ENTRY(key, tp);
+        void *p;
+        if (likely(atomic_load_explicit(&b->tp, memory_order_relaxed) == tp) &&
+            likely(b->tcache != NULL) && likely(alloc_small(b->tcache, size, &p)))
+            return p;
+    }
+#endif
+    return hm__je_malloc_slow(state, size);
+}
+
 /* hm__je_fast_free when anything is not the common case: the whole check
  * (large blocks, a thread without jemalloc data, lookup-cache misses), then
  * jemalloc's general path or the refusal. */

@@ -146,6 +146,11 @@ hm_je_tl_table_t **hm__je_fast_tl(void);
  * aligned) a tail call to hm__je_alloc_slow. */
 hm_result_t hm__je_fast_alloc(void *state, size_t size, size_t alignment, void **ptr);
 
+/* The pool's malloc_fast op: the same small-block path as
+ * hm__je_fast_alloc returning the block, everything else through
+ * hm__je_malloc_slow (NULL and errno on failure). */
+void *hm__je_fast_malloc(void *state, size_t size);
+
 /* The pool's free op: refuses (tail call to hm__je_refuse) unless ptr is a
  * live block of the pool's arena; frees small blocks into this thread's
  * tcache of the pool, anything else through hm__je_free_slow. */
@@ -154,6 +159,7 @@ hm_result_t hm__je_fast_free(void *state, void *ptr);
 /* The slow paths, in jemalloc.c. */
 hm_result_t hm__je_alloc_slow(void *state, size_t size, size_t alignment, void **ptr);
 hm_result_t hm__je_free_slow(void *state, void *ptr);
+void *hm__je_malloc_slow(void *state, size_t size);
 hm_result_t hm__je_refuse(void *state, const void *ptr, const char *what);
 
 /* Set e->tcache from jemalloc's table of explicit tcaches (after the tcache

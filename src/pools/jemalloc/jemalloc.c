@@ -865,6 +865,18 @@ static hm_result_t jp_get_stats(void *state, hm_pool_stats_t *stats) {
     return HM_SUCCESS;
 }
 
+/* hm__je_fast_malloc off its fast path: hm__je_fast_alloc decides, its
+ * result becomes errno. */
+void *hm__je_malloc_slow(void *state, size_t size) {
+    void *p;
+    hm_result_t r = hm__je_fast_alloc(state, size, 0, &p);
+    if (hm_unlikely(r != HM_SUCCESS)) {
+        errno = hm__result_errno(r);
+        return NULL;
+    }
+    return p;
+}
+
 static const hm_pool_ops_t jemalloc_ops = {
     .version = HM_POOL_OPS_VERSION,
     .name = "jemalloc",
@@ -872,6 +884,7 @@ static const hm_pool_ops_t jemalloc_ops = {
     .fini = jp_fini,
     .alloc = hm__je_fast_alloc,
     .free = hm__je_fast_free,
+    .malloc_fast = hm__je_fast_malloc,
     .usable_size = jp_usable_size,
     .calloc = jp_calloc,
     .realloc = jp_realloc,
