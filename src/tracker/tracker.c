@@ -39,6 +39,7 @@
  */
 #include "tracker/tracker.h"
 
+#include "platform/prim.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -52,6 +53,9 @@
  * they cost ~21 ns of a ~25 ns lookup; inline, 3-5 ns. Nothing else of the
  * static header is used (no _LGPL_SOURCE). */
 #include <urcu/static/urcu-bp.h>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
 
 /* ---- ThreadSanitizer and RCU -------------------------------------------
  * TSan does not see the ordering that urcu's grace period provides (it lives
@@ -396,15 +400,35 @@ static void free_subtree(uintptr_t v) {
     }
 }
 
-/* Create the root on first use. calloc, not a private mmap: glibc serves
- * a 2 MiB calloc with a fresh mapping whose untouched pages cost no RSS
- * either, and leak checkers (LSan) scan heap blocks but not our own
- * mappings, so nodes reachable from the root are not reported as leaked
- * when a program exits with live pools. */
+/* The root (2 MiB) is a private mapping of its own: zero pages that cost
+ * RSS only where a slot is written, whatever malloc the process runs on (a
+ * 2 MiB calloc is a fresh mapping in glibc, but tcmalloc and mimalloc touch
+ * it all). LeakSanitizer scans heap blocks, not our mappings: it is told
+ * to scan this one, so nodes reachable from the root are not reported as
+ * leaked when a program exits with live pools. */
+static root_t *root_map(void) {
+    void *p;
+    if (hm__prim_map(sizeof(root_t), 0, HM_PRIM_PROT_READ | HM_PRIM_PROT_WRITE,
+                     HM_PRIM_MAP_NORESERVE, -1, 0, &p) != HM_SUCCESS)
+        return NULL;
+#if defined(__SANITIZE_ADDRESS__)
+    __lsan_register_root_region(p, sizeof(root_t));
+#endif
+    return p;
+}
+
+static void root_unmap(root_t *r) {
+#if defined(__SANITIZE_ADDRESS__)
+    __lsan_unregister_root_region(r, sizeof(root_t));
+#endif
+    (void)hm__prim_unmap(r, sizeof(root_t));
+}
+
+/* Create the root on first use. */
 static root_t *root_get(void) {
     root_t *r = atomic_load_explicit(&g_root, memory_order_acquire);
     if (hm_likely(r)) return r;
-    root_t *p = calloc(1, sizeof(root_t));
+    root_t *p = root_map();
     if (!p) {
         HM_LOG_ERROR("tracker: cannot allocate the root table (%zu bytes)", sizeof(root_t));
         return NULL;
@@ -412,7 +436,7 @@ static root_t *root_get(void) {
     root_t *expected = NULL;
     if (!atomic_compare_exchange_strong_explicit(&g_root, &expected, p, memory_order_acq_rel,
                                                  memory_order_acquire)) {
-        free(p);
+        root_unmap(p);
         return expected;
     }
     return p;
@@ -1273,7 +1297,7 @@ void hm__tracker_fini(void) {
     hm__tracker_flush();
     if (root) {
         root_scan(root, free_one_root_slot);
-        free(root);
+        root_unmap(root);
     }
 }
 

@@ -68,6 +68,8 @@
  * under orphan_lock, may take nv->lock, large_lock and depot_lock. */
 #include "pools/native/native_internal.h"
 
+#include "platform/prim.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -297,13 +299,29 @@ hm_result_t hm_native_params_set_remote_batch(hm_native_params_t *params, unsign
 /* ------------------------------------------------------------------------ */
 /* Page map: address >> shift -> slab descriptor                            */
 
+/* Page-map tables (root and leaves, 512 KiB each with 64 KiB slabs) come
+ * straight from mmap: zero pages that the kernel backs only where a slot is
+ * written, whatever malloc the process runs on (tcmalloc, for one, memsets
+ * a large calloc: 1 MiB of RSS per pool before any allocation). */
+static void *map_table(size_t n) {
+    void *p;
+    return hm__prim_map(n * sizeof(uintptr_t), 0, HM_PRIM_PROT_READ | HM_PRIM_PROT_WRITE,
+                        HM_PRIM_MAP_NORESERVE, -1, 0, &p) == HM_SUCCESS
+               ? p
+               : NULL;
+}
+
+static void map_table_free(void *t, size_t n) {
+    if (t) (void)hm__prim_unmap(t, n * sizeof(uintptr_t));
+}
+
 static hm_result_t map_init(nv_pool_t *nv) {
     unsigned bits = NV_ADDR_BITS - nv->shift;
     nv->leaf_bits = bits / 2;
     nv->root_shift = nv->shift + nv->leaf_bits;
     nv->leaf_mask = ((size_t)1 << nv->leaf_bits) - 1;
     nv->root_len = (size_t)1 << (bits - nv->leaf_bits);
-    nv->root = calloc(nv->root_len, sizeof(*nv->root));
+    nv->root = map_table(nv->root_len);
     atomic_init(&nv->hint_leaf, NULL);
     atomic_init(&nv->hint_first, (size_t)1 << 63);
     nv->leaf_len = (size_t)1 << nv->leaf_bits;
@@ -313,8 +331,9 @@ static hm_result_t map_init(nv_pool_t *nv) {
 static void map_fini(nv_pool_t *nv) {
     if (!nv->root) return;
     for (size_t i = 0; i < nv->root_len; i++)
-        free((void *)atomic_load_explicit(&nv->root[i], memory_order_relaxed));
-    free(nv->root);
+        map_table_free((void *)atomic_load_explicit(&nv->root[i], memory_order_relaxed),
+                       nv->leaf_len);
+    map_table_free((void *)nv->root, nv->root_len);
 }
 
 /* Point every unit of [base, base+span) at s (NULL to clear). 0: out of
@@ -327,7 +346,7 @@ static int map_set(nv_pool_t *nv, uintptr_t base, size_t span, nv_slab_t *s) {
             (_Atomic uintptr_t *)atomic_load_explicit(&nv->root[ri], memory_order_acquire);
         if (!leaf) {
             if (!s) continue;
-            _Atomic uintptr_t *fresh = calloc(leaf_len, sizeof(*fresh));
+            _Atomic uintptr_t *fresh = map_table(leaf_len);
             if (!fresh) return 0;
             uintptr_t expect = 0;
             if (atomic_compare_exchange_strong_explicit(&nv->root[ri], &expect, (uintptr_t)fresh,
@@ -345,7 +364,7 @@ static int map_set(nv_pool_t *nv, uintptr_t base, size_t span, nv_slab_t *s) {
                                               memory_order_release);
                 }
             } else {
-                free(fresh);
+                map_table_free(fresh, leaf_len);
                 leaf = (_Atomic uintptr_t *)expect;
             }
         }
