@@ -67,6 +67,10 @@ hm_result_t hm__native_error(int64_t code, const char *fmt, ...) HM_PRINTF(2, 3)
 hm_result_t hm__errno_result(int err, const char *fmt, ...) HM_PRINTF(2, 3);
 /* errno value for a result (malloc-style entry points). */
 int hm__result_errno(hm_result_t r);
+/* alloc(state, size, 0, &p) malloc-style: p, or NULL with errno set from
+ * the result (pool.c; the slow path of the pools' malloc_fast ops). */
+void *hm__malloc_via(hm_result_t (*alloc)(void *state, size_t size, size_t alignment, void **ptr),
+                     void *state, size_t size);
 
 /* Broken invariant or failed mutex operation: print file:line and abort. */
 _Noreturn void hm__die(const char *file, int line, const char *fmt, ...) HM_PRINTF(3, 4);

@@ -124,15 +124,20 @@ static HM_NOINLINE __attribute__((cold)) void *fail_errno(hm_result_t r) {
     return NULL;
 }
 
+void *hm__malloc_via(hm_result_t (*alloc)(void *state, size_t size, size_t alignment, void **ptr),
+                     void *state, size_t size) {
+    void *p;
+    hm_result_t r = alloc(state, size, 0, &p);
+    if (hm_unlikely(r != HM_SUCCESS)) return fail_errno(r);
+    return p;
+}
+
 static HM_NOINLINE void *malloc_checked(hm_pool_t *pool, size_t size) {
     if (hm_unlikely(!pool || !size)) {
         if (!pool) HM_LOG_ERROR("hm_pool_malloc: pool is NULL");
         return fail_errno(HM_ERROR_INVALID_ARGUMENT);
     }
-    void *p;
-    hm_result_t r = pool->alloc(pool->state, size, 0, &p);
-    if (hm_unlikely(r != HM_SUCCESS)) return fail_errno(r);
-    return p;
+    return hm__malloc_via(pool->alloc, pool->state, size);
 }
 
 void *hm_pool_malloc(hm_pool_t *pool, size_t size) {

@@ -865,16 +865,9 @@ static hm_result_t jp_get_stats(void *state, hm_pool_stats_t *stats) {
     return HM_SUCCESS;
 }
 
-/* hm__je_fast_malloc off its fast path: hm__je_fast_alloc decides, its
- * result becomes errno. */
+/* hm__je_fast_malloc off its fast path: hm__je_fast_alloc decides. */
 void *hm__je_malloc_slow(void *state, size_t size) {
-    void *p;
-    hm_result_t r = hm__je_fast_alloc(state, size, 0, &p);
-    if (hm_unlikely(r != HM_SUCCESS)) {
-        errno = hm__result_errno(r);
-        return NULL;
-    }
-    return p;
+    return hm__malloc_via(hm__je_fast_alloc, state, size);
 }
 
 static const hm_pool_ops_t jemalloc_ops = {

@@ -1641,22 +1641,12 @@ void *hm__native_malloc(void *state, size_t size, int *guard, void *(*other)(siz
 
 /* The malloc_fast op (hm_pool_malloc tail-calls it): alloc_fast, else
  * nv_alloc with its result as errno. */
-static HM_NOINLINE void *nv_malloc_slow(void *state, size_t size) {
-    void *q;
-    hm_result_t r = nv_alloc(state, size, 0, &q);
-    if (hm_unlikely(r != HM_SUCCESS)) {
-        errno = hm__result_errno(r);
-        return NULL;
-    }
-    return q;
-}
-
 static void *nv_malloc_fast(void *state, size_t size) {
     nv_heap_t *h;
     unsigned c;
     uintptr_t p = alloc_fast(state, size, &h, &c);
     if (hm_likely(p)) return (void *)p;
-    return nv_malloc_slow(state, size);
+    return hm__malloc_via(nv_alloc, state, size);
 }
 
 hm_result_t hm__native_free(void *state, void *p, hm_result_t (*other)(void *)) {
