@@ -459,16 +459,18 @@ static void ipc_atfork_prepare(void) {
     hm__mutex_lock(&view_arena.lock);
     hm__ipc_pidfd_cache_atfork(0);
 }
-static void ipc_atfork_parent(void) {
-    hm__ipc_pidfd_cache_atfork(1);
+/* Release what prepare took, in reverse (phase: 1 parent, 2 child). */
+static void ipc_atfork_release(int phase) {
+    hm__ipc_pidfd_cache_atfork(phase);
     hm__mutex_unlock(&view_arena.lock);
     hm__mutex_unlock(&imp_arena.lock);
-    hm__file_holds_atfork(1);
+    hm__file_holds_atfork(phase);
     hm__mutex_unlock(&gx.lock);
     hm__mutex_unlock(&gc.lock);
     for (hm_ipc_pool_t *pi = pilist; pi; pi = pi->gnext) hm__mutex_unlock(&pi->lock);
     hm__mutex_unlock(&pilist_lock);
 }
+static void ipc_atfork_parent(void) { ipc_atfork_release(1); }
 static void xent_free(xent_t *x);
 static void ipc_atfork_child(void) {
     /* The export cache names the parent: drop it (no provider put: the
@@ -497,14 +499,7 @@ static void ipc_atfork_child(void) {
      * holds them (unlocked, not re-made: a re-made locked mutex is still
      * "locked" to ThreadSanitizer). ident_lock was not taken in prepare: a
      * thread that does not exist in the child may have held it. */
-    hm__ipc_pidfd_cache_atfork(2);
-    hm__mutex_unlock(&view_arena.lock);
-    hm__mutex_unlock(&imp_arena.lock);
-    hm__file_holds_atfork(2);
-    hm__mutex_unlock(&gx.lock);
-    hm__mutex_unlock(&gc.lock);
-    for (hm_ipc_pool_t *pi = pilist; pi; pi = pi->gnext) hm__mutex_unlock(&pi->lock);
-    hm__mutex_unlock(&pilist_lock);
+    ipc_atfork_release(2);
     pthread_mutex_init(&ident_lock, NULL);
 }
 
