@@ -2,7 +2,8 @@
  * private, shared, untracked, PROT_NONE; fixed host and device-kind (a
  * PROT_NONE buffer); fault-wrapped OS), and the pool's own contract: params,
  * refused providers, memory the CPU cannot touch, statistics and trim,
- * refusal of foreign, interior and other pools' pointers,
+ * refusal of foreign, interior and other pools' pointers, region starts of
+ * every small class (every region of whole slabs accepted),
  * thousands of create/destroy cycles (arena reuse), thread-exit tcache
  * clean-up, provider failures, fork.
  * Usage: test_jemalloc_pool [os-private|os-shared|os-untracked|os-prot-none|
@@ -502,6 +503,46 @@ static void test_foreign_pointers(void) {
     CHECK_OK(hm_pool_destroy(a));
 }
 
+static int cmp_ptr(const void *x, const void *y) {
+    uintptr_t a = (uintptr_t) * (void *const *)x, b = (uintptr_t) * (void *const *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* Every small class, on a fresh pool: blocks enough for several slabs
+ * (every region index of a slab, up to the last; the blocks, sorted, must
+ * come mostly back to back) are each accepted as what they are by the
+ * region test (usable size, then the free path). (jemalloc 5.3.0's slabs
+ * hold a whole number of regions, sc.c's slab_size, so a slab has no tail
+ * past its last region to test.) */
+static void test_region_starts(void) {
+    hm_test_set_context("region starts");
+    for (size_t s = 8; s <= 14 * KIB;) {
+        hm_pool_t *pool = os_pool(NULL, 0, RW);
+        void *first = hm_pool_malloc(pool, s);
+        REQUIRE(first);
+        size_t us = hm_pool_malloc_usable_size(pool, first);
+        REQUIRE(us >= s);
+        size_t n = 3 * 64 * KIB / us + 16;
+        if (n > 8192) n = 8192;
+        void **p = malloc(n * sizeof(*p));
+        REQUIRE(p);
+        p[0] = first;
+        for (size_t i = 1; i < n; i++) REQUIRE((p[i] = hm_pool_malloc(pool, us)));
+        qsort(p, n, sizeof(*p), cmp_ptr);
+        size_t bad = 0, runs = 0;
+        for (size_t i = 0; i < n; i++) bad += hm_pool_malloc_usable_size(pool, p[i]) != us;
+        CHECK_MSG(bad == 0, "class %zu: %zu of %zu live blocks not accepted", us, bad, n);
+        for (size_t i = 0; i < n; i++)
+            if (i + 1 == n || (uintptr_t)p[i + 1] - (uintptr_t)p[i] != us) runs++;
+        CHECK_MSG(runs < n / 2, "class %zu: %zu runs in %zu blocks (no slab filled?)", us, runs,
+                  n);
+        for (size_t i = 0; i < n; i++) CHECK_OK(hm_pool_free(pool, p[i]));
+        free(p);
+        CHECK_OK(hm_pool_destroy(pool));
+        s = us + 1;
+    }
+}
+
 /* Provider failures: allocation fails cleanly, the pool recovers. */
 static void test_faults(void) {
     hm_test_set_context("provider failures");
@@ -727,6 +768,7 @@ int main(int argc, char **argv) {
         test_prot_none();
         test_stats_and_trim();
         test_foreign_pointers();
+        test_region_starts();
         test_faults();
     }
     if (PART("fork")) {

@@ -43,21 +43,17 @@
  *   (rtree_leaf_elm_lookup, rtree.h, on arena_emap_global, the map
  *   ivsalloc() uses), of one word per page: the extent descriptor's address,
  *   size class, slab bit and extent state (rtree_leaf_elm_bits_encode). The
- *   page must belong to an active extent of the arena (its descriptor lies in
- *   the arena's first metadata block, see hm__je_fast_key_init, or names the
- *   arena); on a slab, ptr must be the start of one of its regions (a
- *   multiple of the power-of-two part of the size, and for other than powers
- *   of two up to a page the region index by jemalloc's multiply-shift
- *   division, div_compute in div.h with arena_binind_div_info, as
- *   arena_slab_regind in arena_inlines_b.h does); a large block must start at
- *   ptr (edata_addr_get: jemalloc's cache-oblivious offset is part of the
+ *   page must belong to an active extent of the arena (the descriptor's own
+ *   bits, edata_t.e_bits in edata.h: arena index, slab bit and state, one
+ *   masked comparison with the key's slab_bits for a slab); on a slab, ptr
+ *   must be the start of one of its regions (region_start: one exact test,
+ *   no branch on the size class); a large block must start at ptr
+ *   (edata_addr_get: jemalloc's cache-oblivious offset is part of the
  *   extent's address). A pointer of another jemalloc pool, of malloc(),
  *   inside a block or into freed memory is refused. A block freed twice
  *   while it sits in a thread cache is not detected (jemalloc does not
- *   detect it either). The free fast path makes the slab case inline from
- *   the word alone (the descriptor is read only for sizes that need the
- *   division, or when it is outside the first metadata block) and hands
- *   everything else to the whole check (free_checked).
+ *   detect it either). The free fast path makes the slab case inline and
+ *   hands everything else to the whole check (free_checked).
  *
  * Thread data: the pool's table by thread pointer (hm_je_key_t.by_tp,
  * je_fast.h) gives the fast paths the thread's tcache and jemalloc's thread
@@ -122,6 +118,28 @@ JEMALLOC_ALWAYS_INLINE tcache_t *tcache_of(const hm_je_key_t *key, hm_je_tl_tabl
     return e->tcache;
 }
 
+/* ---- the cache that is never usable (hm_je_key_t.no_tcache) ----
+ * Every small bin is empty and full at once: its stack head is one word
+ * (never written, read by cache_bin_alloc_impl as it reads any empty bin's
+ * head) whose low address bits are also its low-water, empty and full marks
+ * (cache_bin.h). So cache_bin_alloc fails (low water, then empty) and
+ * cache_bin_dalloc_easy fails (full) without writing anything: the fast paths
+ * then take the slow path, as for a full or empty bin of a real tcache. Only
+ * the small bins (szind < SC_NBINS) are set: the fast paths use no other. */
+static tcache_t g_no_tcache;
+static void *g_no_tcache_word;
+
+static void no_tcache_init(void) {
+    uint16_t low = (uint16_t)(uintptr_t)&g_no_tcache_word;
+    for (szind_t i = 0; i < SC_NBINS; i++) {
+        cache_bin_t *bin = &g_no_tcache.bins[i];
+        bin->stack_head = &g_no_tcache_word;
+        bin->low_bits_low_water = low;
+        bin->low_bits_full = low;
+        bin->low_bits_empty = low;
+    }
+}
+
 __attribute__((visibility("hidden"))) void hm__je_fast_tcache_refresh(hm_je_key_t *key,
                                                                        hm_je_tl_entry_t *e) {
     e->tcache = NULL;
@@ -131,10 +149,10 @@ __attribute__((visibility("hidden"))) void hm__je_fast_tcache_refresh(hm_je_key_
         tcache_t *tc = tcaches[e->tc].tcache;
         if ((uintptr_t)tc > (uintptr_t)TCACHES_ELM_NEED_REINIT) e->tcache = tc;
     }
-    hm_je_tp_entry_t *b = hm_je_by_tp_mine(key);
-    if (b != NULL) {
-        b->tsd = tsd_get(false);
-        b->tcache = e->tcache;
+    int i = hm_je_by_tp_mine(key);
+    if (i >= 0) {
+        key->by_tp.tsd[i] = tsd_get(false);
+        key->by_tp.tcache[i] = e->tcache != NULL ? e->tcache : key->no_tcache;
     }
 }
 
@@ -147,146 +165,99 @@ __attribute__((visibility("hidden"))) void hm__je_fast_tcache_refresh(hm_je_key_
 #error "je_fast.c reads jemalloc's extent map as one word per page (RTREE_LEAF_COMPACT)"
 #endif
 
-/* Per small size class, what telling a region start needs (filled once from
- * jemalloc's bin_infos and arena_binind_div_info, which are fixed after
- * jemalloc boots):
- * - low: the low bits every region start has clear. A slab starts on a page,
- *   so a region start is a multiple of the largest power of two dividing the
- *   region size, capped at a page.
- * - fast: `low` where that already proves a region start (a power of two up
- *   to a page), else all ones (never passes: see region_start).
- * - magic: jemalloc's reciprocal of the region size (div_info_t.magic, div.h:
- *   n / size == (n * magic) >> 32 for every multiple n of size below 2^32),
- *   with nregs and size to check the quotient. */
-typedef struct cls_info {
-    uintptr_t sel;  /* ~0: the check needs the slab's start; 0: key's page */
-    uintptr_t zero; /* where sel is 0, &g_zero_word; else 0 */
-    uintptr_t page; /* where sel is 0, ~PAGE_MASK; else 0 */
-    uint64_t dmul;  /* ceil(2^64 / size): see region_start_nb */
-    uint32_t bound; /* offsets from the start that region_start_nb accepts are below */
-    uint32_t fast, size, magic;
-    uint16_t nregs, low;
-    uint32_t unused[3];
-} cls_info_t;
-_Static_assert(sizeof(cls_info_t) == 64, "one 64-byte entry per class");
-_Static_assert(PAGE - 1 <= UINT16_MAX && (PAGE >> SC_LG_TINY_MIN) <= UINT16_MAX,
-               "cls_info_t.low, nregs");
+/* ---- region starts ----
+ * A slab of size class i holds nregs regions of `size` bytes from the slab's
+ * start (edata_addr_get). ptr is the start of one iff d = ptr - start is
+ * k * size with k < nregs. With size = 2^t * o (o odd) and inv the inverse
+ * of o modulo 2^64, rotr(d * inv, t) (rotation of the 64-bit product) is k
+ * exactly when d = k * size, and otherwise at least 2^64 / size: a set bit
+ * among d's low t bits is a set bit among the product's low t bits (inv is
+ * odd), which the rotation moves to the top; for d = 2^t * m with o not
+ * dividing m, m * inv modulo 2^(64-t) runs over the values above
+ * (2^(64-t) - 1) / o, as multiplication by inv is a bijection that maps the
+ * multiples of o to their quotients (Granlund and Montgomery, "Division by
+ * invariant integers using multiplication", PLDI 1994, section 9; Warren,
+ * Hacker's Delight, 2nd ed., 10-17, which GCC uses for x % c == 0). So one
+ * test, rotr(d * inv, t) < nregs, proves a region start for every class and
+ * every d (a pointer before the slab's start, or far past it, wraps to a
+ * large d and fails), with no branch on the class (a random mix of classes
+ * mispredicts one). */
+typedef hm_je_cls_t cls_info_t;
+/* The same stride as the tcache's bins, so that the fast path forms both
+ * addresses from one szind * 3. */
+_Static_assert(sizeof(cls_info_t) == sizeof(cache_bin_t), "cls_info_t: one bin's stride");
+_Static_assert(SC_NBINS <= HM_JE_NCLS, "hm_je_key_t.cls");
+_Static_assert(SC_LOOKUP_MAXCLASS == HM_JE_LOOKUP_MAX && SC_LG_TINY_MIN == 3,
+               "hm_je_key_t.bin_of");
+_Static_assert(offsetof(tcache_t, bins) + HM_JE_NCLS * sizeof(cache_bin_t) <= UINT16_MAX,
+               "hm_je_key_t.bin_of");
 
-/* Never written: what region_start_nb reads instead of a slab's start. */
-static uintptr_t g_zero_word;
+static bool g_no_tcache_ready; /* set under the pool registry's lock (see je_fast.h) */
 
-static cls_info_t g_cls[SC_NBINS] __attribute__((aligned(64)));
+/* The inverse of an odd x modulo 2^64 by Newton's iteration (Warren, Hacker's
+ * Delight, 2nd ed., 10-16): x is its own inverse modulo 8 (3 bits), and each
+ * step doubles the correct low bits (6 steps: 192 >= 64). */
+static uint64_t inverse_odd(uint64_t x) {
+    uint64_t y = x;
+    for (int i = 0; i < 6; i++) y *= 2 - x * y;
+    return y;
+}
 
-static bool g_cls_ready; /* set under the pool registry's lock (see je_fast.h) */
-
-static void cls_init(void) {
+/* key->cls from jemalloc's bin_infos (fixed once jemalloc has booted). */
+static void cls_init(hm_je_key_t *key) {
+    memset(key->cls, 0, sizeof(key->cls));
     for (szind_t i = 0; i < SC_NBINS; i++) {
-        size_t size = bin_infos[i].reg_size;
-        size_t low = size & (0 - size); /* the largest power of two dividing size */
-        cls_info_t *c = &g_cls[i];
-        c->low = (uint16_t)((low < PAGE ? low : PAGE) - 1);
-        c->fast = (low == size && size <= PAGE) ? c->low : UINT32_MAX;
-        c->sel = c->fast == UINT32_MAX ? ~(uintptr_t)0 : 0;
-        c->zero = c->sel ? 0 : (uintptr_t)&g_zero_word;
-        c->page = c->sel ? 0 : ~(uintptr_t)PAGE_MASK;
-        c->dmul = UINT64_MAX / size + 1; /* ceil(2^64 / size), size >= 8 */
-        /* the regions proper (a slab may end in a few unused bytes) */
-        c->bound = c->sel ? (uint32_t)(bin_infos[i].nregs * size) : (uint32_t)PAGE;
-        c->magic = arena_binind_div_info[i].magic;
-        c->nregs = (uint16_t)bin_infos[i].nregs;
-        c->size = (uint32_t)size;
+        uint64_t size = bin_infos[i].reg_size;
+        unsigned t = (unsigned)__builtin_ctzll(size);
+        cls_info_t *c = &key->cls[i];
+        c->inv = inverse_odd(size >> t);
+        c->rot = t;
+        c->nregs = bin_infos[i].nregs;
     }
 }
 
-/* The arena's base (base.h: base_t, base_block_t; arena_structs.h:
- * arena_t.base) maps its metadata in blocks that live as long as the arena;
- * every extent descriptor (edata_t) of the arena comes from it (arena_new and
- * pa_shard_init give the arena's edata caches the arena's base; base.c:
- * base_alloc_edata), and only the arena's extents use them. The first block
- * (the oldest, last in the list) holds the arena itself and the first
- * thousands of descriptors: a descriptor inside it proves the arena without
- * reading the descriptor (a cache miss when blocks are freed at random over
- * many slabs). Others are checked by the descriptor's arena index. The key
- * keeps the block's bounds shifted as the extent-map word keeps a
- * descriptor's address (see leaf_meta_ok). */
+/* The extent descriptor bits that live_block compares (edata.h): the arena,
+ * the slab bit, the state. */
+#define EDATA_CHECK_MASK (EDATA_BITS_ARENA_MASK | EDATA_BITS_SLAB_MASK | EDATA_BITS_STATE_MASK)
+_Static_assert(EDATA_CHECK_MASK <= INT32_MAX, "one 32-bit immediate");
+
 __attribute__((visibility("hidden"))) void hm__je_fast_key_init(hm_je_key_t *key) {
-    if (!g_cls_ready) {
-        cls_init();
-        g_cls_ready = true;
+    if (!g_no_tcache_ready) {
+        no_tcache_init();
+        g_no_tcache_ready = true;
     }
-    key->meta_lo_sh = 0;
-    key->meta_size_sh = 0;
-    arena_t *arena = arena_get(TSDN_NULL, key->arena, false);
-    if (arena == NULL || arena->base == NULL) return;
-    base_block_t *b = arena->base->blocks;
-    if (b == NULL) return;
-    while (b->next != NULL) b = b->next;
-    key->meta_lo_sh = (uintptr_t)b << RTREE_NHIB;
-    key->meta_size_sh = (uintptr_t)b->size << RTREE_NHIB;
+    key->slab_bits = ((uint64_t)key->arena << EDATA_BITS_ARENA_SHIFT) | EDATA_BITS_SLAB_MASK |
+                     ((uint64_t)extent_state_active << EDATA_BITS_STATE_SHIFT);
+    key->no_tcache = &g_no_tcache;
+    for (unsigned i = 0; i < HM_JE_BY_TP; i++) key->by_tp.tcache[i] = &g_no_tcache;
+    cls_init(key);
+    for (size_t i = 0; i <= SC_LOOKUP_MAXCLASS >> SC_LG_TINY_MIN; i++)
+        key->bin_of[i] = (uint16_t)(offsetof(tcache_t, bins) +
+                                    sz_size2index_tab[i] * sizeof(cache_bin_t));
 }
 
-/* An extent-map word (rtree_leaf_elm_bits_encode, rtree.h: the descriptor's
- * address in the low LG_VADDR bits, 128-aligned, with slab, is_head and state
- * in its low 7 bits, the size class above): is its descriptor in the arena's
- * first metadata block? Shifted left by RTREE_NHIB, the word is the
- * descriptor's address times 2^16 plus the flags times 2^16, so with the
- * block's bounds shifted the same way one subtraction and one comparison
- * answer (the flags are below the 128-byte granularity of both). */
-JEMALLOC_ALWAYS_INLINE bool leaf_meta_ok(const hm_je_key_t *hk, uintptr_t bits) {
-    return (bits << RTREE_NHIB) - hk->meta_lo_sh < hk->meta_size_sh;
-}
-
-/* The descriptor of an extent-map word (rtree_leaf_elm_bits_decode). */
+/* The descriptor of an extent-map word (rtree_leaf_elm_bits_decode, for the
+ * user-space addresses the map holds: no sign extension). */
+#define LEAF_EDATA_MASK ((((uintptr_t)1 << LG_VADDR) - 1) & ~(uintptr_t)(EDATA_ALIGNMENT - 1))
 JEMALLOC_ALWAYS_INLINE edata_t *leaf_edata(uintptr_t bits) {
-    return rtree_leaf_elm_bits_decode(bits).edata;
+    return (edata_t *)(bits & LEAF_EDATA_MASK);
 }
 
-/* Does the descriptor of this word belong to the pool's arena? */
-JEMALLOC_ALWAYS_INLINE bool leaf_arena_ok(const hm_je_key_t *hk, uintptr_t bits) {
-    return leaf_meta_ok(hk, bits) || edata_arena_ind_get(leaf_edata(bits)) == hk->arena;
+/* The descriptor's bits, read while other threads may change them (the
+ * free count, under the bin's lock: not among the bits compared). */
+JEMALLOC_ALWAYS_INLINE uint64_t edata_bits_racy(const edata_t *edata) {
+    return __atomic_load_n(&edata->e_bits, __ATOMIC_RELAXED);
 }
 
-/* The word is an active slab's (state extent_state_active, which is 0, and
- * the slab bit). jemalloc writes a slab's descriptor and flags in one word,
- * so the descriptor is not NULL then. */
-#define LEAF_ACTIVE_SLAB(bits) (((bits) & (RTREE_LEAF_STATE_MASK | 1)) == 1)
-
-/* The region index by jemalloc's multiply-shift division, as
- * arena_slab_regind (arena_inlines_b.h) computes it. diff >= 2^32 (only from
- * a word read while another thread changed the extent) gives an index whose
- * multiple is below 2^32, so it is refused too. */
-JEMALLOC_ALWAYS_INLINE bool region_start_div(uintptr_t key, uintptr_t bits,
-                                             const cls_info_t *c) {
-    if ((key & c->low) != 0) return false;
-    size_t diff = key - (uintptr_t)edata_addr_get(leaf_edata(bits));
-    size_t reg = (size_t)(((uint64_t)diff * c->magic) >> 32);
-    return reg < c->nregs && reg * c->size == diff;
-}
-
-/* On an active slab of size class szind (< SC_NBINS for a slab), is key the
- * start of a region? One test for powers of two up to a page (their `fast`
- * mask); the others fail it and take the division. */
-JEMALLOC_ALWAYS_INLINE bool region_start(uintptr_t key, uintptr_t bits, const cls_info_t *c) {
-    if (likely((key & c->fast) == 0)) return true;
-    return region_start_div(key, bits, c);
-}
-
-/* region_start without a branch that depends on the size class (a free of
- * a random mix of classes would mispredict it about every other time): one
- * test for every class, from the slab's start for classes that need it (read
- * from the descriptor) and from key's page for powers of two up to a page
- * (whose regions tile every page of their slabs; the descriptor is not read,
- * the address to read chosen by the class's masks). The offset is a multiple
- * of the size iff offset * ceil(2^64 / size) mod 2^64 < ceil(2^64 / size), for
- * offsets below 2^32 (Lemire, Kaser, Kurz, "Faster remainder by direct
- * computation", Software: Practice and Experience 49(6), 2019, the
- * divisibility test); the bound (the slab's regions, or the page) keeps it there
- * and the region inside the slab. */
-JEMALLOC_ALWAYS_INLINE bool region_start_nb(uintptr_t key, uintptr_t bits, const cls_info_t *c) {
-    uintptr_t src = ((uintptr_t)&leaf_edata(bits)->e_addr & c->sel) | c->zero;
-    uintptr_t base = *(const uintptr_t *)src | (key & c->page);
-    uint64_t diff = key - base;
-    return (diff * c->dmul < c->dmul) & (diff < c->bound);
+/* Is key the start of a region of the slab `edata` of small class szind?
+ * (see "region starts") */
+JEMALLOC_ALWAYS_INLINE bool region_start(uintptr_t key, const edata_t *edata,
+                                         const cls_info_t *c) {
+    uint64_t d = key - (uintptr_t)edata_addr_get(edata);
+    uint64_t q = d * c->inv;
+    unsigned r = c->rot;
+    q = (q >> r) | (q << ((64 - r) & 63));
+    return q < c->nregs;
 }
 
 /* The extent-map word of key's page, through the thread's lookup cache (the
@@ -322,19 +293,24 @@ JEMALLOC_ALWAYS_INLINE int live_block(tsdn_t *tsdn, rtree_ctx_t *rtree_ctx,
     if (unlikely((key >> LG_VADDR) != 0)) return NOT_LIVE;
     uintptr_t bits;
     if (!leaf_read(tsdn, rtree_ctx, key, &bits)) return NOT_LIVE;
+    edata_t *edata = leaf_edata(bits);
+    if (edata == NULL) return NOT_LIVE;
     szind_t szind = (szind_t)(bits >> LG_VADDR);
-    if (likely(LEAF_ACTIVE_SLAB(bits))) {
-        if (unlikely(!leaf_arena_ok(hk, bits)) ||
-            unlikely(!region_start(key, bits, &g_cls[szind])))
+    uint64_t eb = edata_bits_racy(edata);
+    if (bits & 1) {
+        /* A slab (jemalloc writes descriptor, class and slab bit in one
+         * word: szind < SC_NBINS). */
+        if ((eb & EDATA_CHECK_MASK) != hk->slab_bits || szind >= SC_NBINS ||
+            !region_start(key, edata, &hk->cls[szind]))
             return NOT_LIVE;
         return (int)szind | LIVE_SLAB;
     }
     /* A large block (or nothing): an active extent of the arena that starts
      * at ptr (edata_addr_get: jemalloc's cache-oblivious offset is part of
      * the extent's address). */
-    edata_t *edata = leaf_edata(bits);
-    if ((bits & RTREE_LEAF_STATE_MASK) != 0 || edata == NULL || szind >= SC_NSIZES ||
-        !leaf_arena_ok(hk, bits) || key != (uintptr_t)edata_addr_get(edata))
+    if ((bits & RTREE_LEAF_STATE_MASK) != 0 || szind >= SC_NSIZES ||
+        (eb & EDATA_CHECK_MASK) != (hk->slab_bits & ~(uint64_t)EDATA_BITS_SLAB_MASK) ||
+        key != (uintptr_t)edata_addr_get(edata))
         return NOT_LIVE;
     return (int)szind;
 }
@@ -354,10 +330,13 @@ JEMALLOC_ALWAYS_INLINE int live_block_tsd(tsd_t *tsd, const hm_je_key_t *hk, con
     return live_block_notsd(hk, ptr);
 }
 
-/* A small block from the thread's tcache, or false (bin empty). */
-JEMALLOC_ALWAYS_INLINE bool alloc_small(tcache_t *tcache, size_t size, void **ptr) {
-    szind_t ind = sz_size2index_lookup(size);
-    cache_bin_t *bin = &tcache->bins[ind];
+/* A small block (size 1..SC_LOOKUP_MAXCLASS) from a tcache (the key's
+ * no_tcache included), or false (bin empty). The bin as
+ * &tcache->bins[sz_size2index_lookup(size)], from the key's copy. */
+JEMALLOC_ALWAYS_INLINE bool alloc_small(const hm_je_key_t *key, tcache_t *tcache, size_t size,
+                                        void **ptr) {
+    cache_bin_t *bin =
+        (cache_bin_t *)((char *)tcache + key->bin_of[(size + 7) >> SC_LG_TINY_MIN]);
     bool ok;
     void *ret = cache_bin_alloc_easy(bin, &ok);
     if (unlikely(!ok)) ret = cache_bin_alloc(bin, &ok);
@@ -372,9 +351,16 @@ JEMALLOC_ALWAYS_INLINE bool alloc_small(tcache_t *tcache, size_t size, void **pt
 static JEMALLOC_NOINLINE hm_result_t alloc_tl(void *state, size_t size, size_t alignment,
                                               void **ptr) {
     tcache_t *tcache = tcache_of(state, tl_table);
-    if (likely(tcache != NULL) && likely(alloc_small(tcache, size, ptr))) return HM_SUCCESS;
+    if (likely(tcache != NULL) && likely(alloc_small(state, tcache, size, ptr))) return HM_SUCCESS;
     return hm__je_alloc_slow(state, size, alignment, ptr);
 }
+
+/* The caller's by_tp slot i (the fast paths address each array with i
+ * scaled by 8) and whether it is the caller's own. */
+#define BY_TP_LOOKUP(key, own, i)                                                          \
+    uintptr_t tp_ = hm_je_thread_tp();                                                     \
+    size_t i = hm_je_tp_slot(tp_);                                                         \
+    bool own = atomic_load_explicit(&(key)->by_tp.tp[i], memory_order_relaxed) == tp_
 
 __attribute__((visibility("hidden"))) hm_result_t hm__je_fast_alloc(void *state, size_t size,
                                                                      size_t alignment,
@@ -383,13 +369,9 @@ __attribute__((visibility("hidden"))) hm_result_t hm__je_fast_alloc(void *state,
     /* alignment 0 or 1: natural; size 1..SC_LOOKUP_MAXCLASS in one test. */
     if (likely(alignment <= 1 && size - 1 < SC_LOOKUP_MAXCLASS)) {
 #if HM_JE_HAVE_TP
-        uintptr_t tp = hm_je_thread_tp();
-        const hm_je_tp_entry_t *b = HM_JE_TP_ENTRY(key, tp);
-        if (unlikely(atomic_load_explicit(&b->tp, memory_order_relaxed) != tp))
-            return alloc_tl(state, size, alignment, ptr);
-        tcache_t *tcache = b->tcache;
-        if (likely(tcache != NULL) && likely(alloc_small(tcache, size, ptr)))
-            return HM_SUCCESS;
+        BY_TP_LOOKUP(key, own, i);
+        if (unlikely(!own)) return alloc_tl(state, size, alignment, ptr);
+        if (likely(alloc_small(key, key->by_tp.tcache[i], size, ptr))) return HM_SUCCESS;
         return hm__je_alloc_slow(state, size, 0, ptr); /* 0 and 1: the same */
 #else
         (void)key;
@@ -403,12 +385,9 @@ __attribute__((visibility("hidden"))) void *hm__je_fast_malloc(void *state, size
 #if HM_JE_HAVE_TP
     const hm_je_key_t *key = state;
     if (likely(size - 1 < SC_LOOKUP_MAXCLASS)) {
-        uintptr_t tp = hm_je_thread_tp();
-        const hm_je_tp_entry_t *b = HM_JE_TP_ENTRY(key, tp);
+        BY_TP_LOOKUP(key, own, i);
         void *p;
-        if (likely(atomic_load_explicit(&b->tp, memory_order_relaxed) == tp) &&
-            likely(b->tcache != NULL) && likely(alloc_small(b->tcache, size, &p)))
-            return p;
+        if (likely(own) && likely(alloc_small(key, key->by_tp.tcache[i], size, &p))) return p;
     }
 #endif
     return hm__je_malloc_slow(state, size);
@@ -424,7 +403,8 @@ static JEMALLOC_NOINLINE hm_result_t free_checked(void *state, void *ptr) {
     return hm__je_free_slow(state, ptr);
 }
 
-/* hm__je_fast_free on the thread's tsd and tcache (NULL: none). */
+/* hm__je_fast_free on the thread's tsd and tcache (the key's no_tcache:
+ * none). */
 JEMALLOC_ALWAYS_INLINE hm_result_t free_body(void *state, void *ptr, tsd_t *tsd,
                                              tcache_t *tcache) {
     const hm_je_key_t *key = state;
@@ -439,32 +419,36 @@ JEMALLOC_ALWAYS_INLINE hm_result_t free_body(void *state, void *ptr, tsd_t *tsd,
     uintptr_t bits = rtree_leaf_elm_bits_read(
         tsd_tsdn(tsd), &arena_emap_global.rtree,
         &ctx->cache[slot].leaf[rtree_subkey(k, RTREE_HEIGHT - 1)], false);
-    if (unlikely(!LEAF_ACTIVE_SLAB(bits)) || unlikely(!leaf_meta_ok(key, bits)))
+    /* A slab (the descriptor is not NULL, szind < SC_NBINS) of the arena,
+     * active. */
+    if (unlikely(!(bits & 1))) return free_checked(state, ptr);
+    const edata_t *edata = leaf_edata(bits);
+    if (unlikely((edata_bits_racy(edata) & EDATA_CHECK_MASK) != key->slab_bits))
         return free_checked(state, ptr);
-    size_t szind = bits >> LG_VADDR;
-    /* &g_cls[szind] from the word in two operations (64-byte entries) */
-    const cls_info_t *c =
-        (const cls_info_t *)((const char *)g_cls + ((bits >> (LG_VADDR - 6)) & ~(uintptr_t)63));
-    if (unlikely(!region_start_nb(k, bits, c))) return hm__je_refuse(state, ptr, "free");
-    if (likely(tcache != NULL) && likely(cache_bin_dalloc_easy(&tcache->bins[szind], ptr)))
-        return HM_SUCCESS;
+    /* szind * 3 kept in a register (the empty asm): both tables have a
+     * 24-byte stride, so each entry is then one scaled-index address. */
+    size_t szind3 = (bits >> LG_VADDR) * 3;
+    __asm__("" : "+r"(szind3));
+    const cls_info_t *c = (const cls_info_t *)((const char *)key->cls + szind3 * 8);
+    cache_bin_t *bin = (cache_bin_t *)((char *)tcache->bins + szind3 * 8);
+    if (unlikely(!region_start(k, edata, c))) return hm__je_refuse(state, ptr, "free");
+    if (likely(cache_bin_dalloc_easy(bin, ptr))) return HM_SUCCESS;
     return hm__je_free_slow(state, ptr);
 }
 
 /* The fast path of a thread whose by_tp slot is not its own. */
 static JEMALLOC_NOINLINE hm_result_t free_tl(void *state, void *ptr) {
     tsd_t *tsd = tsd_once();
-    return free_body(state, ptr, tsd, tcache_of(state, tl_table));
+    tcache_t *tcache = tcache_of(state, tl_table);
+    return free_body(state, ptr, tsd, tcache != NULL ? tcache : &g_no_tcache);
 }
 
 __attribute__((visibility("hidden"))) hm_result_t hm__je_fast_free(void *state, void *ptr) {
 #if HM_JE_HAVE_TP
     const hm_je_key_t *key = state;
-    uintptr_t tp = hm_je_thread_tp();
-    const hm_je_tp_entry_t *b = HM_JE_TP_ENTRY(key, tp);
-    if (unlikely(atomic_load_explicit(&b->tp, memory_order_relaxed) != tp))
-        return free_tl(state, ptr);
-    return free_body(state, ptr, b->tsd, b->tcache);
+    BY_TP_LOOKUP(key, own, i);
+    if (unlikely(!own)) return free_tl(state, ptr);
+    return free_body(state, ptr, key->by_tp.tsd[i], key->by_tp.tcache[i]);
 #else
     return free_tl(state, ptr);
 #endif

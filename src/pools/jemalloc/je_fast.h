@@ -41,9 +41,11 @@ typedef struct hm_je_tl_table {
  * The fast paths find the calling thread's tcache of the pool and its
  * jemalloc thread data without a TLS access (the native pool's scheme,
  * src/pools/native/native.c): a small table in the pool, indexed by a hash of
- * the thread pointer (one instruction to read); an entry counts only if its
+ * the thread pointer (one instruction to read); a slot counts only if its
  * `tp` is the caller's. A thread whose slot another live thread holds uses
- * its per-thread table instead (one TLS-descriptor call more).
+ * its per-thread table instead (one TLS-descriptor call more). The table is
+ * three parallel arrays, so that the fast paths address a slot's fields with
+ * the hash scaled by 8 (no extra instruction to form an entry's address).
  *
  * | operation                         | who                  | how                    |
  * |-----------------------------------|----------------------|------------------------|
@@ -54,27 +56,31 @@ typedef struct hm_je_tl_table {
  * |                                   |                      | its own (its own data) |
  * | release (own -> 0)                | the owner at thread  | release store, under   |
  * |                                   | exit (g_lock)        | jemalloc.c's g_lock    |
- * | forget other threads' entries     | fork child (g_lock)  | relaxed stores         |
+ * | forget other threads' slots       | fork child (g_lock)  | relaxed stores         |
  *
  * So a thread only ever uses tcache/tsd values it wrote itself; the CAS and
- * the release store order one owner's writes before the next owner's. An
- * entry is released before its thread's thread pointer can be reused (the
+ * the release store order one owner's writes before the next owner's. A
+ * slot is released before its thread's thread pointer can be reused (the
  * pthread key destructor runs before the thread's control block is freed);
- * in a forked child, entries of the parent's other threads, whose control
+ * in a forked child, slots of the parent's other threads, whose control
  * blocks glibc reuses, are forgotten. The table lives and dies with the pool
- * (no thread may use a pool being destroyed). */
+ * (no thread may use a pool being destroyed).
+ *
+ * `tcache` is never NULL: a slot without a usable tcache holds the key's
+ * `no_tcache`, a cache whose small bins are all empty and all full at once
+ * (je_fast.c), so the fast paths need no test of their own for it: the pop
+ * and the push fail and the slow path runs. */
 #define HM_JE_BY_TP_BITS 6
 #define HM_JE_BY_TP (1u << HM_JE_BY_TP_BITS)
 
-typedef struct hm_je_tp_entry {
-    _Atomic uintptr_t tp; /* the owner's thread pointer; 0 = free */
-    void *tcache;         /* the owner's tcache_t of the pool, or NULL: slow path */
-    void *tsd;            /* the owner's jemalloc tsd_t (valid while owned) */
-    void *unused;
-} hm_je_tp_entry_t;
+typedef struct hm_je_by_tp {
+    _Atomic uintptr_t tp[HM_JE_BY_TP]; /* the owner's thread pointer; 0 = free */
+    void *tcache[HM_JE_BY_TP];         /* the owner's tcache_t of the pool, or no_tcache */
+    void *tsd[HM_JE_BY_TP];            /* the owner's jemalloc tsd_t (valid while owned) */
+} hm_je_by_tp_t;
 
 /* The calling thread's thread pointer (0 where not known: HM_JE_HAVE_TP is
- * 0 there, and no entry is ever claimed). */
+ * 0 there, and no slot is ever claimed). */
 #if defined(__x86_64__) || defined(__aarch64__)
 #define HM_JE_HAVE_TP 1
 #else
@@ -94,43 +100,61 @@ static inline __attribute__((always_inline)) uintptr_t hm_je_thread_tp(void) {
 #endif
 }
 
-/* Fibonacci hashing (Knuth, TAOCP vol. 3, 6.4), as the native pool's tp_slot. */
+/* Fibonacci hashing (Knuth, TAOCP vol. 3, 6.4), as the native pool's tp_slot:
+ * the top bits of the product (a 64-bit multiplier: thread pointers of
+ * threads with 8 MiB stacks differ by about 2^23, which a shorter multiplier
+ * would map to the same slot). */
 static inline __attribute__((always_inline)) size_t hm_je_tp_slot(uintptr_t tp) {
     return (size_t)(((uint64_t)tp * 0x9E3779B97F4A7C15ull) >> (64 - HM_JE_BY_TP_BITS));
 }
+
+/* Per small size class, what the free path's region test needs (je_fast.c,
+ * "region starts"); 24 bytes, the stride of jemalloc's cache bins. */
+typedef struct hm_je_cls {
+    uint64_t inv;   /* the inverse of the size's odd part modulo 2^64 */
+    uint64_t nregs; /* regions per slab */
+    uint32_t rot;   /* log2 of the size's largest power-of-two divisor */
+    uint32_t unused;
+} hm_je_cls_t;
+
+#define HM_JE_NCLS 40         /* at least jemalloc's SC_NBINS (checked in je_fast.c) */
+#define HM_JE_LOOKUP_MAX 4096 /* jemalloc's SC_LOOKUP_MAXCLASS (checked in je_fast.c) */
 
 /* What the fast paths need of a pool (immutable while the pool lives, but
  * for by_tp, see above). It is the first member of the pool's state, so the
  * pool ops get it as `state`. */
 typedef struct hm_je_key {
+    /* first: the fast paths address its arrays from the key with no
+     * displacement */
+    hm_je_by_tp_t by_tp; /* see above */
+    /* Copies of jemalloc's tables, kept here so that the fast paths address
+     * them from the key (no instruction to form their address): the class
+     * information by size class, and by (size + 7) / 8 for sizes up to
+     * HM_JE_LOOKUP_MAX the byte offset of the size class's cache bin in a
+     * tcache_t (sz_size2index_tab, sz.h, times the bins' stride). Set by
+     * hm__je_fast_key_init. */
+    hm_je_cls_t cls[HM_JE_NCLS];
+    uint16_t bin_of[HM_JE_LOOKUP_MAX / 8 + 1];
     unsigned slot;  /* index in the per-thread table */
     unsigned arena; /* the pool's arena */
     uint64_t gen;   /* the pool's generation, never 0 */
-    /* The first block of the arena's own metadata allocator, its start and
-     * size shifted left by 16 (see hm__je_fast_key_init): extent
-     * descriptors in it are the arena's. */
-    uintptr_t meta_lo_sh;
-    uintptr_t meta_size_sh;
-    hm_je_tp_entry_t by_tp[HM_JE_BY_TP]; /* see above */
+    /* An extent descriptor's bits (edata_t.e_bits) under je_fast.c's mask
+     * (arena, slab, state) for an active slab of the arena (set by
+     * hm__je_fast_key_init). */
+    uint64_t slab_bits;
+    void *no_tcache; /* see above (set by hm__je_fast_key_init) */
 } hm_je_key_t;
 
-/* &key->by_tp[hm_je_tp_slot(tp)] (read-only), with the slot computed as a byte offset
- * (the fast paths then address the entry's fields directly). */
-#define HM_JE_TP_ENTRY(key, tp)                                                        \
-    ((const hm_je_tp_entry_t *)((const char *)(key)->by_tp +                        \
-                          ((((uint64_t)(tp) * 0x9E3779B97F4A7C15ull) >>              \
-                            (64 - HM_JE_BY_TP_BITS - 5)) & ~(uint64_t)31)))
-_Static_assert(sizeof(hm_je_tp_entry_t) == 32, "HM_JE_TP_ENTRY assumes 32-byte entries");
-
-/* The caller's entry in key->by_tp if it owns it, else NULL. */
-static inline hm_je_tp_entry_t *hm_je_by_tp_mine(hm_je_key_t *key) {
+/* The caller's slot in key->by_tp if it owns it, else -1. */
+static inline int hm_je_by_tp_mine(const hm_je_key_t *key) {
     uintptr_t tp = hm_je_thread_tp();
-    hm_je_tp_entry_t *b = &key->by_tp[hm_je_tp_slot(tp)];
-    if (tp && atomic_load_explicit(&b->tp, memory_order_relaxed) == tp) return b;
-    return NULL;
+    size_t i = hm_je_tp_slot(tp);
+    if (tp && atomic_load_explicit(&key->by_tp.tp[i], memory_order_relaxed) == tp) return (int)i;
+    return -1;
 }
 
-/* Once the arena exists: fill key->meta_lo_sh/meta_size_sh. Called under
+/* Once the arena exists: fill key->cls, bin_of, slab_bits and no_tcache,
+ * and set every by_tp tcache to no_tcache. Called under
  * jemalloc.c's g_lock (the first call also fills je_fast.c's table of size
  * classes; a pthread_once here would be a hidden reference to libc: the file
  * is compiled under jemalloc's visibility pragma). */
@@ -164,7 +188,8 @@ hm_result_t hm__je_refuse(void *state, const void *ptr, const char *what);
 
 /* Set e->tcache from jemalloc's table of explicit tcaches (after the tcache
  * was created, or re-created by the slow path after a flush), and the
- * caller's by_tp entry of the pool if it owns one (tcache and tsd). */
+ * caller's by_tp slot of the pool if it owns one (tcache, or no_tcache, and
+ * tsd). */
 void hm__je_fast_tcache_refresh(hm_je_key_t *key, hm_je_tl_entry_t *e);
 
 /* Is ptr the start of a live block of the pool? Its usable size, or 0. */

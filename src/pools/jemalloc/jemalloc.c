@@ -138,10 +138,10 @@ static void atfork_child(void) {
     uintptr_t tp = hm_je_thread_tp();
     for (unsigned i = 0; i < g_nslots; i++) {
         if (!g_slots[i]) continue;
-        hm_je_tp_entry_t *by_tp = g_slots[i]->key.by_tp;
+        hm_je_by_tp_t *by_tp = &g_slots[i]->key.by_tp;
         for (unsigned j = 0; j < HM_JE_BY_TP; j++)
-            if (atomic_load_explicit(&by_tp[j].tp, memory_order_relaxed) != tp)
-                atomic_store_explicit(&by_tp[j].tp, 0, memory_order_relaxed);
+            if (atomic_load_explicit(&by_tp->tp[j], memory_order_relaxed) != tp)
+                atomic_store_explicit(&by_tp->tp[j], 0, memory_order_relaxed);
     }
     hm__mutex_unlock(&g_lock);
 }
@@ -182,10 +182,11 @@ static void tl_destructor(void *arg) {
         if (i < g_nslots && g_slots[i] && g_slots[i]->gen == e->gen) {
             /* Free the pool's by_tp slot before this thread's pointer can be
              * another thread's (je_fast.h). */
-            hm_je_tp_entry_t *b = hm_je_by_tp_mine(&g_slots[i]->key);
-            if (b) {
-                b->tcache = NULL;
-                atomic_store_explicit(&b->tp, 0, memory_order_release);
+            hm_je_key_t *key = &g_slots[i]->key;
+            int b = hm_je_by_tp_mine(key);
+            if (b >= 0) {
+                key->by_tp.tcache[b] = key->no_tcache;
+                atomic_store_explicit(&key->by_tp.tp[b], 0, memory_order_release);
             }
             tc_node_t *n = (tc_node_t *)e->node;
             je_tcache_destroy(n->tc);
@@ -223,7 +224,7 @@ static void once_init(void) {
 static bool by_tp_claim(jpool_t *jp) {
     uintptr_t tp = hm_je_thread_tp(), free_tp = 0;
     if (!tp) return false;
-    _Atomic uintptr_t *slot = &jp->key.by_tp[hm_je_tp_slot(tp)].tp;
+    _Atomic uintptr_t *slot = &jp->key.by_tp.tp[hm_je_tp_slot(tp)];
     uintptr_t cur = atomic_load_explicit(slot, memory_order_relaxed);
     if (cur) return cur == tp;
     return atomic_compare_exchange_strong_explicit(slot, &free_tp, tp, memory_order_acq_rel,
@@ -300,7 +301,7 @@ static inline void tcache_refresh(jpool_t *jp) {
     if (!t || jp->slot >= t->cap || t->e[jp->slot].gen != jp->gen || !t->e[jp->slot].node)
         return;
     tl_entry_t *e = &t->e[jp->slot];
-    bool claimed = !hm_je_by_tp_mine(&jp->key) && by_tp_claim(jp);
+    bool claimed = hm_je_by_tp_mine(&jp->key) < 0 && by_tp_claim(jp);
     if (claimed || !e->tcache) hm__je_fast_tcache_refresh(&jp->key, e);
 }
 
@@ -838,8 +839,8 @@ static hm_result_t jp_trim(void *state) {
         unsigned tc = t->e[jp->slot].tc;
         /* flush destroys it (re-made on next use) */
         t->e[jp->slot].tcache = NULL;
-        hm_je_tp_entry_t *b = hm_je_by_tp_mine(&jp->key);
-        if (b) b->tcache = NULL;
+        int b = hm_je_by_tp_mine(&jp->key);
+        if (b >= 0) jp->key.by_tp.tcache[b] = jp->key.no_tcache;
         int e = hm_je_mallctl("tcache.flush", NULL, NULL, &tc, sizeof(tc));
         if (e) HM_LOG_WARN("jemalloc pool: tcache.flush(%u): %s", tc, strerror(e));
     }
