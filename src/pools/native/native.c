@@ -33,11 +33,17 @@
  *   set, with no page-map lookup on the loop's critical path. Byte counters
  *   change only when blocks move between slab bitmaps and class words (or
  *   leave as remote frees), not per allocation (nv_heap.st_bytes).
- * - LIFO reuse (classes of 512 B and up): the addresses of the last blocks
- *   a heap freed into slab bitmaps are kept per class (nv_lifo_t, host
- *   memory); a refill hands the newest still-free one out again before
- *   taking a new word, as a thread cache's free list would (tcmalloc,
- *   jemalloc), with the bitmap as the only truth.
+ * - LIFO reuse: a free into a slab bitmap (any block not of the word being
+ *   handed out) also pushes the block and its slab onto a bounded per-class
+ *   stack in host memory (nv_cls.stk); an allocation that finds its class
+ *   word empty pops the newest one, clearing its bit, before it takes a new
+ *   word. This is the LIFO reuse of a thread cache's free list (tcmalloc,
+ *   jemalloc) kept apart from the managed memory, with the bitmap as the
+ *   truth: a stacked block is free there, so double frees are still caught
+ *   and a slab whose blocks are all free still goes back to the pool (its
+ *   entries dropped first). With random frees, the class word is mostly
+ *   empty and every allocation would otherwise scan slab words for one or
+ *   two free bits.
  * - Sharing: what a remote free reads (a slab's fixed fields, a heap's
  *   thread pointer) sits on cache lines nobody writes while they are live;
  *   the owner's counters and lists are on other lines.
@@ -550,16 +556,47 @@ static hm_result_t large_free(nv_pool_t *nv, void *p) {
 /* ------------------------------------------------------------------------ */
 /* Slabs                                                                    */
 
-static size_t slab_desc_size(size_t span) {
-    size_t words = (span / 8 + 63) / 64; /* enough for the 8-byte class */
-    return hm_align_up(sizeof(nv_slab_t) + words * sizeof(uint64_t), HM_CACHE_LINE);
+/* Bitmap words of a slab of class c. */
+static uint32_t cls_words(const nv_pool_t *nv, unsigned c) {
+    return (uint32_t)((nv->cls_span[c] / hm__nv_cls_size[c] + 63) / 64);
+}
+
+/* A zeroed descriptor with room for `words` bitmap words: sized for its
+ * class (a 64 KiB slab of 4 KiB blocks needs 2 lines, of 8-byte blocks 18),
+ * so the descriptors of big classes sit close together. NULL: out of host
+ * memory. */
+static nv_slab_t *desc_new(uint32_t words) {
+    size_t size = hm_align_up(sizeof(nv_slab_t) + (size_t)words * sizeof(uint64_t), HM_CACHE_LINE);
+    nv_slab_t *s = aligned_alloc(HM_CACHE_LINE, size); /* see nv_slab_t's layout */
+    if (!s) return NULL;
+    memset(s, 0, size);
+    s->wcap = words;
+    return s;
+}
+
+/* Give retained slab s (in no list but all_slabs) a descriptor with room
+ * for `words` bitmap words; NULL (s unchanged) if out of host memory. */
+static nv_slab_t *desc_grow(nv_pool_t *nv, nv_slab_t *s, uint32_t words) {
+    nv_slab_t *n = desc_new(words);
+    if (!n) return NULL;
+    n->base = s->base;
+    n->span = s->span;
+    hm__mutex_lock(&nv->lock);
+    n->all_prev = s->all_prev;
+    n->all_next = s->all_next;
+    if (s->all_prev) s->all_prev->all_next = n;
+    else nv->all_slabs = n;
+    if (s->all_next) s->all_next->all_prev = n;
+    hm__mutex_unlock(&nv->lock);
+    free(s);
+    return n;
 }
 
 /* Carve s for class c of heap h and publish it in the page map. */
 static int slab_carve(nv_pool_t *nv, nv_slab_t *s, nv_heap_t *h, unsigned c) {
     uint32_t bsize = hm__nv_cls_size[c];
     s->owner = h;
-    s->cls = c;
+    s->cls = (uint16_t)c;
     s->cl = &h->cls[c];
     s->bsize = bsize;
     s->nblocks = (uint32_t)(s->span / bsize);
@@ -617,24 +654,38 @@ static void slab_release(nv_pool_t *nv, nv_slab_t *s) {
  * provider range. */
 static hm_result_t slab_acquire(nv_pool_t *nv, nv_heap_t *h, unsigned c, nv_slab_t **out) {
     size_t span = nv->cls_span[c];
-    nv_slab_t *s = NULL;
+    uint32_t words = cls_words(nv, c);
+    nv_slab_t *s = NULL, **fit = NULL;
     hm__mutex_lock(&nv->lock);
+    /* One of the span whose descriptor is big enough, else any of the span. */
     for (nv_slab_t **sp = &nv->retained; *sp; sp = &(*sp)->next) {
-        if ((*sp)->span == span) {
-            s = *sp;
-            *sp = s->next;
-            atomic_fetch_sub_explicit(&nv->kept, span, memory_order_relaxed);
-            break;
-        }
+        if ((*sp)->span != span) continue;
+        if (!fit || (*sp)->wcap >= words) fit = sp;
+        if ((*sp)->wcap >= words) break;
+    }
+    if (fit) {
+        s = *fit;
+        *fit = s->next;
+        atomic_fetch_sub_explicit(&nv->kept, span, memory_order_relaxed);
     }
     hm__mutex_unlock(&nv->lock);
+    if (s && s->wcap < words) {
+        nv_slab_t *n = desc_grow(nv, s, words);
+        if (!n) {
+            hm__mutex_lock(&nv->lock);
+            s->next = nv->retained;
+            nv->retained = s;
+            atomic_fetch_add_explicit(&nv->kept, s->span, memory_order_relaxed);
+            hm__mutex_unlock(&nv->lock);
+            return HM_ERROR_OUT_OF_HOST_MEMORY;
+        }
+        s = n;
+    }
     if (!s) {
         void *p = NULL;
         hm_result_t r = hm_pool_provider_alloc(nv->pool, span, nv->slab_size, &p);
         if (r != HM_SUCCESS) return r;
-        size_t dsize = slab_desc_size(span);
-        s = aligned_alloc(HM_CACHE_LINE, dsize); /* see nv_slab_t's layout */
-        if (s) memset(s, 0, dsize);
+        s = desc_new(words);
         if (!s) {
             if (hm_pool_provider_free(nv->pool, p, span) != HM_SUCCESS)
                 HM_LOG_WARN("native pool: out of host memory; %zu bytes at %p lost", span, p);
@@ -715,49 +766,77 @@ static inline int block_index(const nv_slab_t *s, const void *p, uint32_t *idx) 
     return (uintptr_t)i * s->bsize == off && i < s->nblocks;
 }
 
-/* ---- Freed-block hints (nv_lifo_t) ---- */
+/* ---- Free-block stacks (nv_cls.stk) ---- */
 
-HM_INLINE void lifo_push(const nv_pool_t *nv, nv_heap_t *h, const nv_slab_t *s, uintptr_t p) {
-    unsigned c = s->cls;
-    if (c < nv->lifo_min) return;
-    nv_lifo_t *L = &h->lifo[c];
-    uint32_t n = L->n;
-    if (n < NV_LIFO) {
-        L->slot[n] = p;
-        L->n = n + 1;
+/* The owner's view of the stack depth (relaxed: get_stats reads it). */
+HM_INLINE uint32_t stk_n(const nv_cls_t *cl) {
+    return atomic_load_explicit(&cl->sn, memory_order_relaxed);
+}
+HM_INLINE void stk_set_n(nv_cls_t *cl, uint32_t n) {
+    atomic_store_explicit(&cl->sn, n, memory_order_relaxed);
+}
+
+/* Block p of s, h's, was just freed into its bitmap: stack it, or (stack
+ * full) count its bytes out of the heap's (a stacked block's bytes leave
+ * when get_stats subtracts the stacks, nv_heap.st_bytes). */
+HM_INLINE void stk_push(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s, uintptr_t p) {
+    uint32_t n = stk_n(cl);
+    if (hm_likely(n < NV_STACK_CAP)) {
+        cl->stk[n].p = p;
+        cl->stk[n].s = s;
+        stk_set_n(cl, n + 1);
+    } else {
+        stat_add_i(&h->st_bytes, -(int64_t)cl->bsize);
     }
 }
 
-/* s (h's) goes back to the pool: drop its hints. */
-static void lifo_purge(nv_heap_t *h, const nv_slab_t *s) {
-    unsigned c = s->cls;
-    if (c < h->nv->lifo_min) return;
-    nv_lifo_t *L = &h->lifo[c];
-    uint32_t k = 0;
-    for (uint32_t i = 0; i < L->n; i++)
-        if (L->slot[i] - s->base >= s->span) L->slot[k++] = L->slot[i];
-    L->n = k;
+/* s (h's) goes back to the pool: drop its entries. */
+static void stk_purge(nv_heap_t *h, const nv_slab_t *s) {
+    nv_cls_t *cl = &h->cls[s->cls];
+    uint32_t k = 0, n = stk_n(cl);
+    for (uint32_t i = 0; i < n; i++)
+        if (cl->stk[i].s != s) cl->stk[k++] = cl->stk[i];
+    stk_set_n(cl, k);
+    stat_add_i(&h->st_bytes, -(int64_t)(n - k) * cl->bsize);
 }
 
-/* The newest hint of class c that is still a free block, taken out of its
- * slab's bitmap; 0 if none. */
-static uintptr_t lifo_pop(nv_heap_t *h, unsigned c) {
-    nv_lifo_t *L = &h->lifo[c];
-    while (L->n) {
-        uintptr_t p = L->slot[--L->n];
-        nv_slab_t *s = map_get(h->nv, (void *)p);
-        uint32_t idx;
-        if (hm_unlikely(!s || s->owner != h || s->cls != c || !block_index(s, (void *)p, &idx)))
-            continue; /* cannot be (lifo_purge): be safe */
+/* The newest stacked block of cl (h's), taken out of its slab's bitmap; 0
+ * if the stack is empty. */
+HM_INLINE uintptr_t stk_pop(nv_heap_t *h, nv_cls_t *cl) {
+    uint32_t n;
+    while ((n = stk_n(cl)) != 0) {
+        nv_sent_t e = cl->stk[n - 1];
+        stk_set_n(cl, n - 1);
+        nv_slab_t *s = e.s;
+        uint32_t idx = (uint32_t)(((e.p - s->base) * s->magic) >> 32); /* as block_index() */
         uint32_t w = idx >> 6;
         uint64_t bit = (uint64_t)1 << (idx & 63), x = s->bits[w];
-        if (!(x & bit)) continue; /* handed out again since */
+        if (hm_unlikely(!(x & bit))) { /* cannot be (nv_cls): be safe */
+            stat_add_i(&h->st_bytes, -(int64_t)cl->bsize);
+            continue;
+        }
         s->bits[w] = x & ~bit;
         s->nfree--; /* a slab in the partial list may reach 0: see cls_refill */
-        stat_add_i(&h->st_bytes, (int64_t)s->bsize);
-        return p;
+        return e.p;
     }
     return 0;
+}
+
+/* stk_pop for the fast paths: no loop; 0 sends the caller to stk_pop. */
+HM_INLINE uintptr_t stk_pop_fast(nv_heap_t *h, nv_cls_t *cl) {
+    uint32_t n = stk_n(cl);
+    if (hm_unlikely(!n)) return 0;
+    nv_sent_t e = cl->stk[n - 1];
+    nv_slab_t *s = e.s;
+    uint32_t idx = (uint32_t)(((e.p - s->base) * s->magic) >> 32);
+    uint32_t w = idx >> 6;
+    uint64_t bit = (uint64_t)1 << (idx & 63), x = s->bits[w];
+    if (hm_unlikely(!(x & bit))) return 0;
+    stk_set_n(cl, n - 1);
+    s->bits[w] = x & ~bit;
+    s->nfree--;
+    (void)h;
+    return e.p;
 }
 
 /* Move the next word with free blocks of cl->cur (s) into cl->bits. */
@@ -790,7 +869,7 @@ static void cls_retire_cur(nv_heap_t *h, nv_cls_t *cl) {
     cl->cur = NULL;
     cl->word = UINT32_MAX;
     if (s->nfree == s->nblocks) {
-        lifo_purge(h, s);
+        stk_purge(h, s);
         slab_release(h->nv, s);
     }
     else if (s->nfree) partial_push(cl, s);
@@ -811,7 +890,7 @@ static HM_NOINLINE hm_result_t double_free(const nv_slab_t *s, uint32_t idx) {
 static HM_NOINLINE void slab_transition(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s) {
     if (s->nfree == s->nblocks) {
         if (s->in_partial) partial_unlink(cl, s);
-        lifo_purge(h, s);
+        stk_purge(h, s);
         slab_release(h->nv, s);
     } else if (!s->in_partial) {
         partial_push(cl, s);
@@ -835,11 +914,14 @@ HM_INLINE hm_result_t free_own(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
     uint64_t x = s->bits[w];
     if (hm_unlikely(x & bit)) return double_free(s, idx);
     s->bits[w] = x | bit;
-    stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
-    lifo_push(h->nv, h, s, s->base + (uintptr_t)idx * s->bsize);
     uint32_t n = ++s->nfree;
-    if (hm_unlikely(s != cl->cur && (!s->in_partial || n == s->nblocks)))
+    if (hm_unlikely(s != cl->cur && (!s->in_partial || n == s->nblocks))) {
+        if (n != s->nblocks) stk_push(h, cl, s, s->base + (uintptr_t)idx * s->bsize);
+        else stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
         slab_transition(h, cl, s);
+    } else {
+        stk_push(h, cl, s, s->base + (uintptr_t)idx * s->bsize);
+    }
     return HM_SUCCESS;
 }
 
@@ -1140,17 +1222,25 @@ static size_t drain(nv_heap_t *h) {
 /* ------------------------------------------------------------------------ */
 /* Heaps and thread bindings                                                */
 
+static size_t stk_map_size(const nv_pool_t *nv) {
+    return hm_align_up((size_t)nv->ncls * NV_STACK_CAP * sizeof(nv_sent_t), (size_t)4096);
+}
+
 static nv_heap_t *heap_new(nv_pool_t *nv) {
-    size_t lifo_off = hm_align_up(sizeof(nv_heap_t) + nv->ncls * (sizeof(nv_cls_t) +
-                                                                   sizeof(nv_slab_t *)),
-                                  HM_CACHE_LINE);
-    size_t size = lifo_off + (nv->ncls - nv->lifo_min) * sizeof(nv_lifo_t);
-    nv_heap_t *h = aligned_alloc(HM_CACHE_LINE, size);
+    size_t size = sizeof(nv_heap_t) + nv->ncls * (sizeof(nv_cls_t) + sizeof(nv_slab_t *));
+    nv_heap_t *h = aligned_alloc(HM_CACHE_LINE, hm_align_up(size, HM_CACHE_LINE));
     if (!h) return NULL;
     memset(h, 0, size);
+    /* The stacks: a mapping of their own, so that only the pages of the
+     * classes in use are backed (whatever malloc the process runs on). */
+    void *stk;
+    if (hm__prim_map(stk_map_size(nv), 0, HM_PRIM_PROT_READ | HM_PRIM_PROT_WRITE,
+                     HM_PRIM_MAP_NORESERVE, -1, 0, &stk) != HM_SUCCESS) {
+        free(h);
+        return NULL;
+    }
+    h->stk_map = stk;
     h->partial = (nv_slab_t **)(h->cls + nv->ncls);
-    /* Indexed by class: entries below lifo_min are never touched. */
-    h->lifo = (nv_lifo_t *)((char *)h + lifo_off) - nv->lifo_min;
     h->nv = nv;
     __cds_wfcq_init(&h->rq_head, &h->rq_tail);
     __cds_wfcq_init(&h->priv_head, &h->priv_tail);
@@ -1158,6 +1248,7 @@ static nv_heap_t *heap_new(nv_pool_t *nv) {
     for (unsigned c = 0; c < nv->ncls; c++) {
         h->cls[c].bsize = hm__nv_cls_size[c];
         h->cls[c].word = UINT32_MAX;
+        h->cls[c].stk = h->stk_map + (size_t)c * NV_STACK_CAP;
     }
     hm__mutex_lock(&nv->lock);
     h->all_next = nv->heaps;
@@ -1311,7 +1402,7 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
         cl->cur = NULL;
         cl->word = UINT32_MAX;
     }
-    /* Slabs whose last free blocks lifo_pop took stay listed until here. */
+    /* Slabs whose last free blocks stk_pop took stay listed until here. */
     while ((s = h->partial[c]) && !s->nfree) partial_unlink(cl, s);
     if (s) {
         partial_unlink(cl, s);
@@ -1327,6 +1418,11 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
 static hm_result_t alloc_small(nv_heap_t *h, unsigned c, void **out) {
     nv_cls_t *cl = &h->cls[c];
     if (!cl_bits(cl)) {
+        uintptr_t p = stk_pop(h, cl);
+        if (p) {
+            *out = (void *)p;
+            return HM_SUCCESS;
+        }
         hm_result_t r = cls_refill(h, c);
         if (r != HM_SUCCESS) return r;
     }
@@ -1360,13 +1456,6 @@ static HM_NOINLINE hm_result_t alloc_slow(nv_pool_t *nv, size_t size, size_t ali
 
 /* The fast path's refill: h is the caller's heap, c a class. */
 static HM_NOINLINE hm_result_t alloc_refill(nv_heap_t *h, unsigned c, void **out) {
-    if (c >= h->nv->lifo_min) {
-        uintptr_t p = lifo_pop(h, c);
-        if (p) {
-            *out = (void *)p;
-            return HM_SUCCESS;
-        }
-    }
     hm_result_t r = alloc_small(h, c, out);
     if (hm_unlikely(r == HM_ERROR_OUT_OF_MEMORY)) /* see alloc_slow */
         r = large_alloc(h->nv, hm__nv_cls_size[c], 16, out);
@@ -1496,9 +1585,8 @@ static HM_NOINLINE hm_result_t free_transition(nv_heap_t *h, nv_slab_t *s, uint3
     uintptr_t p = s->base + (uintptr_t)idx * s->bsize;
     if (other && s->nfree + 1 == s->nblocks) return other((void *)p);
     s->bits[idx >> 6] |= (uint64_t)1 << (idx & 63);
-    stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
-    s->nfree++;
-    lifo_push(h->nv, h, s, p);
+    if (++s->nfree != s->nblocks) stk_push(h, s->cl, s, p);
+    else stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
     slab_transition(h, s->cl, s);
     return HM_SUCCESS;
 }
@@ -1546,9 +1634,8 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
     if (hm_unlikely(s != cl->cur && (!s->in_partial || n == s->nblocks)))
         return free_transition(h, s, idx, mode == NV_FREE_FAST ? other : NULL);
     s->bits[w] = x | bit;
-    stat_add_i(&h->st_bytes, -(int64_t)bsize);
     s->nfree = n;
-    lifo_push(nv, h, s, (uintptr_t)p);
+    stk_push(h, cl, s, (uintptr_t)p);
     return HM_SUCCESS;
 }
 
@@ -1623,6 +1710,8 @@ hm_result_t hm__native_alloc(void *state, size_t size, size_t align, void **out)
 /* hm__native_malloc's refill (h: the caller's heap, c: the class). */
 static HM_NOINLINE void *malloc_refill(nv_heap_t *h, unsigned c, size_t size, int *guard,
                                        void *(*other)(size_t)) {
+    uintptr_t p = stk_pop(h, &h->cls[c]); /* calls nothing */
+    if (hm_likely(p)) return (void *)p;
     void *q;
     *guard = 1;
     hm_result_t r = alloc_refill(h, c, &q);
@@ -1641,11 +1730,28 @@ void *hm__native_malloc(void *state, size_t size, int *guard, void *(*other)(siz
 
 /* The malloc_fast op (hm_pool_malloc tail-calls it): alloc_fast, else
  * nv_alloc with its result as errno. */
+static HM_NOINLINE void *malloc_fast_refill(nv_heap_t *h, unsigned c) {
+    uintptr_t p = stk_pop(h, &h->cls[c]);
+    if (p) return (void *)p;
+    void *q;
+    hm_result_t r = alloc_refill(h, c, &q);
+    if (hm_unlikely(r != HM_SUCCESS)) {
+        errno = hm__result_errno(r);
+        return NULL;
+    }
+    return q;
+}
+
 static void *nv_malloc_fast(void *state, size_t size) {
     nv_heap_t *h;
     unsigned c;
     uintptr_t p = alloc_fast(state, size, &h, &c);
     if (hm_likely(p)) return (void *)p;
+    if (hm_likely(h != NULL)) {
+        p = stk_pop_fast(h, &h->cls[c]);
+        if (hm_likely(p)) return (void *)p;
+        return malloc_fast_refill(h, c);
+    }
     return hm__malloc_via(nv_alloc, state, size);
 }
 
@@ -1814,6 +1920,7 @@ static hm_result_t nv_get_stats(void *state, hm_pool_stats_t *st) {
         for (unsigned c = 0; c < nv->ncls; c++) {
             uint64_t b = cl_bits(&h->cls[c]);
             if (b) bytes -= (int64_t)popcount64(b) * h->cls[c].bsize;
+            bytes -= (int64_t)stk_n(&h->cls[c]) * h->cls[c].bsize; /* stacked: free */
         }
         pub += atomic_load_explicit(&h->st_published, memory_order_relaxed);
         drained += atomic_load_explicit(&h->st_drained, memory_order_relaxed);
@@ -1880,8 +1987,6 @@ static hm_result_t resolve_params(nv_pool_t *nv, hm_provider_t *prov,
     nv->ncls = cls_of(limit) + 1;
     nv->class_limit = hm__nv_cls_size[nv->ncls - 1];
     nv->fast_limit = nv->class_limit < NV_FAST_MAX ? nv->class_limit : NV_FAST_MAX;
-    nv->lifo_min = cls_of(NV_LIFO_MIN_SIZE);
-    if (nv->lifo_min > nv->ncls) nv->lifo_min = nv->ncls;
     size_t large = (p->set & SET_LARGE) ? p->large_threshold
                                         : dev ? ((size_t)256 << 20) : ((size_t)32 << 20);
     if (large < nv->class_limit) {
@@ -1953,6 +2058,7 @@ static void nv_fini(void *state) {
     for (nv_heap_t *h = nv->heaps, *n; h; h = n) {
         n = h->all_next;
         heap_free_batches(h);
+        (void)hm__prim_unmap(h->stk_map, stk_map_size(nv));
         free(h);
     }
     for (nv_batch_t *b = nv->depot, *n; b; b = n) {

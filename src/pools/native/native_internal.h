@@ -20,8 +20,7 @@
 #define NV_FLUSH_EVERY 1024      /* remote frees between forced flushes */
 #define NV_STOCK_MAX 32          /* spare batches a heap keeps */
 #define NV_STOCK_MOVE 16         /* batches moved to/from the depot at once */
-#define NV_LIFO 7                /* freed-block hints per class (nv_lifo_t) */
-#define NV_LIFO_MIN_SIZE 512     /* classes of this size and up keep them */
+#define NV_STACK_CAP 128         /* free-block stack entries per class (nv_sent_t) */
 #define NV_BY_TP_BITS 6
 #define NV_BY_TP (1u << NV_BY_TP_BITS) /* heaps found by thread pointer */
 
@@ -40,33 +39,58 @@ typedef struct nv_pool nv_pool_t;
  * unmapped (retained), so a thread freeing a live block may read them
  * without a lock. Everything else is the owner heap's (or, when retained,
  * the pool lock's).
- * Layout: the first cache line holds only what any free reads (and nothing
- * anyone writes while the slab is live), so a remote free does not pull the
- * line the owner writes on every allocation refill and local free; the
- * owner's fields start on the second line, the bitmap follows them. */
+ * Layout: the first cache line holds what only the slow paths use (lists,
+ * span, scan position); the second holds everything a free reads or writes
+ * (the fixed fields, nfree, in_partial) and the first two bitmap words, so
+ * that a local free into a slab of up to 128 blocks (classes of 512 B and
+ * up with 64 KiB slabs) touches one line of its descriptor. A remote free
+ * reads the fixed fields of that line once per bitmap word (nv_heap.r_key),
+ * which the owner writes at most once per word it takes or drains. */
 typedef struct nv_cls nv_cls_t;
 typedef struct nv_slab {
+    /* Slow paths only. */
+    size_t span;
+    uint32_t nwords;
+    uint32_t scan; /* next word take_word looks at (owner) */
+    uint32_t wcap; /* bitmap words the descriptor has room for */
+    struct nv_slab *prev, *next;         /* owner's partial list | pool's retained list */
+    struct nv_slab *all_prev, *all_next; /* pool's list of every slab (pool lock) */
     /* Read by every free; fixed while the slab is live. */
-    uintptr_t base;
+    uintptr_t base HM_CACHE_ALIGNED;
     uint64_t magic; /* ceil(2^32 / bsize) */
     nv_heap_t *owner;
     nv_cls_t *cl;   /* &owner->cls[cls] */
     uint32_t bsize;
     uint32_t nblocks;
-    uint32_t cls;
-    size_t span;
     /* The owner's. */
-    uint32_t nfree HM_CACHE_ALIGNED;
-    uint32_t nwords;
-    uint32_t scan; /* next word take_word looks at */
-    uint32_t in_partial;
-    struct nv_slab *prev, *next;         /* owner's partial list | pool's retained list */
-    struct nv_slab *all_prev, *all_next; /* pool's list of every slab (pool lock) */
+    uint32_t nfree;
+    uint16_t in_partial;
+    uint16_t cls; /* fixed while live */
     uint64_t bits[];
 } nv_slab_t;
+_Static_assert(NV_NCLS_MAX <= UINT16_MAX, "nv_slab.cls is 16 bits");
+_Static_assert(offsetof(nv_slab_t, bits) + 2 * sizeof(uint64_t) <= 2 * HM_CACHE_LINE,
+               "a free's fields and two bitmap words share the second line");
+
+/* One entry of a heap's free-block stack: a free block and its slab. */
+typedef struct nv_sent {
+    uintptr_t p;
+    nv_slab_t *s;
+} nv_sent_t;
 
 /* Per heap and size class. `bits` are free blocks of word `word` of `cur`
- * taken out of cur->bits; the fast path hands them out. */
+ * taken out of cur->bits; the fast path hands them out.
+ * The free-block stack stk[0..sn) (host memory, newest last) holds blocks
+ * the owner freed into slab bitmaps (not into the class word): the next
+ * allocation of the class that finds `bits` empty pops the newest one (the
+ * LIFO reuse of tcmalloc's thread-cache free lists, kept apart from the
+ * managed memory). Invariants: every entry is a block of a slab of this
+ * heap and class whose bitmap bit is set (the bitmap stays the truth: a
+ * stacked block is free, so a second free of it is caught and a slab whose
+ * blocks are all free, stacked or not, goes back to the pool); no block is
+ * stacked twice; take_word runs only while the stack is empty (so it never
+ * takes a stacked block); a slab leaving the heap first drops its entries
+ * (stk_purge). A free finding the stack full only sets the bit. */
 struct nv_cls {
     /* Atomic only for get_stats, which reads other heaps' words (relaxed:
      * plain loads and stores on the owner's paths). */
@@ -75,7 +99,10 @@ struct nv_cls {
     uint32_t bsize;
     uint32_t word;   /* UINT32_MAX: none */
     nv_slab_t *cur;
-}; /* 32 bytes; the partial lists are apart (nv_heap.partial) */
+    _Atomic uint32_t sn; /* stacked entries (relaxed: get_stats reads it) */
+    uint32_t unused;
+    nv_sent_t *stk;  /* NV_STACK_CAP entries (nv_heap.stk_map) */
+} HM_CACHE_ALIGNED; /* one cache line per class; the partial lists are apart */
 
 /* One entry of a remote-free batch: blocks of one bitmap word of a slab,
  * named by the address of the word's first block (an address in the managed
@@ -87,19 +114,6 @@ typedef struct nv_rent {
     uintptr_t wbase;
     uint64_t mask;
 } nv_rent_t;
-
-/* Per heap and class (classes of NV_LIFO_MIN_SIZE and up): the addresses
- * of the last blocks the owner freed into a slab bitmap (not into the class
- * word), newest last: a refill hands the newest one out again first (the
- * LIFO reuse of tcmalloc's and jemalloc's thread caches, kept apart from the
- * managed memory). Only hints: the slab bitmap says whether the block is
- * still free. Every hint is in a slab of the heap (lifo_purge drops a slab's
- * hints before the slab goes back to the pool). One cache line. */
-typedef struct nv_lifo {
-    uint32_t n;
-    uint32_t unused;
-    uintptr_t slot[NV_LIFO];
-} nv_lifo_t;
 
 /* A batch of remote frees: host memory, one queue node for up to
  * NV_BATCH_CAP frees (so at most that many entries). */
@@ -145,8 +159,9 @@ struct nv_heap {
      * (take_word, and remote frees drained into a class word), minus those
      * it put back (its frees into slab bitmaps, words retired) and its
      * remote frees; the heap's share of bytes_requested is this minus the
-     * blocks in its class words, so allocations from a word and frees back
-     * into it need no counter update. */
+     * blocks in its class words and stacks, so allocations from a word and
+     * frees back into it, and pushes and pops of the stacks, need no
+     * counter update. */
     _Atomic int64_t st_bytes HM_CACHE_ALIGNED;
     /* The block the allocation fast path handed out last (0: none), its
      * class and its bit in that class's `bits`: while set, that block is in
@@ -188,7 +203,8 @@ struct nv_heap {
     /* Per class: the other slabs of this heap with free blocks (the array
      * follows cls[]). */
     nv_slab_t **partial;
-    nv_lifo_t *lifo; /* per class, from lifo_min on (after partial[]) */
+    nv_sent_t *stk_map; /* the classes' stacks: ncls * NV_STACK_CAP entries,
+                         * a private mapping (backed where touched) */
     nv_cls_t cls[] HM_CACHE_ALIGNED;
 };
 
@@ -209,7 +225,6 @@ struct nv_pool {
     uint32_t ncls;
     size_t class_limit;
     size_t fast_limit; /* min(class_limit, NV_FAST_MAX): nv_alloc's fast path */
-    uint32_t lifo_min; /* first class with a LIFO (nv_lifo_t); ncls: none */
     size_t slab_size;
     unsigned shift; /* log2(slab_size) */
     unsigned leaf_bits;
