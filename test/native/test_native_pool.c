@@ -502,6 +502,126 @@ static void test_lifo_reuse(unsigned prot) {
     CHECK_OK(hm_pool_destroy(pool));
 }
 
+/* 1 if the n pointers are pairwise distinct (sorts them). */
+static int all_distinct(void **p, size_t n) {
+    qsort(p, n, sizeof(void *), cmp_ptr);
+    for (size_t i = 1; i < n; i++)
+        if (p[i] == p[i - 1]) return 0;
+    return 1;
+}
+
+/* The heap's free-block stacks (every class): blocks freed into slab
+ * bitmaps come back newest first, across slabs; a stacked block is still
+ * free in its bitmap, so freeing it again is refused; past the stack's
+ * bound (128 entries) frees only set the bit and those blocks are found by
+ * the bitmap later; a slab whose blocks are all free goes back to the
+ * provider even while some of them are stacked (no stale entry hands out
+ * its memory); a retained slab's descriptor grows when a smaller class
+ * reuses it; statistics stay exact. Also over PROT_NONE memory. */
+static void test_free_stacks(unsigned prot) {
+    hm_test_set_context(prot == RW ? "free-block stacks" : "free-block stacks, PROT_NONE");
+    hm_native_params_t *np;
+    REQUIRE_OK(hm_native_params_create(&np));
+    REQUIRE_OK(hm_native_params_set_retained_bytes(np, 0));
+    hm_pool_t *pool = os_pool(np, HM_POOL_FLAG_NO_TRACKING, prot);
+    hm_native_params_destroy(np);
+    hm_log_level_t old = hm_log_get_level();
+    /* 64-byte blocks: 1024 per 64 KiB slab; 4 full slabs. */
+    enum { PER = 1024, N = 4 * PER, BIG = 300 };
+    static void *p[N], *q[N];
+    for (int i = 0; i < N; i++) REQUIRE(p[i] = hm_pool_malloc(pool, 64));
+    hm_pool_stats_t st;
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    size_t held = st.bytes_from_provider;
+    /* Scattered frees in the first three slabs, newest first back. */
+    int order[] = {7, 2 * PER + 500, PER + 3, 2 * PER + 1, 640};
+    enum { K = sizeof order / sizeof order[0] };
+    for (int k = 0; k < K; k++) CHECK_OK(hm_pool_free(pool, p[order[k]]));
+    hm_log_set_level(HM_LOG_OFF);
+    CHECK_RES(hm_pool_free(pool, p[order[1]]), HM_ERROR_DOUBLE_FREE); /* stacked, still free */
+    hm_log_set_level(old);
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, (size_t)(N - K) * 64);
+    for (int k = K - 1; k >= 0; k--) {
+        void *a = hm_pool_malloc(pool, 64);
+        CHECK_MSG(a == p[order[k]], "got %p, want %p (freed %d-th last)", a, p[order[k]], K - k);
+        p[order[k]] = a;
+    }
+    /* Past the bound: BIG frees of every third block of slab 1 (the first
+     * 128 stacked). */
+    for (int i = 0; i < BIG; i++) CHECK_OK(hm_pool_free(pool, p[PER + 3 * i]));
+    hm_log_set_level(HM_LOG_OFF);
+    CHECK_RES(hm_pool_free(pool, p[PER]), HM_ERROR_DOUBLE_FREE);                 /* stacked */
+    CHECK_RES(hm_pool_free(pool, p[PER + 3 * (BIG - 1)]), HM_ERROR_DOUBLE_FREE); /* not */
+    hm_log_set_level(old);
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, (size_t)(N - BIG) * 64);
+    for (int i = 0; i < BIG; i++) REQUIRE(q[i] = hm_pool_malloc(pool, 64));
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, (size_t)N * 64);
+    CHECK_EQ(st.bytes_from_provider, held); /* the freed blocks, not a new slab */
+    for (int i = 0; i < BIG; i++) p[PER + 3 * i] = q[i];
+    memcpy(q, p, sizeof p);
+    CHECK(all_distinct(q, N));
+    /* Slab 0 empties while blocks of it are stacked: it goes back (retained
+     * bytes 0) and its entries with it; what comes next is live memory. */
+    for (int i = 0; i < PER; i += 2) CHECK_OK(hm_pool_free(pool, p[i]));
+    for (int i = 1; i < PER; i += 2) CHECK_OK(hm_pool_free(pool, p[i]));
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, (size_t)(N - PER) * 64);
+    CHECK_MSG(st.bytes_from_provider == held - 64 * KIB, "held %zu, want %zu",
+              st.bytes_from_provider, held - 64 * KIB);
+    for (int i = 0; i < PER; i++) {
+        REQUIRE(p[i] = hm_pool_malloc(pool, 64));
+        CHECK(hm_pool_malloc_usable_size(pool, p[i]) == 64);
+        if (prot == RW) memset(p[i], 0x3c, 64);
+    }
+    memcpy(q, p, sizeof p);
+    CHECK(all_distinct(q, N));
+    for (int i = 0; i < N; i++) CHECK_OK(hm_pool_free(pool, p[i]));
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, 0);
+    CHECK_OK(hm_pool_trim(pool));
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_MSG(st.bytes_from_provider == 0, "held %zu after trim", st.bytes_from_provider);
+    CHECK_OK(hm_pool_destroy(pool));
+
+    /* A slab retained from the 4 KiB class (a 2-line descriptor) serves the
+     * 8-byte class next (8192 blocks: its descriptor is replaced). */
+    hm_test_set_context(prot == RW ? "free-block stacks: descriptor growth"
+                                   : "free-block stacks: descriptor growth, PROT_NONE");
+    pool = os_pool(NULL, HM_POOL_FLAG_NO_TRACKING, prot);
+    for (int i = 0; i < 32; i++) REQUIRE(p[i] = hm_pool_malloc(pool, 4096));
+    for (int i = 0; i < 16; i++) CHECK_OK(hm_pool_free(pool, p[i])); /* slab 0: retained */
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    held = st.bytes_from_provider;
+    CHECK_EQ(held, 128 * KIB);
+    enum { SMALL = 8192 };
+    void **r = malloc(SMALL * sizeof(void *));
+    REQUIRE(r);
+    for (int i = 0; i < SMALL; i++) REQUIRE(r[i] = hm_pool_malloc(pool, 8));
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_from_provider, held); /* the retained slab, reused */
+    CHECK_EQ(st.bytes_requested, (size_t)SMALL * 8 + 16 * 4096);
+    void *extra = hm_pool_malloc(pool, 8); /* the slab is full: a new one */
+    REQUIRE(extra);
+    CHECK_OK(hm_pool_free(pool, extra));
+    hm_log_set_level(HM_LOG_OFF);
+    CHECK_OK(hm_pool_free(pool, r[5000]));
+    CHECK_RES(hm_pool_free(pool, r[5000]), HM_ERROR_DOUBLE_FREE); /* a word past the first line */
+    hm_log_set_level(old);
+    REQUIRE(r[5000] = hm_pool_malloc(pool, 8));
+    for (int i = 0; i < SMALL; i++) CHECK_OK(hm_pool_free(pool, r[i]));
+    for (int i = 16; i < 32; i++) CHECK_OK(hm_pool_free(pool, p[i]));
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, 0);
+    CHECK_OK(hm_pool_trim(pool));
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_MSG(st.bytes_from_provider == 0, "held %zu after trim", st.bytes_from_provider);
+    free(r);
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
 /* Provider failures: a failing alloc reports OUT_OF_MEMORY (a failed slab
  * falls back to a range of its own, so only nth = every call must fail);
  * nothing leaks, nothing is misused, failed frees are retried later. */
@@ -612,6 +732,8 @@ int main(int argc, char **argv) {
         test_prot_none();
         test_lifo_reuse(RW);
         test_lifo_reuse(HM_OS_PROT_NONE);
+        test_free_stacks(RW);
+        test_free_stacks(HM_OS_PROT_NONE);
         test_faults();
         test_many_pools();
     }
