@@ -166,7 +166,7 @@ __attribute__((visibility("hidden"))) void hm__je_fast_tcache_refresh(hm_je_key_
 #endif
 
 /* ---- region starts ----
- * A slab of size class i holds nregs regions of `size` bytes from the slab's
+ * A slab of a small size class holds nregs regions of `size` bytes from the slab's
  * start (edata_addr_get). ptr is the start of one iff d = ptr - start is
  * k * size with k < nregs. With size = 2^t * o (o odd) and inv the inverse
  * of o modulo 2^64, rotr(d * inv, t) (rotation of the 64-bit product) is k
@@ -181,7 +181,14 @@ __attribute__((visibility("hidden"))) void hm__je_fast_tcache_refresh(hm_je_key_
  * test, rotr(d * inv, t) < nregs, proves a region start for every class and
  * every d (a pointer before the slab's start, or far past it, wraps to a
  * large d and fails), with no branch on the class (a random mix of classes
- * mispredicts one). */
+ * mispredicts one).
+ * For a power of two up to a page (o = 1, inv = 1), whose regions tile every
+ * page of its slabs (a slab starts on a page), any multiple of the size on
+ * one of the slab's pages is a region start, and rotr(d, t) < 2^(64-t)
+ * exactly when d is a multiple of the size: with that bound (cls_info_t's
+ * `bound`, nregs for the other classes) d may be counted from any multiple
+ * of the size, such as address 0, which the free fast path uses so as not
+ * to read the descriptor for those classes. */
 typedef hm_je_cls_t cls_info_t;
 /* The same stride as the tcache's bins, so that the fast path forms both
  * addresses from one szind * 3. */
@@ -203,17 +210,72 @@ static uint64_t inverse_odd(uint64_t x) {
     return y;
 }
 
-/* key->cls from jemalloc's bin_infos (fixed once jemalloc has booted). */
+/* Never written: what free_body reads as the start of a power-of-two class's
+ * slab (hm_je_cls_base_t.zero). */
+static const uintptr_t g_zero_word;
+
+_Static_assert(sizeof(hm_je_cls_base_t) == sizeof(cache_bin_t), "cls_base: one bin's stride");
+
+/* The descriptor of an extent-map word (rtree_leaf_elm_bits_decode, for the
+ * user-space addresses the map holds: no sign extension). */
+#define LEAF_EDATA_MASK ((((uintptr_t)1 << LG_VADDR) - 1) & ~(uintptr_t)(EDATA_ALIGNMENT - 1))
+
+/* key->cls and cls_base from jemalloc's bin_infos (fixed once jemalloc has
+ * booted). */
 static void cls_init(hm_je_key_t *key) {
     memset(key->cls, 0, sizeof(key->cls));
+    memset(key->cls_base, 0, sizeof(key->cls_base));
     for (szind_t i = 0; i < SC_NBINS; i++) {
         uint64_t size = bin_infos[i].reg_size;
         unsigned t = (unsigned)__builtin_ctzll(size);
         cls_info_t *c = &key->cls[i];
         c->inv = inverse_odd(size >> t);
         c->rot = t;
-        c->nregs = bin_infos[i].nregs;
+        hm_je_cls_base_t *b = &key->cls_base[i];
+        if ((size & (size - 1)) == 0 && size <= PAGE) {
+            /* Regions tile every page of the slab: any multiple of the size
+             * on one of its pages is a region start (see "region starts"). */
+            c->bound = (uint64_t)1 << (64 - t);
+            b->sel = 0;
+            b->zero = (uintptr_t)&g_zero_word - offsetof(edata_t, e_addr);
+        } else {
+            c->bound = bin_infos[i].nregs;
+            b->sel = LEAF_EDATA_MASK; /* the word's descriptor address */
+            b->zero = 0;
+        }
     }
+}
+
+/* The arena's base (base.h: base_t, base_block_t; arena_structs.h:
+ * arena_t.base) maps its metadata in blocks that live as long as the arena;
+ * every extent descriptor (edata_t) of the arena comes from it (arena_new and
+ * pa_shard_init give the arena's edata caches the arena's base; base.c:
+ * base_alloc_edata), and only the arena's extents use them. The first block
+ * (the oldest, last in the list; 2 MiB, HUGEPAGE_CEILING in
+ * base_block_alloc) holds the arena itself and the first thousands of
+ * descriptors: a descriptor inside it proves the arena without reading the
+ * descriptor (a cache miss per free when blocks are freed at random over
+ * many slabs: 4 KiB blocks over 40 MB, bench_jemalloc's random 4096). The
+ * free fast path tests the extent-map word rotated (leaf_x): the slab bit
+ * on top, the descriptor's address halved below it (the word's other flags
+ * in the low 6 bits, under the descriptor's 64-unit granularity), so that
+ * "a slab whose descriptor is in the block" is x - meta_x < meta_xsize, with
+ * meta_x = 2^63 + block / 2 and meta_xsize = block size / 2. */
+JEMALLOC_ALWAYS_INLINE uintptr_t leaf_x(uintptr_t bits) {
+    uintptr_t v = bits << RTREE_NHIB; /* drop the size class */
+    return (v >> (RTREE_NHIB + 1)) | (v << (64 - RTREE_NHIB - 1));
+}
+
+static void meta_init(hm_je_key_t *key) {
+    key->meta_x = 0;
+    key->meta_xsize = 0; /* nothing passes */
+    arena_t *arena = arena_get(TSDN_NULL, key->arena, false);
+    if (arena == NULL || arena->base == NULL) return;
+    base_block_t *b = arena->base->blocks;
+    if (b == NULL) return;
+    while (b->next != NULL) b = b->next;
+    key->meta_x = ((uintptr_t)1 << 63) | ((uintptr_t)b >> 1);
+    key->meta_xsize = b->size >> 1;
 }
 
 /* The extent descriptor bits that live_block compares (edata.h): the arena,
@@ -231,14 +293,12 @@ __attribute__((visibility("hidden"))) void hm__je_fast_key_init(hm_je_key_t *key
     key->no_tcache = &g_no_tcache;
     for (unsigned i = 0; i < HM_JE_BY_TP; i++) key->by_tp.tcache[i] = &g_no_tcache;
     cls_init(key);
+    meta_init(key);
     for (size_t i = 0; i <= SC_LOOKUP_MAXCLASS >> SC_LG_TINY_MIN; i++)
         key->bin_of[i] = (uint16_t)(offsetof(tcache_t, bins) +
                                     sz_size2index_tab[i] * sizeof(cache_bin_t));
 }
 
-/* The descriptor of an extent-map word (rtree_leaf_elm_bits_decode, for the
- * user-space addresses the map holds: no sign extension). */
-#define LEAF_EDATA_MASK ((((uintptr_t)1 << LG_VADDR) - 1) & ~(uintptr_t)(EDATA_ALIGNMENT - 1))
 JEMALLOC_ALWAYS_INLINE edata_t *leaf_edata(uintptr_t bits) {
     return (edata_t *)(bits & LEAF_EDATA_MASK);
 }
@@ -257,7 +317,7 @@ JEMALLOC_ALWAYS_INLINE bool region_start(uintptr_t key, const edata_t *edata,
     uint64_t q = d * c->inv;
     unsigned r = c->rot;
     q = (q >> r) | (q << ((64 - r) & 63));
-    return q < c->nregs;
+    return q < c->bound;
 }
 
 /* The extent-map word of key's page, through the thread's lookup cache (the
@@ -394,12 +454,16 @@ __attribute__((visibility("hidden"))) void *hm__je_fast_malloc(void *state, size
 }
 
 /* hm__je_fast_free when anything is not the common case: the whole check
- * (large blocks, a thread without jemalloc data, lookup-cache misses), then
- * jemalloc's general path or the refusal. */
-static JEMALLOC_NOINLINE hm_result_t free_checked(void *state, void *ptr) {
+ * (large blocks, a thread without jemalloc data, lookup-cache misses, a
+ * descriptor outside the arena's first metadata block), then the thread's
+ * cache for a small block, else jemalloc's general path, or the refusal. */
+static JEMALLOC_NOINLINE hm_result_t free_checked(void *state, void *ptr, tcache_t *tcache) {
     const hm_je_key_t *key = state;
-    if (unlikely(live_block_tsd(tsd_once(), key, ptr) < 0))
-        return hm__je_refuse(state, ptr, "free");
+    int live = live_block_tsd(tsd_once(), key, ptr);
+    if (unlikely(live < 0)) return hm__je_refuse(state, ptr, "free");
+    if ((live & LIVE_SLAB) &&
+        cache_bin_dalloc_easy(&tcache->bins[live & ~LIVE_SLAB], ptr))
+        return HM_SUCCESS;
     return hm__je_free_slow(state, ptr);
 }
 
@@ -411,27 +475,45 @@ JEMALLOC_ALWAYS_INLINE hm_result_t free_body(void *state, void *ptr, tsd_t *tsd,
     uintptr_t k = (uintptr_t)ptr;
     /* live_block's slab case, inline; everything else is decided again by
      * free_checked. (An address above LG_VADDR bits has a leaf key no cache
-     * entry has: it goes there too.) */
-    if (unlikely(!tsd_nominal(tsd))) return free_checked(state, ptr);
+     * entry has: it goes there too.) The thread's lookup cache is read in
+     * any state of its tsd, as jemalloc's own free fast path does
+     * (free_fastpath, src/jemalloc.c: emap_alloc_ctx_try_lookup_fast before
+     * any test of the tsd): its entries are invalid keys from the tsd's
+     * static initializer (RTREE_CTX_INITIALIZER, rtree_tsd.h) or from
+     * rtree_ctx_data_init, or leaves of the map, which are never freed; only
+     * the owning thread writes them. */
     rtree_ctx_t *ctx = tsd_rtree_ctx(tsd);
     size_t slot = rtree_cache_direct_map(k);
-    if (unlikely(ctx->cache[slot].leafkey != rtree_leafkey(k))) return free_checked(state, ptr);
+    if (unlikely(ctx->cache[slot].leafkey != rtree_leafkey(k)))
+        return free_checked(state, ptr, tcache);
     uintptr_t bits = rtree_leaf_elm_bits_read(
         tsd_tsdn(tsd), &arena_emap_global.rtree,
         &ctx->cache[slot].leaf[rtree_subkey(k, RTREE_HEIGHT - 1)], false);
-    /* A slab (the descriptor is not NULL, szind < SC_NBINS) of the arena,
-     * active. */
-    if (unlikely(!(bits & 1))) return free_checked(state, ptr);
-    const edata_t *edata = leaf_edata(bits);
-    if (unlikely((edata_bits_racy(edata) & EDATA_CHECK_MASK) != key->slab_bits))
-        return free_checked(state, ptr);
-    /* szind * 3 kept in a register (the empty asm): both tables have a
+    /* A slab (szind < SC_NBINS: jemalloc writes descriptor, class and slab
+     * bit in one word) whose descriptor is in the arena's first metadata
+     * block (see meta_init; an active slab: jemalloc rewrites the word when
+     * the slab goes). */
+    if (unlikely(leaf_x(bits) - key->meta_x >= key->meta_xsize))
+        return free_checked(state, ptr, tcache);
+    /* szind * 3 kept in a register (the empty asm): the tables have a
      * 24-byte stride, so each entry is then one scaled-index address. */
     size_t szind3 = (bits >> LG_VADDR) * 3;
     __asm__("" : "+r"(szind3));
-    const cls_info_t *c = (const cls_info_t *)((const char *)key->cls + szind3 * 8);
-    cache_bin_t *bin = (cache_bin_t *)((char *)tcache->bins + szind3 * 8);
-    if (unlikely(!region_start(k, edata, c))) return hm__je_refuse(state, ptr, "free");
+#define WORD_AT(base, s3, member) ((const uint64_t *)&(base)[0].member)[s3]
+    cache_bin_t *bin = (cache_bin_t *)((uint64_t *)tcache->bins + szind3);
+    /* The region test (see "region starts") on the offset from the slab's
+     * start (edata_addr_get), or for powers of two up to a page from address
+     * 0 (read from g_zero_word: the address read is chosen by the class's
+     * masks, no branch on the class, no read of the descriptor). */
+    uintptr_t src = (bits & WORD_AT(key->cls_base, szind3, sel)) |
+                    WORD_AT(key->cls_base, szind3, zero);
+    uintptr_t start = *(const uintptr_t *)(src + offsetof(edata_t, e_addr));
+    uint64_t d = k - start;
+    uint64_t q = d * WORD_AT(key->cls, szind3, inv);
+    unsigned r = (unsigned)WORD_AT(key->cls, szind3, rot); /* rot, unused: one word */
+    q = (q >> r) | (q << ((64 - r) & 63));
+    if (unlikely(q >= WORD_AT(key->cls, szind3, bound))) return hm__je_refuse(state, ptr, "free");
+#undef WORD_AT
     if (likely(cache_bin_dalloc_easy(bin, ptr))) return HM_SUCCESS;
     return hm__je_free_slow(state, ptr);
 }

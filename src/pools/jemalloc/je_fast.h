@@ -112,10 +112,20 @@ static inline __attribute__((always_inline)) size_t hm_je_tp_slot(uintptr_t tp) 
  * "region starts"); 24 bytes, the stride of jemalloc's cache bins. */
 typedef struct hm_je_cls {
     uint64_t inv;   /* the inverse of the size's odd part modulo 2^64 */
-    uint64_t nregs; /* regions per slab */
+    uint64_t bound; /* regions per slab; 2^(64 - rot) for powers of two up to a page */
     uint32_t rot;   /* log2 of the size's largest power-of-two divisor */
     uint32_t unused;
 } hm_je_cls_t;
+
+/* Per small size class, where the free fast path finds the start that a
+ * region's offset is counted from (je_fast.c, free_body): the slab's start
+ * in its descriptor, or (powers of two up to a page, whose regions tile every
+ * page) address 0, without reading the descriptor. */
+typedef struct hm_je_cls_base {
+    uintptr_t sel;  /* applied to the extent-map word: its descriptor address bits, or 0 */
+    uintptr_t zero; /* 0, or where to read 0 instead (less the e_addr offset) */
+    uintptr_t unused;
+} hm_je_cls_base_t;
 
 #define HM_JE_NCLS 40         /* at least jemalloc's SC_NBINS (checked in je_fast.c) */
 #define HM_JE_LOOKUP_MAX 4096 /* jemalloc's SC_LOOKUP_MAXCLASS (checked in je_fast.c) */
@@ -134,6 +144,7 @@ typedef struct hm_je_key {
      * tcache_t (sz_size2index_tab, sz.h, times the bins' stride). Set by
      * hm__je_fast_key_init. */
     hm_je_cls_t cls[HM_JE_NCLS];
+    hm_je_cls_base_t cls_base[HM_JE_NCLS];
     uint16_t bin_of[HM_JE_LOOKUP_MAX / 8 + 1];
     unsigned slot;  /* index in the per-thread table */
     unsigned arena; /* the pool's arena */
@@ -142,6 +153,10 @@ typedef struct hm_je_key {
      * (arena, slab, state) for an active slab of the arena (set by
      * hm__je_fast_key_init). */
     uint64_t slab_bits;
+    /* The arena's first metadata block (its descriptors are the arena's), as
+     * the free fast path tests an extent-map word: see je_fast.c,
+     * leaf_slab_of_arena. */
+    uintptr_t meta_x, meta_xsize;
     void *no_tcache; /* see above (set by hm__je_fast_key_init) */
 } hm_je_key_t;
 
@@ -153,7 +168,8 @@ static inline int hm_je_by_tp_mine(const hm_je_key_t *key) {
     return -1;
 }
 
-/* Once the arena exists: fill key->cls, bin_of, slab_bits and no_tcache,
+/* Once the arena exists: fill key->cls, cls_base, bin_of, slab_bits,
+ * meta_x, meta_xsize and no_tcache,
  * and set every by_tp tcache to no_tcache. Called under
  * jemalloc.c's g_lock (the first call also fills je_fast.c's table of size
  * classes; a pthread_once here would be a hidden reference to libc: the file
