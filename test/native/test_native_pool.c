@@ -449,17 +449,17 @@ static void test_last_block_double_free(void) {
     CHECK_OK(hm_pool_destroy(pool));
 }
 
-/* Classes of 512 B and up reuse the blocks freed last first (the heap's
- * freed-block hints, kept off the managed memory): a block freed into a
- * full slab comes back at the next allocation of its class; a double free of
- * a block whose hint is pending is refused; a block handed out again is not
- * handed out twice through its stale hint; slabs holding hints still go back
- * at trim; the statistics stay exact. Also over PROT_NONE memory. */
+/* A 4 KiB class reuses the blocks freed last first (the heap's free-block
+ * stack, kept off the managed memory): a block freed into a full slab comes
+ * back at the next allocation of its class; a double free of a stacked
+ * block is refused; no block is handed out twice; slabs whose blocks were
+ * stacked still go back at trim; the statistics stay exact. Also over
+ * PROT_NONE memory. (test_free_stacks covers small classes and the bound.) */
 static void test_lifo_reuse(unsigned prot) {
-    hm_test_set_context(prot == RW ? "freed-block hints (LIFO)" : "freed-block hints, PROT_NONE");
+    hm_test_set_context(prot == RW ? "LIFO reuse, 4 KiB" : "LIFO reuse, 4 KiB, PROT_NONE");
     hm_pool_t *pool = os_pool(NULL, 0, prot);
     /* 12 slabs of 16 blocks of 4 KiB, every block handed out: the class
-     * word is empty, so the next allocations take the hints. */
+     * word is empty, so the next allocations pop the stack. */
     enum { N = 192 };
     void *p[N];
     for (int i = 0; i < N; i++) REQUIRE(p[i] = hm_pool_malloc(pool, 4096));
@@ -469,7 +469,7 @@ static void test_lifo_reuse(unsigned prot) {
     for (size_t k = 0; k < sizeof order / sizeof order[0]; k++) CHECK_OK(hm_pool_free(pool, p[order[k]]));
     hm_log_level_t old = hm_log_get_level();
     hm_log_set_level(HM_LOG_OFF);
-    CHECK_RES(hm_pool_free(pool, p[140]), HM_ERROR_DOUBLE_FREE); /* its hint is pending */
+    CHECK_RES(hm_pool_free(pool, p[140]), HM_ERROR_DOUBLE_FREE); /* stacked */
     hm_log_set_level(old);
     /* Newest first. */
     for (int k = (int)(sizeof order / sizeof order[0]) - 1; k >= 0; k--) {

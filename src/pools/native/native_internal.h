@@ -9,7 +9,7 @@
 #include <urcu/wfcqueue.h>
 
 #define NV_NCLS_MAX 113          /* classes up to 1 MiB */
-#define NV_FAST_MAX 1024         /* sizes classed by table lookup */
+#define NV_FAST_MAX 4096         /* sizes classed by table lookup (513 bytes) */
 #define NV_SLAB_MIN ((size_t)4 << 10)
 #define NV_SLAB_MAX ((size_t)64 << 20)
 #define NV_CLASS_LIMIT_MAX ((size_t)1 << 20)
