@@ -492,9 +492,14 @@ JEMALLOC_ALWAYS_INLINE hm_result_t free_body(void *state, void *ptr, tsd_t *tsd,
     /* A slab (szind < SC_NBINS: jemalloc writes descriptor, class and slab
      * bit in one word) whose descriptor is in the arena's first metadata
      * block (see meta_init; an active slab: jemalloc rewrites the word when
-     * the slab goes). */
-    if (unlikely(leaf_x(bits) - key->meta_x >= key->meta_xsize))
-        return free_checked(state, ptr, tcache);
+     * the slab goes, pa_dalloc in pa.c). */
+    if (unlikely(leaf_x(bits) - key->meta_x >= key->meta_xsize)) {
+        /* Not in the first block: a slab (the descriptor is not NULL) whose
+         * descriptor says the arena, slab, active (as live_block). */
+        if (!(bits & 1) ||
+            (edata_bits_racy(leaf_edata(bits)) & EDATA_CHECK_MASK) != key->slab_bits)
+            return free_checked(state, ptr, tcache);
+    }
     /* szind * 3 kept in a register (the empty asm): the tables have a
      * 24-byte stride, so each entry is then one scaled-index address. */
     size_t szind3 = (bits >> LG_VADDR) * 3;
