@@ -246,6 +246,10 @@ struct nv_pool {
     hm_native_remote_queue_t queue;
     uint32_t batch_cap;
     bool can_free, can_purge_lazy, can_purge_force;
+    /* Host memory the CPU may touch (HM_MEMORY_HOST or _HOST_PINNED with
+     * HM_PROVIDER_CAP_CPU_ACCESS): a free that stacks a block prefetches it
+     * for writing (stk_push). Never for other memory. */
+    bool prefetch;
     size_t cls_span[NV_NCLS_MAX];
 
     /* Heaps by thread pointer, for the allocation fast path without a TLS
