@@ -7,6 +7,9 @@
  * free batches) lives in host memory apart from the managed memory: the pool
  * never reads or writes the memory it hands out, so it works on device memory
  * that the CPU must not touch (providers without HM_PROVIDER_CAP_CPU_ACCESS).
+ * (Over host memory the CPU may touch, a free may issue a prefetch of the
+ * freed block, the next one of its class to be handed out: a hint that
+ * neither reads, writes nor faults.)
  *
  * Tiers, by request size (after alignment):
  *   small  size <= size_class_limit: blocks of a size class carved out of a

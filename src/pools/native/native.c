@@ -43,7 +43,9 @@
  *   and a slab whose blocks are all free still goes back to the pool (its
  *   entries dropped first). With random frees, the class word is mostly
  *   empty and every allocation would otherwise scan slab words for one or
- *   two free bits.
+ *   two free bits. Over host memory the CPU may touch, the push also
+ *   prefetches the block (a free list in the blocks starts that miss with
+ *   its store; the block's next user writes it).
  * - Sharing: what a remote free reads (a slab's fixed fields, a heap's
  *   thread pointer) sits on cache lines nobody writes while they are live;
  *   the owner's counters and lists are on other lines.
