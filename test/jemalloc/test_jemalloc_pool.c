@@ -4,7 +4,8 @@
  * refused providers, memory the CPU cannot touch, statistics and trim,
  * refusal of foreign, interior and other pools' pointers, region starts of
  * every small class (every region of whole slabs accepted), an arena with
- * more extent descriptors than its first metadata block,
+ * more extent descriptors than its first metadata block, the fast paths'
+ * thread lines changing hands,
  * thousands of create/destroy cycles (arena reuse), thread-exit tcache
  * clean-up, provider failures, fork.
  * Usage: test_jemalloc_pool [os-private|os-shared|os-untracked|os-prot-none|
@@ -595,6 +596,90 @@ static void test_many_extents(void) {
     CHECK_OK(hm_pool_destroy(a));
 }
 
+/* The fast paths' thread lines (je_fast.h: the pool's first thread, then
+ * slots by thread pointer, then a per-thread table) change hands: the first
+ * thread exits with blocks still live, the main thread frees them and
+ * carries on, threads that came later run side by side and pass blocks to
+ * each other, a trim disables the caller's cache in the middle. Every block
+ * keeps its contents and its size throughout. */
+typedef struct handover_arg {
+    hm_pool_t *pool;
+    void **out;      /* blocks handed to the next stage */
+    int n, seed;
+    void **in;       /* blocks received (freed here) */
+    int nin;
+} handover_arg_t;
+
+static size_t handover_size(int seed, int i) { return 8 + (size_t)((seed * 131 + i * 37) % 600); }
+
+static void *handover_thread(void *argp) {
+    handover_arg_t *a = argp;
+    for (int i = 0; i < a->nin; i++) {
+        unsigned char *q = a->in[i];
+        CHECK_MSG(q[0] == (unsigned char)i, "received block %d: contents lost", i);
+        CHECK_OK(hm_pool_free(a->pool, q));
+    }
+    for (int r = 0; r < 200; r++) {
+        void *t[16];
+        for (int i = 0; i < 16; i++) REQUIRE((t[i] = hm_pool_malloc(a->pool, handover_size(r, i))));
+        for (int i = 0; i < 16; i++) CHECK_OK(hm_pool_free(a->pool, t[i]));
+    }
+    for (int i = 0; i < a->n; i++) {
+        size_t sz = handover_size(a->seed, i);
+        unsigned char *q = hm_pool_malloc(a->pool, sz);
+        REQUIRE(q);
+        CHECK(hm_pool_malloc_usable_size(a->pool, q) >= sz);
+        memset(q, i & 0xff, sz);
+        a->out[i] = q;
+    }
+    return NULL;
+}
+
+static void test_thread_handover(void) {
+    hm_test_set_context("thread lines change hands");
+    enum { N = 300 };
+    hm_pool_t *pool = os_pool(NULL, 0, RW);
+    static void *b1[N], *b2[N], *b3[N];
+    /* 1. The pool's first thread leaves N blocks behind and exits. */
+    handover_arg_t a1 = {pool, b1, N, 1, NULL, 0};
+    pthread_t t1, t2, t3;
+    REQUIRE(pthread_create(&t1, NULL, handover_thread, &a1) == 0);
+    pthread_join(t1, NULL);
+    /* 2. This thread frees them and carries on; a trim between. */
+    handover_arg_t a0 = {pool, b2, N, 2, b1, N};
+    handover_thread(&a0);
+    CHECK_OK(hm_pool_trim(pool));
+    handover_arg_t a0b = {pool, b1, N, 5, b2, N}; /* b2 freed, b1 made */
+    handover_thread(&a0b);
+    /* 3. Two later threads side by side; the first (likely on the first
+     * thread's stack and thread pointer, which glibc reuses) starts by
+     * freeing this thread's blocks. */
+    handover_arg_t a3 = {pool, b2, N, 4, b1, N};
+    handover_arg_t a2 = {pool, b3, N, 3, NULL, 0};
+    REQUIRE(pthread_create(&t3, NULL, handover_thread, &a3) == 0);
+    REQUIRE(pthread_create(&t2, NULL, handover_thread, &a2) == 0);
+    pthread_join(t2, NULL);
+    pthread_join(t3, NULL);
+    for (int i = 0; i < N; i++) {
+        CHECK(((unsigned char *)b3[i])[0] == (unsigned char)i);
+        CHECK(((unsigned char *)b2[i])[0] == (unsigned char)i);
+        CHECK_OK(hm_pool_free(pool, b3[i]));
+        CHECK_OK(hm_pool_free(pool, b2[i]));
+    }
+    /* Every block came back through a live cache: destroy flushes the
+     * caches it knows and finds nothing allocated (a block left in a cache
+     * of an exited thread, or freed into one, would be reported). */
+    atomic_store(&g_warnings, 0);
+    hm_log_set_sink(count_sink, NULL);
+    hm_log_level_t old = hm_log_get_level();
+    hm_log_set_level(HM_LOG_WARN);
+    CHECK_OK(hm_pool_destroy(pool));
+    hm_log_set_level(old);
+    hm_log_set_sink(NULL, NULL);
+    CHECK_MSG(atomic_load(&g_warnings) == 0, "destroy: %ld warnings (blocks left in a cache?)",
+              atomic_load(&g_warnings));
+}
+
 /* Provider failures: allocation fails cleanly, the pool recovers. */
 static void test_faults(void) {
     hm_test_set_context("provider failures");
@@ -822,6 +907,7 @@ int main(int argc, char **argv) {
         test_foreign_pointers();
         test_region_starts();
         test_many_extents();
+        test_thread_handover();
         test_faults();
     }
     if (PART("fork")) {

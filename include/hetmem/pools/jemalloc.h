@@ -59,7 +59,8 @@
  * through a small table in the pool keyed by its thread pointer (no TLS
  * access; a thread whose entry another live thread holds uses a per-thread
  * table instead). The check of a freed pointer is made from the one
- * extent-map word jemalloc's own free reads.
+ * extent-map word jemalloc's own free reads, and for small classes other
+ * than powers of two up to 4 KiB from the slab's start in its descriptor.
  *
  * Errors: the pool validates every pointer given to free, realloc and
  * usable_size against jemalloc's own extent map (the pool sets

@@ -149,10 +149,15 @@ __attribute__((visibility("hidden"))) void hm__je_fast_tcache_refresh(hm_je_key_
         tcache_t *tc = tcaches[e->tc].tcache;
         if ((uintptr_t)tc > (uintptr_t)TCACHES_ELM_NEED_REINIT) e->tcache = tc;
     }
+    void *tc = e->tcache != NULL ? e->tcache : key->no_tcache;
     int i = hm_je_by_tp_mine(key);
     if (i >= 0) {
         key->by_tp.tsd[i] = tsd_get(false);
-        key->by_tp.tcache[i] = e->tcache != NULL ? e->tcache : key->no_tcache;
+        key->by_tp.tcache[i] = tc;
+    }
+    if (hm_je_own_mine(key)) {
+        key->own_tsd = tsd_get(false);
+        key->own_tcache = tc;
     }
 }
 
@@ -292,6 +297,7 @@ __attribute__((visibility("hidden"))) void hm__je_fast_key_init(hm_je_key_t *key
                      ((uint64_t)extent_state_active << EDATA_BITS_STATE_SHIFT);
     key->no_tcache = &g_no_tcache;
     for (unsigned i = 0; i < HM_JE_BY_TP; i++) key->by_tp.tcache[i] = &g_no_tcache;
+    key->own_tcache = &g_no_tcache;
     cls_init(key);
     meta_init(key);
     for (size_t i = 0; i <= SC_LOOKUP_MAXCLASS >> SC_LG_TINY_MIN; i++)
@@ -415,12 +421,32 @@ static JEMALLOC_NOINLINE hm_result_t alloc_tl(void *state, size_t size, size_t a
     return hm__je_alloc_slow(state, size, alignment, ptr);
 }
 
-/* The caller's by_tp slot i (the fast paths address each array with i
- * scaled by 8) and whether it is the caller's own. */
-#define BY_TP_LOOKUP(key, own, i)                                                          \
-    uintptr_t tp_ = hm_je_thread_tp();                                                     \
-    size_t i = hm_je_tp_slot(tp_);                                                         \
-    bool own = atomic_load_explicit(&(key)->by_tp.tp[i], memory_order_relaxed) == tp_
+/* The caller's tcache of the pool (the key's no_tcache: none) through its
+ * by_tp slot (the hash's top bits, with which the fast paths address each
+ * array scaled by 8), or NULL if another thread holds the slot. */
+JEMALLOC_ALWAYS_INLINE tcache_t *by_tp_tcache(const hm_je_key_t *key, uintptr_t tp) {
+    size_t i = hm_je_tp_slot(tp);
+    if (unlikely(atomic_load_explicit(&key->by_tp.tp[i], memory_order_relaxed) != tp))
+        return NULL;
+    return key->by_tp.tcache[i];
+}
+
+/* The fast paths of a thread that is not the pool's first: its by_tp slot
+ * (out of line: the first thread's path stays short). */
+static JEMALLOC_NOINLINE hm_result_t alloc_by_tp(void *state, size_t size, void **ptr,
+                                                 uintptr_t tp) {
+    tcache_t *tcache = by_tp_tcache(state, tp);
+    if (unlikely(tcache == NULL)) return alloc_tl(state, size, 0, ptr);
+    if (likely(alloc_small(state, tcache, size, ptr))) return HM_SUCCESS;
+    return hm__je_alloc_slow(state, size, 0, ptr);
+}
+
+static JEMALLOC_NOINLINE void *malloc_by_tp(void *state, size_t size, uintptr_t tp) {
+    tcache_t *tcache = by_tp_tcache(state, tp);
+    void *p;
+    if (likely(tcache != NULL) && likely(alloc_small(state, tcache, size, &p))) return p;
+    return hm__je_malloc_slow(state, size);
+}
 
 __attribute__((visibility("hidden"))) hm_result_t hm__je_fast_alloc(void *state, size_t size,
                                                                      size_t alignment,
@@ -429,9 +455,10 @@ __attribute__((visibility("hidden"))) hm_result_t hm__je_fast_alloc(void *state,
     /* alignment 0 or 1: natural; size 1..SC_LOOKUP_MAXCLASS in one test. */
     if (likely(alignment <= 1 && size - 1 < SC_LOOKUP_MAXCLASS)) {
 #if HM_JE_HAVE_TP
-        BY_TP_LOOKUP(key, own, i);
-        if (unlikely(!own)) return alloc_tl(state, size, alignment, ptr);
-        if (likely(alloc_small(key, key->by_tp.tcache[i], size, ptr))) return HM_SUCCESS;
+        uintptr_t tp = hm_je_thread_tp();
+        if (unlikely(atomic_load_explicit(&key->own_tp, memory_order_relaxed) != tp))
+            return alloc_by_tp(state, size, ptr, tp);
+        if (likely(alloc_small(key, key->own_tcache, size, ptr))) return HM_SUCCESS;
         return hm__je_alloc_slow(state, size, 0, ptr); /* 0 and 1: the same */
 #else
         (void)key;
@@ -441,13 +468,16 @@ __attribute__((visibility("hidden"))) hm_result_t hm__je_fast_alloc(void *state,
     return hm__je_alloc_slow(state, size, alignment, ptr);
 }
 
+/* size is not 0 (hm_pool_malloc's front-end). */
 __attribute__((visibility("hidden"))) void *hm__je_fast_malloc(void *state, size_t size) {
 #if HM_JE_HAVE_TP
     const hm_je_key_t *key = state;
-    if (likely(size - 1 < SC_LOOKUP_MAXCLASS)) {
-        BY_TP_LOOKUP(key, own, i);
+    if (likely(size <= SC_LOOKUP_MAXCLASS)) {
+        uintptr_t tp = hm_je_thread_tp();
+        if (unlikely(atomic_load_explicit(&key->own_tp, memory_order_relaxed) != tp))
+            return malloc_by_tp(state, size, tp);
         void *p;
-        if (likely(own) && likely(alloc_small(key, key->by_tp.tcache[i], size, &p))) return p;
+        if (likely(alloc_small(key, key->own_tcache, size, &p))) return p;
     }
 #endif
     return hm__je_malloc_slow(state, size);
@@ -523,19 +553,32 @@ JEMALLOC_ALWAYS_INLINE hm_result_t free_body(void *state, void *ptr, tsd_t *tsd,
     return hm__je_free_slow(state, ptr);
 }
 
-/* The fast path of a thread whose by_tp slot is not its own. */
+/* The fast path of a thread without the own line or a by_tp slot. */
 static JEMALLOC_NOINLINE hm_result_t free_tl(void *state, void *ptr) {
     tsd_t *tsd = tsd_once();
     tcache_t *tcache = tcache_of(state, tl_table);
     return free_body(state, ptr, tsd, tcache != NULL ? tcache : &g_no_tcache);
 }
 
+#if HM_JE_HAVE_TP
+/* The fast path of a thread that is not the pool's first (out of line, as
+ * alloc_by_tp). */
+static JEMALLOC_NOINLINE hm_result_t free_by_tp(void *state, void *ptr, uintptr_t tp) {
+    const hm_je_key_t *key = state;
+    size_t i = hm_je_tp_slot(tp);
+    if (unlikely(atomic_load_explicit(&key->by_tp.tp[i], memory_order_relaxed) != tp))
+        return free_tl(state, ptr);
+    return free_body(state, ptr, key->by_tp.tsd[i], key->by_tp.tcache[i]);
+}
+#endif
+
 __attribute__((visibility("hidden"))) hm_result_t hm__je_fast_free(void *state, void *ptr) {
 #if HM_JE_HAVE_TP
     const hm_je_key_t *key = state;
-    BY_TP_LOOKUP(key, own, i);
-    if (unlikely(!own)) return free_tl(state, ptr);
-    return free_body(state, ptr, key->by_tp.tsd[i], key->by_tp.tcache[i]);
+    uintptr_t tp = hm_je_thread_tp();
+    if (unlikely(atomic_load_explicit(&key->own_tp, memory_order_relaxed) != tp))
+        return free_by_tp(state, ptr, tp);
+    return free_body(state, ptr, key->own_tsd, key->own_tcache);
 #else
     return free_tl(state, ptr);
 #endif

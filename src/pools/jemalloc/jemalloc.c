@@ -138,10 +138,12 @@ static void atfork_child(void) {
     uintptr_t tp = hm_je_thread_tp();
     for (unsigned i = 0; i < g_nslots; i++) {
         if (!g_slots[i]) continue;
-        hm_je_by_tp_t *by_tp = &g_slots[i]->key.by_tp;
+        hm_je_key_t *key = &g_slots[i]->key;
         for (unsigned j = 0; j < HM_JE_BY_TP; j++)
-            if (atomic_load_explicit(&by_tp->tp[j], memory_order_relaxed) != tp)
-                atomic_store_explicit(&by_tp->tp[j], 0, memory_order_relaxed);
+            if (atomic_load_explicit(&key->by_tp.tp[j], memory_order_relaxed) != tp)
+                atomic_store_explicit(&key->by_tp.tp[j], 0, memory_order_relaxed);
+        if (atomic_load_explicit(&key->own_tp, memory_order_relaxed) != tp)
+            atomic_store_explicit(&key->own_tp, 0, memory_order_relaxed);
     }
     hm__mutex_unlock(&g_lock);
 }
@@ -182,12 +184,7 @@ static void tl_destructor(void *arg) {
         if (i < g_nslots && g_slots[i] && g_slots[i]->gen == e->gen) {
             /* Free the pool's by_tp slot before this thread's pointer can be
              * another thread's (je_fast.h). */
-            hm_je_key_t *key = &g_slots[i]->key;
-            int b = hm_je_by_tp_mine(key);
-            if (b >= 0) {
-                key->by_tp.tcache[b] = key->no_tcache;
-                atomic_store_explicit(&key->by_tp.tp[b], 0, memory_order_release);
-            }
+            hm_je_key_release_mine(&g_slots[i]->key);
             tc_node_t *n = (tc_node_t *)e->node;
             je_tcache_destroy(n->tc);
             *n->prevp = n->next;
@@ -218,17 +215,27 @@ static void once_init(void) {
     if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0) g_once_failed = 1;
 }
 
-/* Take the pool's by_tp slot of this thread unless another live thread holds
- * it (je_fast.h); true if the caller holds it now. The caller then fills it
- * (hm__je_fast_tcache_refresh). */
-static bool by_tp_claim(jpool_t *jp) {
-    uintptr_t tp = hm_je_thread_tp(), free_tp = 0;
-    if (!tp) return false;
-    _Atomic uintptr_t *slot = &jp->key.by_tp.tp[hm_je_tp_slot(tp)];
+/* Take a thread-pointer word of the pool (by_tp slot or own_tp) for this
+ * thread unless another live thread holds it (je_fast.h); true if the caller
+ * holds it now. */
+static bool tp_claim(_Atomic uintptr_t *slot, uintptr_t tp) {
+    uintptr_t free_tp = 0;
     uintptr_t cur = atomic_load_explicit(slot, memory_order_relaxed);
     if (cur) return cur == tp;
     return atomic_compare_exchange_strong_explicit(slot, &free_tp, tp, memory_order_acq_rel,
                                                    memory_order_relaxed);
+}
+
+/* Take the pool's own line and this thread's by_tp slot where free; true if
+ * the caller took either now. The caller then fills them
+ * (hm__je_fast_tcache_refresh). */
+static bool by_tp_claim(jpool_t *jp) {
+    uintptr_t tp = hm_je_thread_tp();
+    if (!tp) return false;
+    bool own = hm_je_own_mine(&jp->key), mine = hm_je_by_tp_mine(&jp->key) >= 0;
+    bool took = !own && tp_claim(&jp->key.own_tp, tp);
+    took |= !mine && tp_claim(&jp->key.by_tp.tp[hm_je_tp_slot(tp)], tp);
+    return took;
 }
 
 /* The flags for this thread on this pool: its tcache, made on first use. */
@@ -294,14 +301,16 @@ static HM_NOINLINE int flags_slow(jpool_t *jp) {
 }
 
 /* After a slow-path call: the fast paths may use the tcache again (it is
- * re-created by jemalloc after the flush in jp_trim), and a thread that uses
- * its per-thread table takes its by_tp slot if that has become free. */
+ * re-created by jemalloc after the flush in jp_trim), and a thread takes the
+ * pool's own line or its by_tp slot if either has become free. */
 static inline void tcache_refresh(jpool_t *jp) {
     tl_table_t *t = *hm__je_fast_tl();
     if (!t || jp->slot >= t->cap || t->e[jp->slot].gen != jp->gen || !t->e[jp->slot].node)
         return;
     tl_entry_t *e = &t->e[jp->slot];
-    bool claimed = hm_je_by_tp_mine(&jp->key) < 0 && by_tp_claim(jp);
+    bool claimed = (hm_je_by_tp_mine(&jp->key) < 0 ||
+                    atomic_load_explicit(&jp->key.own_tp, memory_order_relaxed) == 0) &&
+                   by_tp_claim(jp);
     if (claimed || !e->tcache) hm__je_fast_tcache_refresh(&jp->key, e);
 }
 
@@ -839,8 +848,7 @@ static hm_result_t jp_trim(void *state) {
         unsigned tc = t->e[jp->slot].tc;
         /* flush destroys it (re-made on next use) */
         t->e[jp->slot].tcache = NULL;
-        int b = hm_je_by_tp_mine(&jp->key);
-        if (b >= 0) jp->key.by_tp.tcache[b] = jp->key.no_tcache;
+        hm_je_key_disable_mine(&jp->key);
         int e = hm_je_mallctl("tcache.flush", NULL, NULL, &tc, sizeof(tc));
         if (e) HM_LOG_WARN("jemalloc pool: tcache.flush(%u): %s", tc, strerror(e));
     }
