@@ -56,9 +56,10 @@
  * jemalloc's per-thread event counters (their events act on jemalloc's
  * automatic thread cache, which the pool never uses; je_fast.c says why this
  * is safe); everything else goes through mallocx/dallocx. A thread finds its tcache of the pool
- * through a small table in the pool keyed by its thread pointer (no TLS
- * access; a thread whose entry another live thread holds uses a per-thread
- * table instead). The check of a freed pointer is made from the one
+ * by its thread pointer, without a TLS access: the pool's first thread (the
+ * first to take the line while it is free) with one comparison, others
+ * through a small table in the pool keyed by the thread pointer (a thread
+ * whose entry another live thread holds uses a per-thread table instead). The check of a freed pointer is made from the one
  * extent-map word jemalloc's own free reads, and for small classes other
  * than powers of two up to 4 KiB from the slab's start in its descriptor.
  *

@@ -55,16 +55,18 @@
  *   detect it either). The free fast path makes the slab case inline and
  *   hands everything else to the whole check (free_checked).
  *
- * Thread data: the pool's table by thread pointer (hm_je_key_t.by_tp,
- * je_fast.h) gives the fast paths the thread's tcache and jemalloc's thread
- * data (tsd) with no TLS access. A thread that does not hold its slot goes
+ * Thread data: the pool's first thread (hm_je_key_t.own_tp, one comparison)
+ * and the pool's table by thread pointer (hm_je_key_t.by_tp, je_fast.h)
+ * give the fast paths the thread's tcache and jemalloc's thread data (tsd)
+ * with no TLS access. A thread that holds neither goes
  * through jemalloc's thread data (tsd_tls, tsd_tls.h) and the pool's
  * per-thread table (tl_table), both hidden TLS of this module, reached
  * through one TLS-descriptor call (the local-dynamic model; no initial-exec
  * TLS, so libhetmem.so stays dlopen()able).
  *
  * Concurrency: everything here touches only the calling thread's tsd, its
- * own tcaches, table and by_tp entry (whose protocol je_fast.h states), and
+ * own tcaches, table, own line and by_tp entry (whose protocol je_fast.h
+ * states), and
  * reads the global extent map and extent
  * metadata, which jemalloc designs for concurrent readers (the non-dependent
  * lookup tolerates extents being changed by other threads: a stale answer
