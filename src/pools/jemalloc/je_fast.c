@@ -423,6 +423,7 @@ static JEMALLOC_NOINLINE hm_result_t alloc_tl(void *state, size_t size, size_t a
     return hm__je_alloc_slow(state, size, alignment, ptr);
 }
 
+#if HM_JE_HAVE_TP
 /* The caller's tcache of the pool (the key's no_tcache: none) through its
  * by_tp slot (the hash's top bits, with which the fast paths address each
  * array scaled by 8), or NULL if another thread holds the slot. */
@@ -449,6 +450,7 @@ static JEMALLOC_NOINLINE void *malloc_by_tp(void *state, size_t size, uintptr_t 
     if (likely(tcache != NULL) && likely(alloc_small(state, tcache, size, &p))) return p;
     return hm__je_malloc_slow(state, size);
 }
+#endif
 
 __attribute__((visibility("hidden"))) hm_result_t hm__je_fast_alloc(void *state, size_t size,
                                                                      size_t alignment,
