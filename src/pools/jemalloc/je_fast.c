@@ -192,14 +192,10 @@ __attribute__((visibility("hidden"))) void hm__je_fast_tcache_refresh(hm_je_key_
  * For a power of two up to a page (o = 1, inv = 1), whose regions tile every
  * page of its slabs (a slab starts on a page), any multiple of the size on
  * one of the slab's pages is a region start, and rotr(d, t) < 2^(64-t)
- * exactly when d is a multiple of the size: with that bound (cls_info_t's
+ * exactly when d is a multiple of the size: with that bound (hm_je_cls_t's
  * `bound`, nregs for the other classes) d may be counted from any multiple
  * of the size, such as address 0, which the free fast path uses so as not
  * to read the descriptor for those classes. */
-typedef hm_je_cls_t cls_info_t;
-/* The same stride as the tcache's bins, so that the fast path forms both
- * addresses from one szind * 3. */
-_Static_assert(sizeof(cls_info_t) == sizeof(cache_bin_t), "cls_info_t: one bin's stride");
 _Static_assert(SC_NBINS <= HM_JE_NCLS, "hm_je_key_t.cls");
 _Static_assert(SC_LOOKUP_MAXCLASS == HM_JE_LOOKUP_MAX && SC_LG_TINY_MIN == 3,
                "hm_je_key_t.bin_of");
@@ -218,37 +214,32 @@ static uint64_t inverse_odd(uint64_t x) {
 }
 
 /* Never written: what free_body reads as the start of a power-of-two class's
- * slab (hm_je_cls_base_t.zero). */
+ * slab (hm_je_cls_t.zero). */
 static const uintptr_t g_zero_word;
-
-_Static_assert(sizeof(hm_je_cls_base_t) == sizeof(cache_bin_t), "cls_base: one bin's stride");
 
 /* The descriptor of an extent-map word (rtree_leaf_elm_bits_decode, for the
  * user-space addresses the map holds: no sign extension). */
 #define LEAF_EDATA_MASK ((((uintptr_t)1 << LG_VADDR) - 1) & ~(uintptr_t)(EDATA_ALIGNMENT - 1))
 
-/* key->cls and cls_base from jemalloc's bin_infos (fixed once jemalloc has
- * booted). */
+/* key->cls from jemalloc's bin_infos (fixed once jemalloc has booted). */
 static void cls_init(hm_je_key_t *key) {
-    memset(key->cls, 0, sizeof(key->cls));
-    memset(key->cls_base, 0, sizeof(key->cls_base));
+    hm_je_cls_t *c = &key->cls;
+    memset(c, 0, sizeof(*c));
     for (szind_t i = 0; i < SC_NBINS; i++) {
         uint64_t size = bin_infos[i].reg_size;
         unsigned t = (unsigned)__builtin_ctzll(size);
-        cls_info_t *c = &key->cls[i];
-        c->inv = inverse_odd(size >> t);
-        c->rot = t;
-        hm_je_cls_base_t *b = &key->cls_base[i];
+        c->inv[i] = inverse_odd(size >> t);
+        c->rot[i] = t;
         if ((size & (size - 1)) == 0 && size <= PAGE) {
             /* Regions tile every page of the slab: any multiple of the size
              * on one of its pages is a region start (see "region starts"). */
-            c->bound = (uint64_t)1 << (64 - t);
-            b->sel = 0;
-            b->zero = (uintptr_t)&g_zero_word - offsetof(edata_t, e_addr);
+            c->bound[i] = (uint64_t)1 << (64 - t);
+            c->sel[i] = 0;
+            c->zero[i] = (uintptr_t)&g_zero_word - offsetof(edata_t, e_addr);
         } else {
-            c->bound = bin_infos[i].nregs;
-            b->sel = LEAF_EDATA_MASK; /* the word's descriptor address */
-            b->zero = 0;
+            c->bound[i] = bin_infos[i].nregs;
+            c->sel[i] = LEAF_EDATA_MASK; /* the word's descriptor address */
+            c->zero[i] = 0;
         }
     }
 }
@@ -320,12 +311,12 @@ JEMALLOC_ALWAYS_INLINE uint64_t edata_bits_racy(const edata_t *edata) {
 /* Is key the start of a region of the slab `edata` of small class szind?
  * (see "region starts") */
 JEMALLOC_ALWAYS_INLINE bool region_start(uintptr_t key, const edata_t *edata,
-                                         const cls_info_t *c) {
+                                         const hm_je_cls_t *c, szind_t szind) {
     uint64_t d = key - (uintptr_t)edata_addr_get(edata);
-    uint64_t q = d * c->inv;
-    unsigned r = c->rot;
+    uint64_t q = d * c->inv[szind];
+    unsigned r = (unsigned)c->rot[szind];
     q = (q >> r) | (q << ((64 - r) & 63));
-    return q < c->bound;
+    return q < c->bound[szind];
 }
 
 /* The extent-map word of key's page, through the thread's lookup cache (the
@@ -369,7 +360,7 @@ JEMALLOC_ALWAYS_INLINE int live_block(tsdn_t *tsdn, rtree_ctx_t *rtree_ctx,
         /* A slab (jemalloc writes descriptor, class and slab bit in one
          * word: szind < SC_NBINS). */
         if ((eb & EDATA_CHECK_MASK) != hk->slab_bits || szind >= SC_NBINS ||
-            !region_start(key, edata, &hk->cls[szind]))
+            !region_start(key, edata, &hk->cls, szind))
             return NOT_LIVE;
         return (int)szind | LIVE_SLAB;
     }
@@ -534,25 +525,18 @@ JEMALLOC_ALWAYS_INLINE hm_result_t free_body(void *state, void *ptr, tsd_t *tsd,
             (edata_bits_racy(leaf_edata(bits)) & EDATA_CHECK_MASK) != key->slab_bits)
             return free_checked(state, ptr, tcache);
     }
-    /* szind * 3 kept in a register (the empty asm): the tables have a
-     * 24-byte stride, so each entry is then one scaled-index address. */
-    size_t szind3 = (bits >> LG_VADDR) * 3;
-    __asm__("" : "+r"(szind3));
-#define WORD_AT(base, s3, member) ((const uint64_t *)&(base)[0].member)[s3]
-    cache_bin_t *bin = (cache_bin_t *)((uint64_t *)tcache->bins + szind3);
+    size_t szind = bits >> LG_VADDR;
+    cache_bin_t *bin = &tcache->bins[szind];
     /* The region test (see "region starts") on the offset from the slab's
      * start (edata_addr_get), or for powers of two up to a page from address
      * 0 (read from g_zero_word: the address read is chosen by the class's
      * masks, no branch on the class, no read of the descriptor). */
-    uintptr_t src = (bits & WORD_AT(key->cls_base, szind3, sel)) |
-                    WORD_AT(key->cls_base, szind3, zero);
+    uintptr_t src = (bits & key->cls.sel[szind]) | key->cls.zero[szind];
     uintptr_t start = *(const uintptr_t *)(src + offsetof(edata_t, e_addr));
-    uint64_t d = k - start;
-    uint64_t q = d * WORD_AT(key->cls, szind3, inv);
-    unsigned r = (unsigned)WORD_AT(key->cls, szind3, rot); /* rot, unused: one word */
+    uint64_t q = (k - start) * key->cls.inv[szind];
+    unsigned r = (unsigned)key->cls.rot[szind];
     q = (q >> r) | (q << ((64 - r) & 63));
-    if (unlikely(q >= WORD_AT(key->cls, szind3, bound))) return hm__je_refuse(state, ptr, "free");
-#undef WORD_AT
+    if (unlikely(q >= key->cls.bound[szind])) return hm__je_refuse(state, ptr, "free");
     if (likely(cache_bin_dalloc_easy(bin, ptr))) return HM_SUCCESS;
     return hm__je_free_slow(state, ptr);
 }

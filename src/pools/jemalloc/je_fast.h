@@ -119,26 +119,23 @@ static inline __attribute__((always_inline)) size_t hm_je_tp_slot(uintptr_t tp) 
     return (size_t)(((uint64_t)tp * 0x9E3779B97F4A7C15ull) >> (64 - HM_JE_BY_TP_BITS));
 }
 
-/* Per small size class, what the free path's region test needs (je_fast.c,
- * "region starts"); 24 bytes, the stride of jemalloc's cache bins. */
+#define HM_JE_NCLS 40         /* at least jemalloc's SC_NBINS (checked in je_fast.c) */
+
+/* Per small size class (index: jemalloc's szind), what the free path's
+ * region test needs (je_fast.c, "region starts"), as parallel arrays, each
+ * addressed with the class index scaled by 8. The test counts a pointer's
+ * offset from the slab's start in its descriptor, or (powers of two up to a
+ * page, whose regions tile every page) from address 0, without reading the
+ * descriptor: the address read is (extent-map word & sel) | zero. */
 typedef struct hm_je_cls {
-    uint64_t inv;   /* the inverse of the size's odd part modulo 2^64 */
-    uint64_t bound; /* regions per slab; 2^(64 - rot) for powers of two up to a page */
-    uint32_t rot;   /* log2 of the size's largest power-of-two divisor */
-    uint32_t unused;
+    uint64_t inv[HM_JE_NCLS];   /* the inverse of the size's odd part modulo 2^64 */
+    uint64_t bound[HM_JE_NCLS]; /* regions per slab; 2^(64 - rot) for powers of two up
+                                 * to a page */
+    uint64_t rot[HM_JE_NCLS];   /* log2 of the size's largest power-of-two divisor */
+    uintptr_t sel[HM_JE_NCLS];  /* the word's descriptor address bits, or 0 */
+    uintptr_t zero[HM_JE_NCLS]; /* 0, or where to read 0 instead (less the e_addr offset) */
 } hm_je_cls_t;
 
-/* Per small size class, where the free fast path finds the start that a
- * region's offset is counted from (je_fast.c, free_body): the slab's start
- * in its descriptor, or (powers of two up to a page, whose regions tile every
- * page) address 0, without reading the descriptor. */
-typedef struct hm_je_cls_base {
-    uintptr_t sel;  /* applied to the extent-map word: its descriptor address bits, or 0 */
-    uintptr_t zero; /* 0, or where to read 0 instead (less the e_addr offset) */
-    uintptr_t unused;
-} hm_je_cls_base_t;
-
-#define HM_JE_NCLS 40         /* at least jemalloc's SC_NBINS (checked in je_fast.c) */
 #define HM_JE_LOOKUP_MAX 4096 /* jemalloc's SC_LOOKUP_MAXCLASS (checked in je_fast.c) */
 
 /* What the fast paths need of a pool (immutable while the pool lives, but
@@ -154,8 +151,7 @@ typedef struct hm_je_key {
      * HM_JE_LOOKUP_MAX the byte offset of the size class's cache bin in a
      * tcache_t (sz_size2index_tab, sz.h, times the bins' stride). Set by
      * hm__je_fast_key_init. */
-    hm_je_cls_t cls[HM_JE_NCLS];
-    hm_je_cls_base_t cls_base[HM_JE_NCLS];
+    hm_je_cls_t cls;
     uint16_t bin_of[HM_JE_LOOKUP_MAX / 8 + 1];
     /* The pool's first thread (see above). */
     _Atomic uintptr_t own_tp;
@@ -207,7 +203,7 @@ static inline void hm_je_key_release_mine(hm_je_key_t *key) {
     if (hm_je_own_mine(key)) atomic_store_explicit(&key->own_tp, 0, memory_order_release);
 }
 
-/* Once the arena exists: fill key->cls, cls_base, bin_of, slab_bits,
+/* Once the arena exists: fill key->cls, bin_of, slab_bits,
  * meta_x, meta_xsize and no_tcache,
  * and set every by_tp tcache to no_tcache. Called under
  * jemalloc.c's g_lock (the first call also fills je_fast.c's table of size
