@@ -1392,15 +1392,18 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
     nv_cls_t *cl = &h->cls[c];
     if (h->last_cl == cl) h->last = 0; /* the word may change */
     if (h->out_pending) flush_all(h);
-    /* Remote frees first: their blocks are reused before the slab's other
-     * free words, and their batches go back to the freeing threads sooner
-     * (fewer batches and slabs in flight). */
-    if (drain_pending(h) && drain(h) && cl_bits(cl))
-        return HM_SUCCESS; /* frees landed in the current word */
     nv_slab_t *s = cl->cur;
     if (s && s->nfree) {
         take_word(h, cl, s);
         return HM_SUCCESS;
+    }
+    if (drain_pending(h) && drain(h)) {
+        if (cl_bits(cl)) return HM_SUCCESS; /* frees landed in the current word */
+        s = cl->cur;
+        if (s && s->nfree) {
+            take_word(h, cl, s);
+            return HM_SUCCESS;
+        }
     }
     if (s) { /* full: it leaves the lists until a block comes back */
         cl->cur = NULL;

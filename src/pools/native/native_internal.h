@@ -18,8 +18,8 @@
 #define NV_OUT_SLOTS 8           /* outgoing remote-free batches per heap */
 #define NV_BATCH_CAP 126         /* frees per batch: the batch is 2 KiB */
 #define NV_FLUSH_EVERY 1024      /* remote frees between forced flushes */
-#define NV_STOCK_MAX 8           /* spare batches a heap keeps */
-#define NV_STOCK_MOVE 4          /* batches moved to/from the depot at once */
+#define NV_STOCK_MAX 32          /* spare batches a heap keeps */
+#define NV_STOCK_MOVE 16         /* batches moved to/from the depot at once */
 #define NV_STACK_CAP 128         /* free-block stack entries per class (nv_sent_t) */
 #define NV_BY_TP_BITS 6
 #define NV_BY_TP (1u << NV_BY_TP_BITS) /* heaps found by thread pointer */
