@@ -369,6 +369,18 @@ static int cmp_ptr(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* Free the n blocks of p: then nothing is requested, and a trim gives every
+ * provider byte back. */
+static void free_all_trim_to_zero(hm_pool_t *pool, void **p, int n) {
+    for (int i = 0; i < n; i++) CHECK_OK(hm_pool_free(pool, p[i]));
+    hm_pool_stats_t st;
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, 0);
+    CHECK_OK(hm_pool_trim(pool));
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_MSG(st.bytes_from_provider == 0, "held %zu after trim", st.bytes_from_provider);
+}
+
 static void test_remote_double_free(void) {
     hm_test_set_context("remote double frees");
     hm_pool_t *pool = os_pool(NULL, 0, RW);
@@ -493,12 +505,7 @@ static void test_lifo_reuse(unsigned prot) {
     int dups = 0;
     for (int i = 1; i < N; i++) dups += p[i] == p[i - 1];
     CHECK_EQ(dups, 0);
-    for (int i = 0; i < N; i++) CHECK_OK(hm_pool_free(pool, p[i]));
-    CHECK_OK(hm_pool_get_stats(pool, &st));
-    CHECK_EQ(st.bytes_requested, 0);
-    CHECK_OK(hm_pool_trim(pool));
-    CHECK_OK(hm_pool_get_stats(pool, &st));
-    CHECK_MSG(st.bytes_from_provider == 0, "held %zu after trim", st.bytes_from_provider);
+    free_all_trim_to_zero(pool, p, N);
     CHECK_OK(hm_pool_destroy(pool));
 }
 
@@ -578,12 +585,7 @@ static void test_free_stacks(unsigned prot) {
     }
     memcpy(q, p, sizeof p);
     CHECK(all_distinct(q, N));
-    for (int i = 0; i < N; i++) CHECK_OK(hm_pool_free(pool, p[i]));
-    CHECK_OK(hm_pool_get_stats(pool, &st));
-    CHECK_EQ(st.bytes_requested, 0);
-    CHECK_OK(hm_pool_trim(pool));
-    CHECK_OK(hm_pool_get_stats(pool, &st));
-    CHECK_MSG(st.bytes_from_provider == 0, "held %zu after trim", st.bytes_from_provider);
+    free_all_trim_to_zero(pool, p, N);
     CHECK_OK(hm_pool_destroy(pool));
 
     /* A slab retained from the 4 KiB class (a 2-line descriptor) serves the

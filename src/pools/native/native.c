@@ -652,6 +652,16 @@ static void slab_release(nv_pool_t *nv, nv_slab_t *s) {
     hm__mutex_unlock(&nv->lock);
 }
 
+/* slab_acquire could not use s (retained or new, unmapped): back to the
+ * retained list, whatever the retained bound. */
+static void slab_unacquire(nv_pool_t *nv, nv_slab_t *s) {
+    hm__mutex_lock(&nv->lock);
+    s->next = nv->retained;
+    nv->retained = s;
+    atomic_fetch_add_explicit(&nv->kept, s->span, memory_order_relaxed);
+    hm__mutex_unlock(&nv->lock);
+}
+
 /* A slab for class c of heap h: a retained one of the same span, or a new
  * provider range. */
 static hm_result_t slab_acquire(nv_pool_t *nv, nv_heap_t *h, unsigned c, nv_slab_t **out) {
@@ -674,11 +684,7 @@ static hm_result_t slab_acquire(nv_pool_t *nv, nv_heap_t *h, unsigned c, nv_slab
     if (s && s->wcap < words) {
         nv_slab_t *n = desc_grow(nv, s, words);
         if (!n) {
-            hm__mutex_lock(&nv->lock);
-            s->next = nv->retained;
-            nv->retained = s;
-            atomic_fetch_add_explicit(&nv->kept, s->span, memory_order_relaxed);
-            hm__mutex_unlock(&nv->lock);
+            slab_unacquire(nv, s);
             return HM_ERROR_OUT_OF_HOST_MEMORY;
         }
         s = n;
@@ -714,11 +720,7 @@ static hm_result_t slab_acquire(nv_pool_t *nv, nv_heap_t *h, unsigned c, nv_slab
     }
     if (!slab_carve(nv, s, h, c)) {
         s->owner = NULL;
-        hm__mutex_lock(&nv->lock);
-        s->next = nv->retained;
-        nv->retained = s;
-        atomic_fetch_add_explicit(&nv->kept, s->span, memory_order_relaxed);
-        hm__mutex_unlock(&nv->lock);
+        slab_unacquire(nv, s);
         return HM_ERROR_OUT_OF_HOST_MEMORY;
     }
     *out = s;
