@@ -809,6 +809,19 @@ static void stk_purge(nv_heap_t *h, const nv_slab_t *s) {
     stat_add_i(&h->st_bytes, -(int64_t)(n - k) * cl->bsize);
 }
 
+/* Take stack entry e's block out of its slab's bitmap: 0 if its bit is not
+ * set (cannot be, nv_cls: the caller then drops the entry). */
+HM_INLINE int stk_take(nv_sent_t e) {
+    nv_slab_t *s = e.s;
+    uint32_t idx = (uint32_t)(((e.p - s->base) * s->magic) >> 32); /* as block_index() */
+    uint32_t w = idx >> 6;
+    uint64_t bit = (uint64_t)1 << (idx & 63), x = s->bits[w];
+    if (hm_unlikely(!(x & bit))) return 0;
+    s->bits[w] = x & ~bit;
+    s->nfree--; /* a slab in the partial list may reach 0: see cls_refill */
+    return 1;
+}
+
 /* The newest stacked block of cl (h's), taken out of its slab's bitmap; 0
  * if the stack is empty. */
 HM_INLINE uintptr_t stk_pop(nv_heap_t *h, nv_cls_t *cl) {
@@ -816,35 +829,19 @@ HM_INLINE uintptr_t stk_pop(nv_heap_t *h, nv_cls_t *cl) {
     while ((n = stk_n(cl)) != 0) {
         nv_sent_t e = cl->stk[n - 1];
         stk_set_n(cl, n - 1);
-        nv_slab_t *s = e.s;
-        uint32_t idx = (uint32_t)(((e.p - s->base) * s->magic) >> 32); /* as block_index() */
-        uint32_t w = idx >> 6;
-        uint64_t bit = (uint64_t)1 << (idx & 63), x = s->bits[w];
-        if (hm_unlikely(!(x & bit))) { /* cannot be (nv_cls): be safe */
-            stat_add_i(&h->st_bytes, -(int64_t)cl->bsize);
-            continue;
-        }
-        s->bits[w] = x & ~bit;
-        s->nfree--; /* a slab in the partial list may reach 0: see cls_refill */
-        return e.p;
+        if (hm_likely(stk_take(e))) return e.p;
+        stat_add_i(&h->st_bytes, -(int64_t)cl->bsize); /* a stale entry: dropped */
     }
     return 0;
 }
 
 /* stk_pop for the fast paths: no loop; 0 sends the caller to stk_pop. */
-HM_INLINE uintptr_t stk_pop_fast(nv_heap_t *h, nv_cls_t *cl) {
+HM_INLINE uintptr_t stk_pop_fast(nv_cls_t *cl) {
     uint32_t n = stk_n(cl);
     if (hm_unlikely(!n)) return 0;
     nv_sent_t e = cl->stk[n - 1];
-    nv_slab_t *s = e.s;
-    uint32_t idx = (uint32_t)(((e.p - s->base) * s->magic) >> 32);
-    uint32_t w = idx >> 6;
-    uint64_t bit = (uint64_t)1 << (idx & 63), x = s->bits[w];
-    if (hm_unlikely(!(x & bit))) return 0;
+    if (hm_unlikely(!stk_take(e))) return 0;
     stk_set_n(cl, n - 1);
-    s->bits[w] = x & ~bit;
-    s->nfree--;
-    (void)h;
     return e.p;
 }
 
@@ -1779,7 +1776,7 @@ static void *nv_malloc_fast(void *state, size_t size) {
     uintptr_t p = alloc_fast(state, size, &h, &c);
     if (hm_likely(p)) return (void *)p;
     if (hm_likely(h != NULL)) {
-        p = stk_pop_fast(h, &h->cls[c]);
+        p = stk_pop_fast(&h->cls[c]);
         if (hm_likely(p)) return (void *)p;
         return malloc_fast_refill(h, c);
     }
