@@ -517,6 +517,58 @@ static int all_distinct(void **p, size_t n) {
     return 1;
 }
 
+/* Blocks of the word being handed out that the owner frees (other than the
+ * block allocated last) go into the slab's bitmap and onto the stack, not
+ * back into the class word (nv_cls): a second free of one is still refused,
+ * by the owner or from another thread (found when drained), as is the
+ * owner's free of a block that a remote free put back into the class word;
+ * every block comes back exactly once. */
+static void test_current_word_frees(void) {
+    hm_test_set_context("frees into the current word");
+    hm_pool_t *pool = os_pool(NULL, 0, RW);
+    enum { N = 10, M = 200 };
+    void *a[N], *b[M], *all[N + M];
+    /* A fresh slab: the class word holds blocks 10..63 of its word 0. */
+    for (int i = 0; i < N; i++) REQUIRE(a[i] = hm_pool_malloc(pool, 48));
+    atomic_store(&g_double_logs, 0);
+    hm_log_level_t old = hm_log_get_level();
+    hm_log_set_sink(double_sink, NULL);
+    hm_log_set_level(HM_LOG_ERROR);
+    CHECK_OK(hm_pool_free(pool, a[3])); /* not the block allocated last */
+    CHECK_RES(hm_pool_free(pool, a[3]), HM_ERROR_DOUBLE_FREE);
+    void *order[1] = {a[3]};
+    run_dfree(pool, order, 0, 1, 1); /* the same from another thread */
+    void *q = hm_pool_malloc(pool, 3000); /* a first block of another class drains */
+    REQUIRE(q);
+    order[0] = a[5];
+    run_dfree(pool, order, 0, 1, 1); /* a valid remote free: into the class word */
+    void *r = hm_pool_malloc(pool, 2000); /* drains */
+    REQUIRE(r);
+    CHECK_RES(hm_pool_free(pool, a[5]), HM_ERROR_DOUBLE_FREE);
+    hm_log_set_level(old);
+    hm_log_set_sink(NULL, NULL);
+    CHECK_MSG(atomic_load(&g_double_logs) == 3, "%ld double frees logged, want 3",
+              atomic_load(&g_double_logs));
+    /* Blocks 3 and 5 come back once each, among blocks distinct from the
+     * live ones. */
+    int n = 0, got3 = 0, got5 = 0;
+    for (int i = 0; i < N; i++)
+        if (i != 3 && i != 5) all[n++] = a[i];
+    for (int i = 0; i < M; i++) {
+        REQUIRE(b[i] = hm_pool_malloc(pool, 48));
+        got3 += b[i] == a[3];
+        got5 += b[i] == a[5];
+        all[n++] = b[i];
+    }
+    CHECK_EQ(got3, 1);
+    CHECK_EQ(got5, 1);
+    CHECK(all_distinct(all, (size_t)n));
+    CHECK_OK(hm_pool_free(pool, q));
+    CHECK_OK(hm_pool_free(pool, r));
+    free_all_trim_to_zero(pool, all, n);
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
 /* The heap's free-block stacks (every class): blocks freed into slab
  * bitmaps come back newest first, across slabs; a stacked block is still
  * free in its bitmap, so freeing it again is refused; past the stack's
@@ -745,6 +797,7 @@ int main(int argc, char **argv) {
         test_remote_and_abandoned(HM_NATIVE_QUEUE_MUTEX, "remote frees, abandoned heaps (mutex)");
         test_remote_double_free();
         test_last_block_double_free();
+        test_current_word_frees();
     }
     if (!ran) {
         fprintf(stderr, "unknown part '%s'\n", part);

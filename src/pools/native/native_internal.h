@@ -64,7 +64,12 @@ typedef struct nv_slab {
     uint32_t nblocks;
     /* The owner's. */
     uint32_t nfree;
-    uint16_t in_partial;
+    uint8_t in_partial;
+    /* s == s->cl->cur (so nfree < nblocks: the current word's blocks are
+     * out of bits[]): a free's test whether s joins a list or goes back
+     * needs no comparison with cl->cur (a coin toss when a class's blocks
+     * span two slabs). */
+    uint8_t is_cur;
     uint16_t cls; /* fixed while live */
     uint64_t bits[];
 } nv_slab_t;
@@ -79,7 +84,11 @@ typedef struct nv_sent {
 } nv_sent_t;
 
 /* Per heap and size class. `bits` are free blocks of word `word` of `cur`
- * taken out of cur->bits; the fast path hands them out.
+ * taken out of cur->bits; the fast path hands them out. Blocks of that word
+ * come back into `bits` only as the block allocated last (nv_heap.last) or
+ * through a remote free; the owner's other frees of them go into
+ * cur->bits[word] and onto the stack like any other, so a free's double-free
+ * test of such a block reads both words.
  * The free-block stack stk[0..sn) (host memory, newest last) holds blocks
  * the owner freed into slab bitmaps (not into the class word): the next
  * allocation of the class that finds `bits` empty pops the newest one (the
