@@ -111,6 +111,7 @@ typedef struct nv_tls {
 
 uint32_t hm__nv_cls_size[NV_NCLS_MAX];
 uint8_t hm__nv_cls_of8[NV_FAST_MAX / 8 + 1];
+uint16_t hm__nv_cls_at8[NV_FAST_MAX / 8 + 1];
 
 HM_INLINE unsigned cls_of_big(size_t size) { /* size > 256 */
     unsigned k = 63u - (unsigned)__builtin_clzll((unsigned long long)(size - 1));
@@ -173,6 +174,7 @@ static void global_init(void) {
         unsigned c = 0;
         while (hm__nv_cls_size[c] < size) c++;
         hm__nv_cls_of8[i] = (uint8_t)c;
+        hm__nv_cls_at8[i] = (uint16_t)NV_CLS_AT(c);
     }
     if (pthread_key_create(&g_key, tl_destructor)) HM_DIE("pthread_key_create failed");
     if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child))
@@ -791,7 +793,7 @@ HM_INLINE void stk_push(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s, uintptr_t p) {
          * the caller will write it: start bringing its line in now, as a
          * free list kept in the blocks does by its store (host memory the
          * CPU may touch only; a prefetch never faults). */
-        if (h->nv->prefetch) __builtin_prefetch((const void *)p, 1, 3);
+        if (cl->prefetch) __builtin_prefetch((const void *)p, 1, 3);
         cl->stk[n].p = p;
         cl->stk[n].s = s;
         stk_set_n(cl, n + 1);
@@ -843,6 +845,7 @@ HM_INLINE uintptr_t stk_pop_fast(nv_cls_t *cl) {
     nv_sent_t e = cl->stk[n - 1];
     if (hm_unlikely(!stk_take(e))) return 0;
     stk_set_n(cl, n - 1);
+    if (!e.p) __builtin_unreachable(); /* a stacked block is never at 0 */
     return e.p;
 }
 
@@ -890,6 +893,11 @@ static HM_NOINLINE hm_result_t double_free(const nv_slab_t *s, uint32_t idx) {
     HM_LOG_ERROR("native pool: double free of %p (block %u of the %u-byte slab at %p)",
                  (void *)(s->base + (uintptr_t)idx * s->bsize), idx, s->bsize, (void *)s->base);
     return HM_ERROR_DOUBLE_FREE;
+}
+
+/* double_free for a block known by its address. */
+static HM_NOINLINE hm_result_t double_free_at(const nv_slab_t *s, uintptr_t p) {
+    return double_free(s, (uint32_t)(((p - s->base) * s->magic) >> 32));
 }
 
 /* A free changed the state of s, which is not its class's current slab: it
@@ -1261,6 +1269,7 @@ static nv_heap_t *heap_new(nv_pool_t *nv) {
         h->cls[c].bsize = hm__nv_cls_size[c];
         h->cls[c].word = UINT32_MAX;
         h->cls[c].stk = h->stk_map + (size_t)c * NV_STACK_CAP;
+        h->cls[c].prefetch = nv->prefetch;
     }
     hm__mutex_lock(&nv->lock);
     h->all_next = nv->heaps;
@@ -1477,22 +1486,22 @@ static HM_NOINLINE hm_result_t alloc_refill(nv_heap_t *h, unsigned c, void **out
 }
 
 /* The allocation fast path (alignment <= 8): the block, or 0 with *hp the
- * caller's heap (its class word *cp is empty: refill) or NULL (the slow
+ * caller's heap (its class word *clp is empty: refill) or NULL (the slow
  * path: a large size, or no heap found by thread pointer). Calls nothing. */
-HM_INLINE uintptr_t alloc_fast(nv_pool_t *nv, size_t size, nv_heap_t **hp, unsigned *cp) {
-    unsigned c;
+HM_INLINE uintptr_t alloc_fast(nv_pool_t *nv, size_t size, nv_heap_t **hp, nv_cls_t **clp) {
+    size_t at; /* of the class in the heap: NV_CLS_AT */
     *hp = NULL;
-    if (hm_likely(size <= nv->fast_limit)) c = hm__nv_cls_of8[(size + 7) >> 3];
-    else if (size <= nv->class_limit) c = cls_of_big(size);
+    if (hm_likely(size <= nv->fast_limit)) at = hm__nv_cls_at8[(size + 7) >> 3];
+    else if (size <= nv->class_limit) at = NV_CLS_AT(cls_of_big(size));
     else return 0;
     uintptr_t tp = thread_tp();
     nv_heap_t *h = heap_by_tp(nv, tp);
     if (hm_unlikely(!heap_is_mine(h, tp))) return 0;
-    nv_cls_t *cl = &h->cls[c];
+    nv_cls_t *cl = (nv_cls_t *)((char *)h + at);
     uint64_t b = cl_bits(cl);
     if (hm_unlikely(!b)) {
         *hp = h;
-        *cp = c;
+        *clp = cl;
         return 0;
     }
     /* No counter update: see nv_heap.st_bytes. */
@@ -1510,13 +1519,13 @@ static hm_result_t nv_alloc(void *state, size_t size, size_t align, void **out) 
     nv_pool_t *nv = state;
     if (hm_likely(align <= 8)) {
         nv_heap_t *h;
-        unsigned c;
-        uintptr_t p = alloc_fast(nv, size, &h, &c);
+        nv_cls_t *cl;
+        uintptr_t p = alloc_fast(nv, size, &h, &cl);
         if (hm_likely(p)) {
             *out = (void *)p;
             return HM_SUCCESS;
         }
-        if (h) return alloc_refill(h, c, out);
+        if (h) return alloc_refill(h, (unsigned)(cl - h->cls), out);
     }
     return alloc_slow(nv, size, align, out);
 }
@@ -1590,13 +1599,13 @@ static HM_NOINLINE hm_result_t free_double_last(nv_pool_t *nv, void *p) {
 
 typedef hm_result_t (*nv_other_fn)(void *p); /* see free_impl */
 
-/* free_general's free of block idx of s (h's, valid, free not yet) that
+/* free_general's free of block p of s (the caller's, valid, free not yet) that
  * changes the slab's state (see slab_transition). other (hm__native_free's):
  * a slab going back to the pool may call free, so that case goes there,
  * unchanged; a full slab joining the partial list calls nothing. */
-static HM_NOINLINE hm_result_t free_transition(nv_heap_t *h, nv_slab_t *s, uint32_t idx,
-                                               nv_other_fn other) {
-    uintptr_t p = s->base + (uintptr_t)idx * s->bsize;
+static HM_NOINLINE hm_result_t free_transition(nv_slab_t *s, uintptr_t p, nv_other_fn other) {
+    nv_heap_t *h = s->owner;
+    uint32_t idx = (uint32_t)(((p - s->base) * s->magic) >> 32); /* as block_index() */
     if (other && s->nfree + 1 == s->nblocks) return other((void *)p);
     s->bits[idx >> 6] |= (uint64_t)1 << (idx & 63);
     if (++s->nfree != s->nblocks) stk_push(h, s->cl, s, p);
@@ -1634,7 +1643,6 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
     nv_heap_t *h = s->owner;
     if (hm_unlikely(h != me)) return NV_EXIT(mode, free_other(nv, s, p, me, idx));
     nv_cls_t *cl = s->cl;
-    nv_slab_t *cur = cl->cur;
     uint32_t w = idx >> 6;
     uint64_t bit = (uint64_t)1 << (idx & 63);
     /* No branch on whether s is the current slab: that is a coin toss when
@@ -1645,17 +1653,21 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
      * goes into the slab's bitmap and onto the stack like any other (see
      * nv_cls), and the double-free test takes that word's free bits in
      * without a branch; the transition test reads is_cur, which rules out
-     * the current slab, and compares with cur only when it passes. */
-    uint64_t in_word = (((uintptr_t)s ^ (uintptr_t)cur) | (uintptr_t)(w ^ cl->word)) == 0;
+     * the current slab. */
+    /* Past the ownership test only p, s and what follows from them stay
+     * live (the exits recompute idx; h is s->owner), so that the path
+     * needs no callee-saved registers. */
+    uint32_t is_cur = s->is_cur;
+    uint64_t in_word = is_cur & (w == cl->word);
     uint64_t x = s->bits[w];
     if (hm_unlikely((x | (cl_bits(cl) & (0 - in_word))) & bit))
-        return NV_EXIT(mode, double_free(s, idx));
+        return NV_EXIT(mode, double_free_at(s, (uintptr_t)p));
     uint32_t n = s->nfree + 1;
-    if (hm_unlikely(!(s->in_partial | s->is_cur) || n == s->nblocks) && s != cur)
-        return free_transition(h, s, idx, mode == NV_FREE_FAST ? other : NULL);
+    if (hm_unlikely(!(s->in_partial | is_cur) || n == s->nblocks) && !is_cur)
+        return free_transition(s, (uintptr_t)p, mode == NV_FREE_FAST ? other : NULL);
     s->bits[w] = x | bit;
     s->nfree = n;
-    stk_push(h, cl, s, (uintptr_t)p);
+    stk_push(s->owner, cl, s, (uintptr_t)p);
     return HM_SUCCESS;
 }
 
@@ -1664,6 +1676,25 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
 static HM_NOINLINE hm_result_t free_general_out(nv_pool_t *nv, void *p, nv_heap_t *me, int mode,
                                                 nv_other_fn other) {
     return free_general(nv, p, me, mode, other);
+}
+
+/* free_more's free of a block in the word of the caller's last remote free
+ * (roff: its offset from that word's first block). Out of line, so that
+ * the registers it needs cost the local free no stack frame. */
+static HM_NOINLINE hm_result_t free_cached(nv_pool_t *nv, void *p, nv_heap_t *me, int mode,
+                                           nv_other_fn other, uintptr_t roff) {
+    uint32_t sub = (uint32_t)((roff * me->r_magic) >> 32);
+    uint32_t bsize = me->r_bsize;
+    nv_rent_t *e = me->r_ent;
+    uint64_t m = e->mask, bit = (uint64_t)1 << sub;
+    uint32_t left = me->r_left;
+    if (hm_likely((uintptr_t)sub * bsize == roff && !(m & bit) && left > 1)) {
+        e->mask = m | bit;
+        me->r_left = left - 1;
+        stat_add_i(&me->st_bytes, -(int64_t)bsize);
+        return HM_SUCCESS;
+    }
+    return free_general_out(nv, p, me, mode, other);
 }
 
 /* free_impl past the block allocated last: me is the caller's heap, or
@@ -1676,20 +1707,7 @@ HM_INLINE hm_result_t free_more(nv_pool_t *nv, void *p, nv_heap_t *me, int mode,
      * without the page map (the slab cannot go back to the pool while the
      * entry holds one of its blocks), and its bit goes into the entry. */
     uintptr_t roff = (uintptr_t)p - me->r_key;
-    if (roff < me->r_span) {
-        uint32_t sub = (uint32_t)((roff * me->r_magic) >> 32);
-        uint32_t bsize = me->r_bsize;
-        nv_rent_t *e = me->r_ent;
-        uint64_t m = e->mask, bit = (uint64_t)1 << sub;
-        uint32_t left = me->r_left;
-        if (hm_likely((uintptr_t)sub * bsize == roff && !(m & bit) && left > 1)) {
-            e->mask = m | bit;
-            me->r_left = left - 1;
-            stat_add_i(&me->st_bytes, -(int64_t)bsize);
-            return HM_SUCCESS;
-        }
-        return free_general_out(nv, p, me, mode, other);
-    }
+    if (roff < me->r_span) return free_cached(nv, p, me, mode, other, roff);
     return free_general(nv, p, me, mode, other);
 }
 
@@ -1749,34 +1767,34 @@ hm_result_t hm__native_alloc(void *state, size_t size, size_t align, void **out)
     return nv_alloc(state, size, align, out);
 }
 
-/* hm__native_malloc's refill (h: the caller's heap, c: the class). */
-static HM_NOINLINE void *malloc_refill(nv_heap_t *h, unsigned c, size_t size, int *guard,
+/* hm__native_malloc's refill (h: the caller's heap, cl: the class). */
+static HM_NOINLINE void *malloc_refill(nv_heap_t *h, nv_cls_t *cl, size_t size, int *guard,
                                        void *(*other)(size_t)) {
-    uintptr_t p = stk_pop(h, &h->cls[c]); /* calls nothing */
+    uintptr_t p = stk_pop(h, cl); /* calls nothing */
     if (hm_likely(p)) return (void *)p;
     void *q;
     *guard = 1;
-    hm_result_t r = alloc_refill(h, c, &q);
+    hm_result_t r = alloc_refill(h, (unsigned)(cl - h->cls), &q);
     *guard = 0;
     return hm_likely(r == HM_SUCCESS) ? q : other(size);
 }
 
 void *hm__native_malloc(void *state, size_t size, int *guard, void *(*other)(size_t)) {
     nv_heap_t *h;
-    unsigned c;
-    uintptr_t p = alloc_fast(state, size, &h, &c);
+    nv_cls_t *cl;
+    uintptr_t p = alloc_fast(state, size, &h, &cl);
     if (hm_likely(p)) return (void *)p;
-    if (h) return malloc_refill(h, c, size, guard, other);
+    if (h) return malloc_refill(h, cl, size, guard, other);
     return other(size);
 }
 
 /* The malloc_fast op (hm_pool_malloc tail-calls it): alloc_fast, else
  * nv_alloc with its result as errno. */
-static HM_NOINLINE void *malloc_fast_refill(nv_heap_t *h, unsigned c) {
-    uintptr_t p = stk_pop(h, &h->cls[c]);
+static HM_NOINLINE void *malloc_fast_refill(nv_heap_t *h, nv_cls_t *cl) {
+    uintptr_t p = stk_pop(h, cl);
     if (p) return (void *)p;
     void *q;
-    hm_result_t r = alloc_refill(h, c, &q);
+    hm_result_t r = alloc_refill(h, (unsigned)(cl - h->cls), &q);
     if (hm_unlikely(r != HM_SUCCESS)) {
         errno = hm__result_errno(r);
         return NULL;
@@ -1786,13 +1804,13 @@ static HM_NOINLINE void *malloc_fast_refill(nv_heap_t *h, unsigned c) {
 
 static void *nv_malloc_fast(void *state, size_t size) {
     nv_heap_t *h;
-    unsigned c;
-    uintptr_t p = alloc_fast(state, size, &h, &c);
+    nv_cls_t *cl;
+    uintptr_t p = alloc_fast(state, size, &h, &cl);
     if (hm_likely(p)) return (void *)p;
     if (hm_likely(h != NULL)) {
-        p = stk_pop_fast(&h->cls[c]);
+        p = stk_pop_fast(cl);
         if (hm_likely(p)) return (void *)p;
-        return malloc_fast_refill(h, c);
+        return malloc_fast_refill(h, cl);
     }
     return hm__malloc_via(nv_alloc, state, size);
 }

@@ -26,6 +26,9 @@
 
 extern uint32_t hm__nv_cls_size[NV_NCLS_MAX];
 extern uint8_t hm__nv_cls_of8[NV_FAST_MAX / 8 + 1];
+/* The same classes as byte offsets of their nv_cls in a heap (NV_CLS_AT):
+ * the allocation fast path's class word is one add away from the heap. */
+extern uint16_t hm__nv_cls_at8[NV_FAST_MAX / 8 + 1];
 
 typedef struct nv_heap nv_heap_t;
 typedef struct nv_pool nv_pool_t;
@@ -109,7 +112,7 @@ struct nv_cls {
     uint32_t word;   /* UINT32_MAX: none */
     nv_slab_t *cur;
     _Atomic uint32_t sn; /* stacked entries (relaxed: get_stats reads it) */
-    uint32_t unused;
+    uint32_t prefetch; /* nv_pool.prefetch, on the line a push reads */
     nv_sent_t *stk;  /* NV_STACK_CAP entries (nv_heap.stk_map) */
 } HM_CACHE_ALIGNED; /* one cache line per class; the partial lists are apart */
 
@@ -216,6 +219,10 @@ struct nv_heap {
                          * a private mapping (backed where touched) */
     nv_cls_t cls[] HM_CACHE_ALIGNED;
 };
+
+/* Byte offset of class c's nv_cls in a heap (hm__nv_cls_at8). */
+#define NV_CLS_AT(c) (offsetof(nv_heap_t, cls) + (size_t)(c) * sizeof(nv_cls_t))
+_Static_assert(NV_CLS_AT(NV_NCLS_MAX) <= UINT16_MAX, "hm__nv_cls_at8 is 16 bits");
 
 typedef struct nv_lentry {
     uintptr_t base;
