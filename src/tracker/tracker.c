@@ -342,6 +342,15 @@ static void reclaim_later(retired_t *list) {
     b->list = list;
     TSAN_RELEASE(b);
     atomic_fetch_add_explicit(&g_batches_pending, 1, memory_order_relaxed);
+    /* Make sure the default worker exists before call_rcu. liburcu 0.13's
+     * call_rcu enters a read-side section and, on the process's first use,
+     * creates the worker under call_rcu's mutex; call_rcu_before_fork (the
+     * atfork prepare) holds that mutex while it waits for the workers to
+     * pause, and a worker inside a grace period waits for that reader: the
+     * fork deadlocked (test_fork_first_reclaim). Here, outside any
+     * read-side section, waiting for the mutex is harmless; afterwards
+     * call_rcu finds the worker without taking it. One load when it exists. */
+    (void)urcu_bp_get_default_call_rcu_data();
     urcu_bp_call_rcu(&b->head, batch_free);
 }
 
