@@ -783,23 +783,33 @@ HM_INLINE void stk_set_n(nv_cls_t *cl, uint32_t n) {
     atomic_store_explicit(&cl->sn, n, memory_order_relaxed);
 }
 
-/* Block p of s, h's, was just freed into its bitmap: stack it, or (stack
- * full) count its bytes out of the heap's (a stacked block's bytes leave
- * when get_stats subtracts the stacks, nv_heap.st_bytes). */
-HM_INLINE void stk_push(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s, uintptr_t p) {
+/* Block p (index idx) of s was just freed into its bitmap by the owner of
+ * s (cl: its class there): stack it, or (stack full) count its bytes out
+ * of the heap's (a stacked block's bytes leave when get_stats subtracts
+ * the stacks, nv_heap.st_bytes). */
+/* stk_push's part for a stack with room (n < NV_STACK_CAP entries). */
+HM_INLINE void stk_put(nv_cls_t *cl, nv_slab_t *s, uintptr_t p, uint32_t idx, uint32_t n) {
+    /* The stacked block is the next one of its class handed out, and the
+     * caller will write it: start bringing its line in now, as a free list
+     * kept in the blocks does by its store (host memory the CPU may touch
+     * only; a prefetch never faults). */
+    if (cl->prefetch) __builtin_prefetch((const void *)p, 1, 3);
+    cl->stk[n].s = s;
+    cl->stk[n].idx = idx;
+    stk_set_n(cl, n + 1);
+}
+
+/* stk_push's part for a full stack; returns HM_SUCCESS (free_general
+ * tail-calls it, so that its fast path keeps no register for it). */
+static HM_NOINLINE hm_result_t stk_full(const nv_slab_t *s) {
+    stat_add_i(&s->owner->st_bytes, -(int64_t)s->bsize);
+    return HM_SUCCESS;
+}
+
+HM_INLINE void stk_push(nv_cls_t *cl, nv_slab_t *s, uintptr_t p, uint32_t idx) {
     uint32_t n = stk_n(cl);
-    if (hm_likely(n < NV_STACK_CAP)) {
-        /* The stacked block is the next one of its class handed out, and
-         * the caller will write it: start bringing its line in now, as a
-         * free list kept in the blocks does by its store (host memory the
-         * CPU may touch only; a prefetch never faults). */
-        if (cl->prefetch) __builtin_prefetch((const void *)p, 1, 3);
-        cl->stk[n].p = p;
-        cl->stk[n].s = s;
-        stk_set_n(cl, n + 1);
-    } else {
-        stat_add_i(&h->st_bytes, -(int64_t)cl->bsize);
-    }
+    if (hm_likely(n < NV_STACK_CAP)) stk_put(cl, s, p, idx, n);
+    else stk_full(s);
 }
 
 /* s (h's) goes back to the pool: drop its entries. */
@@ -812,17 +822,20 @@ static void stk_purge(nv_heap_t *h, const nv_slab_t *s) {
     stat_add_i(&h->st_bytes, -(int64_t)(n - k) * cl->bsize);
 }
 
-/* Take stack entry e's block out of its slab's bitmap: 0 if its bit is not
- * set (cannot be, nv_cls: the caller then drops the entry). */
-HM_INLINE int stk_take(nv_sent_t e) {
+/* Take stack entry e's block out of its slab's bitmap: its address, or 0
+ * if its bit is not set (cannot be, nv_cls: the caller then drops the
+ * entry). The entry names the block by index, so the bitmap update needs
+ * no division; the address, one multiply, is off that chain. */
+HM_INLINE uintptr_t stk_take(nv_sent_t e) {
     nv_slab_t *s = e.s;
-    uint32_t idx = (uint32_t)(((e.p - s->base) * s->magic) >> 32); /* as block_index() */
-    uint32_t w = idx >> 6;
-    uint64_t bit = (uint64_t)1 << (idx & 63), x = s->bits[w];
+    uint32_t w = e.idx >> 6;
+    uint64_t bit = (uint64_t)1 << (e.idx & 63), x = s->bits[w];
     if (hm_unlikely(!(x & bit))) return 0;
     s->bits[w] = x & ~bit;
     s->nfree--; /* a slab in the partial list may reach 0: see cls_refill */
-    return 1;
+    uintptr_t p = s->base + (uintptr_t)e.idx * s->bsize;
+    if (!p) __builtin_unreachable(); /* a slab's base is never 0 (slab_acquire) */
+    return p;
 }
 
 /* The newest stacked block of cl (h's), taken out of its slab's bitmap; 0
@@ -832,7 +845,8 @@ HM_INLINE uintptr_t stk_pop(nv_heap_t *h, nv_cls_t *cl) {
     while ((n = stk_n(cl)) != 0) {
         nv_sent_t e = cl->stk[n - 1];
         stk_set_n(cl, n - 1);
-        if (hm_likely(stk_take(e))) return e.p;
+        uintptr_t p = stk_take(e);
+        if (hm_likely(p)) return p;
         stat_add_i(&h->st_bytes, -(int64_t)cl->bsize); /* a stale entry: dropped */
     }
     return 0;
@@ -842,11 +856,10 @@ HM_INLINE uintptr_t stk_pop(nv_heap_t *h, nv_cls_t *cl) {
 HM_INLINE uintptr_t stk_pop_fast(nv_cls_t *cl) {
     uint32_t n = stk_n(cl);
     if (hm_unlikely(!n)) return 0;
-    nv_sent_t e = cl->stk[n - 1];
-    if (hm_unlikely(!stk_take(e))) return 0;
+    uintptr_t p = stk_take(cl->stk[n - 1]);
+    if (hm_unlikely(!p)) return 0;
     stk_set_n(cl, n - 1);
-    if (!e.p) __builtin_unreachable(); /* a stacked block is never at 0 */
-    return e.p;
+    return p;
 }
 
 /* Move the next word with free blocks of cl->cur (s) into cl->bits. */
@@ -934,11 +947,11 @@ HM_INLINE hm_result_t free_own(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
     s->bits[w] = x | bit;
     uint32_t n = ++s->nfree;
     if (hm_unlikely(s != cl->cur && (!s->in_partial || n == s->nblocks))) {
-        if (n != s->nblocks) stk_push(h, cl, s, s->base + (uintptr_t)idx * s->bsize);
+        if (n != s->nblocks) stk_push(cl, s, s->base + (uintptr_t)idx * s->bsize, idx);
         else stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
         slab_transition(h, cl, s);
     } else {
-        stk_push(h, cl, s, s->base + (uintptr_t)idx * s->bsize);
+        stk_push(cl, s, s->base + (uintptr_t)idx * s->bsize, idx);
     }
     return HM_SUCCESS;
 }
@@ -1608,7 +1621,7 @@ static HM_NOINLINE hm_result_t free_transition(nv_slab_t *s, uintptr_t p, nv_oth
     uint32_t idx = (uint32_t)(((p - s->base) * s->magic) >> 32); /* as block_index() */
     if (other && s->nfree + 1 == s->nblocks) return other((void *)p);
     s->bits[idx >> 6] |= (uint64_t)1 << (idx & 63);
-    if (++s->nfree != s->nblocks) stk_push(h, s->cl, s, p);
+    if (++s->nfree != s->nblocks) stk_push(s->cl, s, p, idx);
     else stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
     slab_transition(h, s->cl, s);
     return HM_SUCCESS;
@@ -1667,7 +1680,9 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
         return free_transition(s, (uintptr_t)p, mode == NV_FREE_FAST ? other : NULL);
     s->bits[w] = x | bit;
     s->nfree = n;
-    stk_push(s->owner, cl, s, (uintptr_t)p);
+    uint32_t sn = stk_n(cl);
+    if (hm_unlikely(sn >= NV_STACK_CAP)) return stk_full(s);
+    stk_put(cl, s, (uintptr_t)p, idx, sn);
     return HM_SUCCESS;
 }
 

@@ -80,10 +80,12 @@ _Static_assert(NV_NCLS_MAX <= UINT16_MAX, "nv_slab.cls is 16 bits");
 _Static_assert(offsetof(nv_slab_t, bits) + 2 * sizeof(uint64_t) <= 2 * HM_CACHE_LINE,
                "a free's fields and two bitmap words share the second line");
 
-/* One entry of a heap's free-block stack: a free block and its slab. */
+/* One entry of a heap's free-block stack: a free block, as its slab and
+ * its index there (the pop's bitmap update needs no division). */
 typedef struct nv_sent {
-    uintptr_t p;
     nv_slab_t *s;
+    uint32_t idx;
+    uint32_t unused;
 } nv_sent_t;
 
 /* Per heap and size class. `bits` are free blocks of word `word` of `cur`
