@@ -6,7 +6,10 @@
  * number of named *baselines* (glibc malloc, the provider called raw, jemalloc,
  * ...), all in the same run. For each case the harness
  *   1. sets every implementation up and calibrates it: the iteration count is
- *      doubled until one measurement lasts at least --min-time;
+ *      doubled until one measurement lasts at least --min-time (a later
+ *      measurement that takes under half of it means calibration stopped on
+ *      a run slowed by something else: the implementation is recalibrated
+ *      from there and that measurement made again, at most twice);
  *   2. measures R times (--repeats), interleaved: subject, baseline 1, ...,
  *      subject, baseline 1, ... so that drift (frequency, noisy neighbours)
  *      hits every implementation alike;
@@ -28,6 +31,9 @@
  *   --filter TEXT   only cases whose name contains TEXT
  *   --quick         1 repeat, 1 ms: a smoke test (used by CTest)
  *   --help
+ * Environment: HM_BENCH_TRACE=1 prints one line per timed run on stderr
+ * (calibration runs and measurements: iterations, wall and CPU
+ * seconds, start time), plus what the workloads trace themselves.
  *
  * Not thread-safe: one benchmark thread drives the harness (a workload may
  * start threads of its own inside run()). */

@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #define HM_ALIGN64 __attribute__((aligned(64)))
 
@@ -86,13 +87,35 @@ typedef struct remote_run {
     impl_ctx_t *c;
     ring_t *r;
     uint64_t n;
+    /* For the trace (HM_BENCH_TRACE): the consumer's waits, CPU time and
+     * when it started and finished its loop (CLOCK_MONOTONIC, s). */
+    uint64_t waits;
+    double cpu, t_start, t_done;
 } remote_run_t;
+
+static double clock_s(clockid_t id) {
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* HM_BENCH_TRACE set (and not "0"): the remote workloads print one line per
+ * run and per consumer on stderr (the harness prints one per timed run). */
+static int wl_trace(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("HM_BENCH_TRACE");
+        v = e && *e && strcmp(e, "0");
+    }
+    return v;
+}
 
 static void *remote_consumer(void *arg) {
     remote_run_t *rr = arg;
+    rr->t_start = clock_s(CLOCK_MONOTONIC);
     ring_t *r = rr->r;
     int ring_only = rr->c->kind == K_RING;
-    uint64_t h = 0;
+    uint64_t h = 0, waits = 0;
     while (h < rr->n) {
         uint64_t t = atomic_load_explicit(&r->tail, memory_order_acquire);
         while (h < t) {
@@ -102,9 +125,29 @@ static void *remote_consumer(void *arg) {
             h++;
         }
         atomic_store_explicit(&r->head, h, memory_order_release);
-        if (h == t) sched_yield();
+        if (h == t) {
+            sched_yield();
+            waits++;
+        }
     }
+    rr->waits = waits;
+    rr->t_done = clock_s(CLOCK_MONOTONIC);
+    rr->cpu = clock_s(CLOCK_THREAD_CPUTIME_ID);
     return NULL;
+}
+
+/* The trace of one remote run: t[0..3] = before the threads start, after,
+ * when the producer is done, when all are joined. */
+static void remote_trace(const char *name, uint64_t iters, const double *t, uint64_t pwaits,
+                         const remote_run_t *rr, int n) {
+    fprintf(stderr,
+            "  %s: %llu objects: start %.6f produce %.6f join %.6f s, producer waits %llu\n",
+            name, (unsigned long long)iters, t[1] - t[0], t[2] - t[1], t[3] - t[2],
+            (unsigned long long)pwaits);
+    for (int k = 0; k < n; k++)
+        fprintf(stderr, "    consumer %d: %llu objects, waits %llu, cpu %.6f s, loop %.6f-%.6f s\n",
+                k, (unsigned long long)rr[k].n, (unsigned long long)rr[k].waits, rr[k].cpu,
+                rr[k].t_start - t[0], rr[k].t_done - t[0]);
 }
 
 int wl_run_remote(void *ctx, const void *arg, uint64_t iters) {
@@ -112,24 +155,33 @@ int wl_run_remote(void *ctx, const void *arg, uint64_t iters) {
     static ring_t ring;
     atomic_store(&ring.head, 0);
     atomic_store(&ring.tail, 0);
-    remote_run_t rr = {ctx, &ring, iters};
+    remote_run_t rr = {.c = ctx, .r = &ring, .n = iters};
+    double tt[4];
+    uint64_t pwaits = 0;
+    tt[0] = clock_s(CLOCK_MONOTONIC);
     pthread_t t;
     if (pthread_create(&t, NULL, remote_consumer, &rr)) return 1;
+    tt[1] = clock_s(CLOCK_MONOTONIC);
     impl_ctx_t *c = ctx;
     /* K_RING: blocks of a static array stand in for allocations (4x the
      * ring, so none is reused while the consumer may still read its slot). */
     static char fake[4 * RING][64] HM_ALIGN64;
     int ring_only = c->kind == K_RING;
     for (uint64_t i = 0; i < iters; i++) {
-        while (i - atomic_load_explicit(&ring.head, memory_order_acquire) >= RING)
+        while (i - atomic_load_explicit(&ring.head, memory_order_acquire) >= RING) {
             sched_yield();
+            pwaits++;
+        }
         void *p = ring_only ? fake[i & (4 * RING - 1)] : xalloc(c, 64);
         if (!p) abort(); /* the consumer waits for every object */
         *(char *)p = 1;
         ring.slot[i & (RING - 1)] = p;
         atomic_store_explicit(&ring.tail, i + 1, memory_order_release);
     }
+    tt[2] = clock_s(CLOCK_MONOTONIC);
     pthread_join(t, NULL);
+    tt[3] = clock_s(CLOCK_MONOTONIC);
+    if (wl_trace()) remote_trace("remote", iters, tt, pwaits, &rr, 1);
     return 0;
 }
 
@@ -146,23 +198,34 @@ int wl_run_fanin(void *ctx, const void *arg, uint64_t iters) {
     impl_ctx_t *c = ctx;
     int ring_only = c->kind == K_RING;
     static char fake[4 * RING][64] HM_ALIGN64; /* FANIN * RING < 4 * RING in flight */
+    double tt[4];
+    uint64_t pwaits = 0;
+    tt[0] = clock_s(CLOCK_MONOTONIC);
     for (int k = 0; k < FANIN; k++) {
         atomic_store(&rings[k].head, 0);
         atomic_store(&rings[k].tail, 0);
-        rr[k] = (remote_run_t){c, &rings[k], iters / FANIN + ((uint64_t)k < iters % FANIN)};
+        rr[k] = (remote_run_t){.c = c, .r = &rings[k],
+                               .n = iters / FANIN + ((uint64_t)k < iters % FANIN)};
         if (pthread_create(&t[k], NULL, remote_consumer, &rr[k])) abort();
     }
+    tt[1] = clock_s(CLOCK_MONOTONIC);
     for (uint64_t i = 0; i < iters; i++) {
         ring_t *r = &rings[i % FANIN];
         uint64_t j = i / FANIN;
-        while (j - atomic_load_explicit(&r->head, memory_order_acquire) >= RING) sched_yield();
+        while (j - atomic_load_explicit(&r->head, memory_order_acquire) >= RING) {
+            sched_yield();
+            pwaits++;
+        }
         void *p = ring_only ? fake[i & (4 * RING - 1)] : xalloc(c, 64);
         if (!p) abort(); /* the consumers wait for every object */
         *(char *)p = 1;
         r->slot[j & (RING - 1)] = p;
         atomic_store_explicit(&r->tail, j + 1, memory_order_release);
     }
+    tt[2] = clock_s(CLOCK_MONOTONIC);
     for (int k = 0; k < FANIN; k++) pthread_join(t[k], NULL);
+    tt[3] = clock_s(CLOCK_MONOTONIC);
+    if (wl_trace()) remote_trace("fanin", iters, tt, pwaits, rr, FANIN);
     return 0;
 }
 
