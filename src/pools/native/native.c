@@ -604,7 +604,7 @@ static int slab_carve(nv_pool_t *nv, nv_slab_t *s, nv_heap_t *h, unsigned c) {
     s->cl = &h->cls[c];
     s->bsize = bsize;
     s->nblocks = (uint32_t)(s->span / bsize);
-    s->magic = ((uint64_t)1 << 32) / bsize + (((uint64_t)1 << 32) % bsize != 0);
+    s->magic = (uint32_t)(((uint64_t)1 << 32) / bsize + (((uint64_t)1 << 32) % bsize != 0));
     s->nwords = (s->nblocks + 63) / 64;
     for (uint32_t i = 0; i < s->nwords; i++) s->bits[i] = ~(uint64_t)0;
     if (s->nblocks & 63) s->bits[s->nwords - 1] = ((uint64_t)1 << (s->nblocks & 63)) - 1;
@@ -612,6 +612,7 @@ static int slab_carve(nv_pool_t *nv, nv_slab_t *s, nv_heap_t *h, unsigned c) {
     s->scan = 0;
     s->in_partial = 0;
     s->is_cur = 0;
+    s->cur_word = UINT32_MAX;
     s->prev = s->next = NULL;
     if (!map_set(nv, s->base, s->span, s)) {
         map_set(nv, s->base, s->span, NULL);
@@ -793,7 +794,7 @@ HM_INLINE void stk_put(nv_cls_t *cl, nv_slab_t *s, uintptr_t p, uint32_t idx, ui
      * caller will write it: start bringing its line in now, as a free list
      * kept in the blocks does by its store (host memory the CPU may touch
      * only; a prefetch never faults). */
-    if (cl->prefetch) __builtin_prefetch((const void *)p, 1, 3);
+    if (hm_likely(cl->prefetch)) __builtin_prefetch((const void *)p, 1, 3); /* inline: host */
     cl->stk[n].s = s;
     cl->stk[n].idx = idx;
     stk_set_n(cl, n + 1);
@@ -874,6 +875,7 @@ static void take_word(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s) {
     stat_add_i(&h->st_bytes, (int64_t)n * s->bsize);
     cl_set(cl, w);
     cl->word = i;
+    s->cur_word = i;
     cl->wbase = s->base + (uintptr_t)i * 64u * s->bsize;
 }
 
@@ -892,6 +894,7 @@ static void cls_retire_cur(nv_heap_t *h, nv_cls_t *cl) {
     cl->cur = NULL;
     cl->word = UINT32_MAX;
     s->is_cur = 0;
+    s->cur_word = UINT32_MAX;
     if (s->nfree == s->nblocks) {
         stk_purge(h, s);
         slab_release(h->nv, s);
@@ -1436,6 +1439,7 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
         cl->cur = NULL;
         cl->word = UINT32_MAX;
         s->is_cur = 0;
+        s->cur_word = UINT32_MAX;
     }
     /* Slabs whose last free blocks stk_pop took stay listed until here. */
     while ((s = h->partial[c]) && !s->nfree) partial_unlink(cl, s);
@@ -1665,18 +1669,18 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
      * 8-128, all on that test). So a block of the word being handed out
      * goes into the slab's bitmap and onto the stack like any other (see
      * nv_cls), and the double-free test takes that word's free bits in
-     * without a branch; the transition test reads is_cur, which rules out
+     * without a branch (s->cur_word names the word only while s is
+     * current); the transition test reads is_cur, which rules out
      * the current slab. */
     /* Past the ownership test only p, s and what follows from them stay
      * live (the exits recompute idx; h is s->owner), so that the path
      * needs no callee-saved registers. */
-    uint32_t is_cur = s->is_cur;
-    uint64_t in_word = is_cur & (w == cl->word);
+    uint64_t in_word = w == s->cur_word;
     uint64_t x = s->bits[w];
     if (hm_unlikely((x | (cl_bits(cl) & (0 - in_word))) & bit))
         return NV_EXIT(mode, double_free_at(s, (uintptr_t)p));
     uint32_t n = s->nfree + 1;
-    if (hm_unlikely(!(s->in_partial | is_cur) || n == s->nblocks) && !is_cur)
+    if (hm_unlikely(!(s->in_partial | s->is_cur) || n == s->nblocks) && !s->is_cur)
         return free_transition(s, (uintptr_t)p, mode == NV_FREE_FAST ? other : NULL);
     s->bits[w] = x | bit;
     s->nfree = n;

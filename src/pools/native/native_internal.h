@@ -60,7 +60,11 @@ typedef struct nv_slab {
     struct nv_slab *all_prev, *all_next; /* pool's list of every slab (pool lock) */
     /* Read by every free; fixed while the slab is live. */
     uintptr_t base HM_CACHE_ALIGNED;
-    uint64_t magic; /* ceil(2^32 / bsize) */
+    uint32_t magic; /* ceil(2^32 / bsize): below 2^30, bsize >= 8 */
+    /* The owner's: cl->word while s is its class's current slab (is_cur),
+     * else UINT32_MAX: a free tests whether its block is in the word being
+     * handed out with one comparison on this line. */
+    uint32_t cur_word;
     nv_heap_t *owner;
     nv_cls_t *cl;   /* &owner->cls[cls] */
     uint32_t bsize;
