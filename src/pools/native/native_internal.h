@@ -58,12 +58,12 @@ typedef struct nv_slab {
     uint32_t wcap; /* bitmap words the descriptor has room for */
     struct nv_slab *prev, *next;         /* owner's partial list | pool's retained list */
     struct nv_slab *all_prev, *all_next; /* pool's list of every slab (pool lock) */
-    /* Read by every free; fixed while the slab is live. */
+    /* Read by every free; fixed while the slab is live (but cur_word). */
     uintptr_t base HM_CACHE_ALIGNED;
     uint32_t magic; /* ceil(2^32 / bsize): below 2^30, bsize >= 8 */
-    /* The owner's: cl->word while s is its class's current slab (is_cur),
-     * else UINT32_MAX: a free tests whether its block is in the word being
-     * handed out with one comparison on this line. */
+    /* The owner's (read by its frees only): cl->word while s is its class's
+     * current slab (is_cur), else UINT32_MAX, so that a free tests whether
+     * its block is in the word being handed out with one comparison. */
     uint32_t cur_word;
     nv_heap_t *owner;
     nv_cls_t *cl;   /* &owner->cls[cls] */
@@ -72,10 +72,10 @@ typedef struct nv_slab {
     /* The owner's. */
     uint32_t nfree;
     uint8_t in_partial;
-    /* s == s->cl->cur (so nfree < nblocks: the current word's blocks are
-     * out of bits[]): a free's test whether s joins a list or goes back
+    /* s == s->cl->cur: a free's test whether s joins a list or goes back
      * needs no comparison with cl->cur (a coin toss when a class's blocks
-     * span two slabs). */
+     * span two slabs). The current slab does neither, even with every
+     * block free; it goes back when retired (cls_retire_cur). */
     uint8_t is_cur;
     uint16_t cls; /* fixed while live */
     uint64_t bits[];
