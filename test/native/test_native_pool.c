@@ -94,11 +94,19 @@ static hm_pool_t *os_pool(hm_native_params_t *params, uint32_t flags, unsigned p
 static void test_size_classes(void) {
     hm_test_set_context("size classes");
     hm_pool_t *pool = os_pool(NULL, 0, RW);
-    for (size_t size = 1; size <= 40000; size += size < 300 ? 1 : 37) {
+    size_t prev_us = 0; /* of size - 1 */
+    for (size_t size = 1; size <= 40000; size += size < 4096 ? 1 : 37) {
         void *p = hm_pool_malloc(pool, size);
         REQUIRE(p != NULL);
         size_t us = hm_pool_malloc_usable_size(pool, p);
         CHECK_MSG(us >= size, "usable %zu < %zu", us, size);
+        /* The smallest class that fits (every size up to 4 KiB, which the
+         * allocation fast path classes by table): a size in a new class
+         * follows the end of the previous one. */
+        if (size <= 4096 && size > 1 && us != prev_us)
+            CHECK_MSG(prev_us == size - 1, "size %zu -> block %zu, size %zu -> block %zu",
+                      size - 1, prev_us, size, us);
+        prev_us = us;
         /* Internal fragmentation: <= 12.5% of the block above 128 B, the
          * 16-byte floor in (64, 128]. */
         if (size > 128)
