@@ -50,7 +50,8 @@
  * Memory is not touched beyond one byte per block (the allocator is timed,
  * not page faults).
  *
- * Peak RSS: after the timed cases, each remote case runs once more per
+ * Peak RSS: after the timed cases, each remote case (1->1, xmalloc 2+2,
+ * 1->3) runs once more per
  * implementation in a fresh process (this program, re-executed with
  * --rss-child, same environment, so the same LD_PRELOAD), for --rss N
  * objects (default 2,000,000; 0: skip); the table shows that process's
@@ -148,21 +149,25 @@ static const rss_impl_t rss_impls[] = {
     {"native-untr", setup_untracked},
     {"malloc", setup_malloc},
 };
-static const char *const rss_cases[] = {"remote", "xmalloc"};
+static const char *const rss_cases[] = {"remote", "xmalloc", "fanin"};
+static const char *const rss_labels[] = {"remote 64B 1->1", "xmalloc 2+2", "remote 64B 1->3"};
 
 /* --rss-child CASE IMPL N: run once, print "start_kb peak_kb". */
 static int rss_child(const char *cs, const char *impl, const char *count) {
     static case_arg_t arg;
     uint64_t n = strtoull(count, NULL, 10);
-    int remote = !strcmp(cs, "remote");
+    int remote = !strcmp(cs, "remote"), fanin = !strcmp(cs, "fanin");
     if (remote) wl_fill_arg(&arg, 0, 64, 64, 7);
+    else if (fanin) wl_fill_arg(&arg, 0, 64, 64, 11);
     else wl_fill_arg(&arg, 0, 16, 512, 9);
     for (size_t i = 0; i < sizeof rss_impls / sizeof rss_impls[0]; i++) {
         if (strcmp(rss_impls[i].name, impl)) continue;
         void *ctx;
         if (rss_impls[i].setup(&arg, &ctx)) return 1;
         long start = vm_kb("VmHWM");
-        int r = remote ? wl_run_remote(ctx, &arg, n) : wl_run_xmalloc(ctx, &arg, n);
+        int r = remote  ? wl_run_remote(ctx, &arg, n)
+                : fanin ? wl_run_fanin(ctx, &arg, n)
+                        : wl_run_xmalloc(ctx, &arg, n);
         long peak = vm_kb("VmHWM");
         wl_teardown(ctx);
         printf("%ld %ld\n", start, peak);
@@ -179,7 +184,7 @@ static void rss_table(uint64_t n) {
     printf("\npeak RSS: one fresh process per run, %llu objects (VmHWM, MiB: after set-up, "
            "at the end)\n", (unsigned long long)n);
     printf("%-17s %-20s %8s %8s\n", "case", "impl", "set-up", "peak");
-    for (size_t c = 0; c < 2; c++) {
+    for (size_t c = 0; c < sizeof rss_cases / sizeof rss_cases[0]; c++) {
         for (size_t i = 0; i < sizeof rss_impls / sizeof rss_impls[0]; i++) {
             char cmd[PATH_MAX + 128];
             snprintf(cmd, sizeof cmd, "'%s' --rss-child %s %s %llu", self, rss_cases[c],
@@ -193,7 +198,7 @@ static void rss_table(uint64_t n) {
             const char *name = strcmp(rss_impls[i].name, "malloc") ? rss_impls[i].name
                                                                      : wl_malloc_name();
             printf("%-17s %-20s %8.1f %8.1f\n",
-                   i ? "" : (c ? "xmalloc 2+2" : "remote 64B 1->1"), name, start / 1024.0,
+                   i ? "" : rss_labels[c], name, start / 1024.0,
                    peak / 1024.0);
         }
     }

@@ -863,7 +863,15 @@ HM_INLINE uintptr_t stk_pop_fast(nv_cls_t *cl) {
     return p;
 }
 
-/* Move the next word with free blocks of cl->cur (s) into cl->bits. */
+/* Move the next word with free blocks of cl->cur (s) into cl->bits: the
+ * first from s->scan on, cyclically. scan moves past each word taken, and
+ * back to a lower word that a drain of remote frees fills (drain_word), so
+ * that blocks freed remotely (whose owner allocates without freeing, the
+ * producer of a producer/consumer pair) are reused lowest first and the
+ * pages of the slab it touches stay few (address-ordered first fit, the
+ * policy that keeps fragmentation lowest in Johnstone and Wilson, "The
+ * memory fragmentation problem: solved?", ISMM 1998). Local frees leave scan
+ * alone (the free-block stacks reuse those blocks first). */
 static void take_word(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s) {
     uint32_t i = s->scan;
     while (!s->bits[i]) i = i + 1 == s->nwords ? 0 : i + 1;
@@ -961,6 +969,43 @@ HM_INLINE hm_result_t free_own(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
 
 
 /* ------------------------------------------------------------------------ */
+/* Pool metadata: heaps and remote-free batches (nv_pool.meta)              */
+
+/* size bytes of zeroed host memory, whole cache lines, that live until
+ * nv_fini (depot_lock held); NULL: out of host memory (logged by the
+ * mapping). */
+static void *meta_alloc(nv_pool_t *nv, size_t size) {
+    const size_t head = sizeof(nv_meta_t);
+    size = hm_align_up(size, HM_CACHE_LINE);
+    if (nv->meta_end - nv->meta_next < size) {
+        size_t len = hm_align_up(head + size, NV_META_CHUNK);
+        void *p;
+        if (hm__prim_map(len, 0, HM_PRIM_PROT_READ | HM_PRIM_PROT_WRITE, HM_PRIM_MAP_NORESERVE,
+                         -1, 0, &p) != HM_SUCCESS)
+            return NULL;
+        nv_meta_t *m = p;
+        m->next = nv->meta;
+        m->size = len;
+        nv->meta = m;
+        nv->meta_next = (uintptr_t)p + head;
+        nv->meta_end = (uintptr_t)p + len;
+    }
+    void *p = (void *)nv->meta_next;
+    nv->meta_next += size;
+    return p;
+}
+
+/* Unmap the metadata (no heap or batch is used any more). */
+static void meta_fini(nv_pool_t *nv) {
+    for (nv_meta_t *m = nv->meta, *next; m; m = next) {
+        next = m->next;
+        (void)hm__prim_unmap(m, m->size);
+    }
+    nv->meta = NULL;
+    nv->meta_next = nv->meta_end = 0;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Remote frees                                                             */
 
 static nv_batch_t *batch_get(nv_heap_t *h) {
@@ -976,16 +1021,19 @@ static nv_batch_t *batch_get(nv_heap_t *h) {
             h->stock = b;
             h->nstock++;
         }
+        if (!h->stock) {
+            /* Whole cache lines: the freeing thread writes it, the owner
+             * reads it. */
+            b = meta_alloc(nv, sizeof(*b));
+            if (b) {
+                b->link = NULL;
+                h->stock = b;
+                h->nstock++;
+            }
+        }
         hm__mutex_unlock(&nv->depot_lock);
         b = h->stock;
-        if (!b) {
-            /* Whole cache lines: the freeing thread writes it, the owner reads it. */
-            b = aligned_alloc(HM_CACHE_LINE, hm_align_up(sizeof(*b), HM_CACHE_LINE));
-            if (!b) return NULL;
-            b->link = NULL;
-            h->stock = b;
-            h->nstock++;
-        }
+        if (!b) return NULL;
     }
     h->stock = b->link;
     h->nstock--;
@@ -1155,6 +1203,7 @@ HM_INLINE int drain_word(nv_heap_t *h, nv_slab_t *s, uint32_t w, uint64_t mask) 
         uint64_t x = s->bits[w];
         dup = x & mask;
         s->bits[w] = x | mask;
+        if (w < s->scan) s->scan = w; /* first fit: see take_word */
         uint32_t n = s->nfree += popcount64(mask & ~dup);
         if (hm_unlikely(s != cl->cur && (!s->in_partial || n == s->nblocks))) {
             gone = n == s->nblocks;
@@ -1263,16 +1312,18 @@ static size_t stk_map_size(const nv_pool_t *nv) {
 }
 
 static nv_heap_t *heap_new(nv_pool_t *nv) {
-    size_t size = sizeof(nv_heap_t) + nv->ncls * (sizeof(nv_cls_t) + sizeof(nv_slab_t *));
-    nv_heap_t *h = aligned_alloc(HM_CACHE_LINE, hm_align_up(size, HM_CACHE_LINE));
-    if (!h) return NULL;
-    memset(h, 0, size);
     /* The stacks: a mapping of their own, so that only the pages of the
      * classes in use are backed (whatever malloc the process runs on). */
     void *stk;
     if (hm__prim_map(stk_map_size(nv), 0, HM_PRIM_PROT_READ | HM_PRIM_PROT_WRITE,
-                     HM_PRIM_MAP_NORESERVE, -1, 0, &stk) != HM_SUCCESS) {
-        free(h);
+                     HM_PRIM_MAP_NORESERVE, -1, 0, &stk) != HM_SUCCESS)
+        return NULL;
+    size_t size = sizeof(nv_heap_t) + nv->ncls * (sizeof(nv_cls_t) + sizeof(nv_slab_t *));
+    hm__mutex_lock(&nv->depot_lock);
+    nv_heap_t *h = meta_alloc(nv, size); /* zeroed, cache-line aligned */
+    hm__mutex_unlock(&nv->depot_lock);
+    if (!h) {
+        (void)hm__prim_unmap(stk, stk_map_size(nv));
         return NULL;
     }
     h->stk_map = stk;
@@ -1281,12 +1332,7 @@ static nv_heap_t *heap_new(nv_pool_t *nv) {
     __cds_wfcq_init(&h->rq_head, &h->rq_tail);
     __cds_wfcq_init(&h->priv_head, &h->priv_tail);
     pthread_mutex_init(&h->mq_lock, NULL);
-    for (unsigned c = 0; c < nv->ncls; c++) {
-        h->cls[c].bsize = hm__nv_cls_size[c];
-        h->cls[c].word = UINT32_MAX;
-        h->cls[c].stk = h->stk_map + (size_t)c * NV_STACK_CAP;
-        h->cls[c].prefetch = nv->prefetch;
-    }
+    /* The classes are set up at their first refill (cls_refill). */
     hm__mutex_lock(&nv->lock);
     h->all_next = nv->heaps;
     nv->heaps = h;
@@ -1305,6 +1351,34 @@ static void heap_abandon(nv_heap_t *h) {
     hm__mutex_unlock(&nv->lock);
 }
 
+/* Thread bindings (g_lock held): from pages of their own, kept for reuse
+ * (never unmapped: a binding may outlive its pool), so that a thread that
+ * only frees never calls malloc (see nv_pool.meta). */
+static nv_binding_t *g_spare_bindings;
+
+static nv_binding_t *binding_new_locked(void) {
+    if (!g_spare_bindings) {
+        size_t page = hm__prim_page_size();
+        void *p;
+        if (hm__prim_map(page, 0, HM_PRIM_PROT_READ | HM_PRIM_PROT_WRITE, 0, -1, 0, &p) !=
+            HM_SUCCESS)
+            return NULL;
+        nv_binding_t *a = p;
+        for (size_t i = 0; i < page / sizeof(*a); i++) {
+            a[i].next = g_spare_bindings;
+            g_spare_bindings = &a[i];
+        }
+    }
+    nv_binding_t *b = g_spare_bindings;
+    g_spare_bindings = b->next;
+    return b;
+}
+
+static void binding_free_locked(nv_binding_t *b) {
+    b->next = g_spare_bindings;
+    g_spare_bindings = b;
+}
+
 static HM_NOINLINE nv_heap_t *heap_get_slow(nv_pool_t *nv) {
     if (tl.dead) return NULL;
     for (nv_binding_t **bp = &tl.bindings; *bp;) {
@@ -1312,7 +1386,9 @@ static HM_NOINLINE nv_heap_t *heap_get_slow(nv_pool_t *nv) {
         nv_heap_t *h = atomic_load_explicit(&b->heap, memory_order_acquire);
         if (!h) { /* its pool was destroyed */
             *bp = b->next;
-            free(b);
+            hm__mutex_lock(&g_lock);
+            binding_free_locked(b);
+            hm__mutex_unlock(&g_lock);
             continue;
         }
         if (b->pool_id == nv->id) {
@@ -1322,7 +1398,9 @@ static HM_NOINLINE nv_heap_t *heap_get_slow(nv_pool_t *nv) {
         }
         bp = &b->next;
     }
-    nv_binding_t *b = malloc(sizeof(*b));
+    hm__mutex_lock(&g_lock);
+    nv_binding_t *b = binding_new_locked();
+    hm__mutex_unlock(&g_lock);
     if (!b) return NULL;
     hm__mutex_lock(&nv->lock);
     nv_heap_t *h = nv->abandoned;
@@ -1330,7 +1408,9 @@ static HM_NOINLINE nv_heap_t *heap_get_slow(nv_pool_t *nv) {
     hm__mutex_unlock(&nv->lock);
     if (!h) h = heap_new(nv);
     if (!h) {
-        free(b);
+        hm__mutex_lock(&g_lock);
+        binding_free_locked(b);
+        hm__mutex_unlock(&g_lock);
         return NULL;
     }
     b->pool_id = nv->id;
@@ -1393,7 +1473,7 @@ static void tl_destructor(void *arg) {
             h->binding = NULL;
             heap_abandon(h);
         }
-        free(b);
+        binding_free_locked(b);
     }
     tl.bindings = NULL;
     tl.id = 0;
@@ -1420,20 +1500,38 @@ static int class_for(const nv_pool_t *nv, size_t size, size_t align) {
 static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
     nv_pool_t *nv = h->nv;
     nv_cls_t *cl = &h->cls[c];
+    if (hm_unlikely(!cl->stk)) { /* the heap's first use of the class: see nv_cls */
+        cl->bsize = hm__nv_cls_size[c];
+        cl->word = UINT32_MAX;
+        cl->stk = h->stk_map + (size_t)c * NV_STACK_CAP;
+        cl->prefetch = nv->prefetch;
+    }
     if (h->last_cl == cl) h->last = 0; /* the word may change */
     if (h->out_pending) flush_all(h);
+    /* Remote frees first: their blocks are reused before another word of
+     * the slab, or another slab, is taken (fewer pages touched), and their
+     * batches go back into circulation sooner (fewer batches). */
+    if (drain_pending(h) && drain(h) && cl_bits(cl))
+        return HM_SUCCESS; /* frees landed in the current word */
     nv_slab_t *s = cl->cur;
     if (s && s->nfree) {
-        take_word(h, cl, s);
-        return HM_SUCCESS;
-    }
-    if (drain_pending(h) && drain(h)) {
-        if (cl_bits(cl)) return HM_SUCCESS; /* frees landed in the current word */
-        s = cl->cur;
-        if (s && s->nfree) {
-            take_word(h, cl, s);
+        /* A slab at a lower address with a word's worth of free blocks (or
+         * half its blocks) takes over from the current one, which goes back
+         * to the lists: the blocks in use gather in the lowest slabs, and a
+         * slab taken while the others were briefly full (the frees of a
+         * consumer not yet drained) is left alone, and is given back once its
+         * blocks come back (first fit across slabs, as within one). */
+        nv_slab_t *low = h->partial[c];
+        if (low && low->base < s->base && (low->nfree >= 64 || 2 * low->nfree >= low->nblocks)) {
+            cls_retire_cur(h, cl);
+            partial_unlink(cl, low);
+            cl->cur = low;
+            low->is_cur = 1;
+            take_word(h, cl, low);
             return HM_SUCCESS;
         }
+        take_word(h, cl, s);
+        return HM_SUCCESS;
     }
     if (s) { /* full: it leaves the lists until a block comes back */
         cl->cur = NULL;
@@ -2094,24 +2192,6 @@ static hm_result_t resolve_params(nv_pool_t *nv, hm_provider_t *prov,
     return HM_SUCCESS;
 }
 
-static void heap_free_batches(nv_heap_t *h) {
-    for (unsigned i = 0; i < NV_OUT_SLOTS; i++) free(h->out[i].b);
-    for (nv_batch_t *b = h->stock, *n; b; b = n) {
-        n = b->link;
-        free(b);
-    }
-    /* No thread runs on the pool now, so no enqueue is in flight. */
-    struct cds_wfcq_node *node;
-    __cds_wfcq_splice_blocking(&h->priv_head, &h->priv_tail, &h->rq_head, &h->rq_tail);
-    while ((node = __cds_wfcq_dequeue_blocking(&h->priv_head, &h->priv_tail)))
-        free(hm_container_of(node, nv_batch_t, node));
-    for (nv_batch_t *b = atomic_load_explicit(&h->mq_list, memory_order_relaxed), *n; b; b = n) {
-        n = b->link;
-        free(b);
-    }
-    pthread_mutex_destroy(&h->mq_lock);
-}
-
 static void nv_fini(void *state) {
     nv_pool_t *nv = state;
     hm__mutex_lock(&g_lock);
@@ -2137,15 +2217,11 @@ static void nv_fini(void *state) {
         HM_LOG_WARN("native pool destroyed with %zu bytes still allocated; %s",
                     st.bytes_requested,
                     nv->can_free ? "returned to the provider" : "kept by the provider");
-    for (nv_heap_t *h = nv->heaps, *n; h; h = n) {
-        n = h->all_next;
-        heap_free_batches(h);
+    /* Heaps and batches (queued, stocked or in the depot) go with the
+     * metadata mappings (meta_fini, last). */
+    for (nv_heap_t *h = nv->heaps; h; h = h->all_next) {
+        pthread_mutex_destroy(&h->mq_lock);
         (void)hm__prim_unmap(h->stk_map, stk_map_size(nv));
-        free(h);
-    }
-    for (nv_batch_t *b = nv->depot, *n; b; b = n) {
-        n = b->link;
-        free(b);
     }
     for (nv_slab_t *s = nv->all_slabs, *n; s; s = n) {
         n = s->all_next;
@@ -2162,6 +2238,7 @@ static void nv_fini(void *state) {
     free(nv->live.e);
     free(nv->lcache);
     map_fini(nv);
+    meta_fini(nv);
     pthread_mutex_destroy(&nv->lock);
     pthread_mutex_destroy(&nv->large_lock);
     pthread_mutex_destroy(&nv->depot_lock);
@@ -2189,6 +2266,7 @@ static hm_result_t nv_init(hm_pool_t *pool, const void *params, void **state) {
     pthread_mutex_init(&nv->orphan_lock, NULL);
     if (map_init(nv) != HM_SUCCESS || !(nv->orphan = heap_new(nv))) {
         map_fini(nv);
+        meta_fini(nv);
         pthread_mutex_destroy(&nv->lock);
         pthread_mutex_destroy(&nv->large_lock);
         pthread_mutex_destroy(&nv->depot_lock);

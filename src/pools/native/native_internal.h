@@ -18,8 +18,9 @@
 #define NV_OUT_SLOTS 8           /* outgoing remote-free batches per heap */
 #define NV_BATCH_CAP 126         /* frees per batch: the batch is 2 KiB */
 #define NV_FLUSH_EVERY 1024      /* remote frees between forced flushes */
-#define NV_STOCK_MAX 32          /* spare batches a heap keeps */
-#define NV_STOCK_MOVE 16         /* batches moved to/from the depot at once */
+#define NV_STOCK_MAX 4           /* spare batches a heap keeps */
+#define NV_STOCK_MOVE 2          /* batches moved to/from the depot at once */
+#define NV_META_CHUNK ((size_t)64 << 10) /* mapping size for heaps and batches */
 #define NV_STACK_CAP 128         /* free-block stack entries per class (nv_sent_t) */
 #define NV_BY_TP_BITS 6
 #define NV_BY_TP (1u << NV_BY_TP_BITS) /* heaps found by thread pointer */
@@ -108,7 +109,12 @@ typedef struct nv_sent {
  * blocks are all free, stacked or not, goes back to the pool); no block is
  * stacked twice; take_word runs only while the stack is empty (so it never
  * takes a stacked block); a slab leaving the heap first drops its entries
- * (stk_purge). A free finding the stack full only sets the bit. */
+ * (stk_purge). A free finding the stack full only sets the bit.
+ * A heap's classes are set up at their first refill (cls_refill), so that
+ * only the cache lines of the classes a heap uses are touched: until then
+ * the line is all zero (no bits, no current slab, an empty stack), which
+ * every path takes for an empty class, and no block of the class is the
+ * heap's. */
 struct nv_cls {
     /* Atomic only for get_stats, which reads other heaps' words (relaxed:
      * plain loads and stores on the owner's paths). */
@@ -134,7 +140,10 @@ typedef struct nv_rent {
 } nv_rent_t;
 
 /* A batch of remote frees: host memory, one queue node for up to
- * NV_BATCH_CAP frees (so at most that many entries). */
+ * NV_BATCH_CAP frees (so at most that many entries). Carved from the pool's
+ * metadata mappings (nv_pool.meta) and never freed before the pool: a
+ * drained batch goes to its owner heap's stock, whose surplus goes to the
+ * pool's depot, where any heap's batch_get finds it. */
 typedef struct nv_batch {
     struct cds_wfcq_node node;
     struct nv_batch *link; /* stock/depot list, or the mutex-queue list */
@@ -240,6 +249,12 @@ typedef struct nv_lmap {
     size_t cap, count;
 } nv_lmap_t;
 
+/* The head of one metadata mapping (nv_pool.meta): its own cache line. */
+typedef struct nv_meta {
+    struct nv_meta *next;
+    size_t size;
+} HM_CACHE_ALIGNED nv_meta_t;
+
 struct nv_pool {
     /* Immutable after init. */
     hm_pool_t *pool;
@@ -290,9 +305,17 @@ struct nv_pool {
     pthread_mutex_t orphan_lock; /* the heap of threads without one */
     nv_heap_t *orphan;
 
-    pthread_mutex_t depot_lock;
+    pthread_mutex_t depot_lock; /* also the metadata mappings */
     nv_batch_t *depot;
     size_t ndepot;
+    /* Metadata that lives as long as the pool (heaps, remote-free batches),
+     * carved in order from mappings of its own (meta_alloc): a thread that
+     * only frees remotely then never calls malloc (under glibc its first
+     * malloc would set up a malloc arena for the thread), and the batches
+     * of all heaps share pages. meta: the mappings (each starts with its
+     * nv_meta_t); [meta_next, meta_end): what is left of the newest. */
+    struct nv_meta *meta;
+    uintptr_t meta_next, meta_end;
 
     pthread_mutex_t large_lock;
     nv_lmap_t live;
