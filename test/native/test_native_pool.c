@@ -435,6 +435,68 @@ static void test_remote_double_free(void) {
     CHECK_OK(hm_pool_destroy(pool));
 }
 
+/* Remote-free batches of both sizes (nv_batch_t): frees into consecutive
+ * blocks share entries (small batches), frees one block per bitmap word
+ * outgrow a small batch (its entries move into a large one, and the next
+ * batches start large), then consecutive frees again (small ones again).
+ * Every block comes back once, the counters agree, and a double free whose
+ * two frees straddle the move is still caught. */
+static void test_batch_sizes(hm_native_remote_queue_t queue, const char *label) {
+    hm_test_set_context(label);
+    hm_native_params_t *np;
+    REQUIRE_OK(hm_native_params_create(&np));
+    REQUIRE_OK(hm_native_params_set_remote_queue(np, queue));
+    hm_pool_t *pool = os_pool(np, 0, RW);
+    hm_native_params_destroy(np);
+    enum { WORDS = 400, N = WORDS * 64, DUP = 64 * 20 + 5 };
+    void **ptrs = calloc(N, sizeof(void *));
+    void **order = calloc(N + 1, sizeof(void *));
+    char *done = calloc(N, 1);
+    REQUIRE(ptrs && order && done);
+    for (int i = 0; i < N; i++) REQUIRE(ptrs[i] = hm_pool_malloc(pool, 48)); /* 64 a word */
+    /* 8 batches of 126 consecutive frees; then one block per word: block
+     * DUP in the first entry of a fresh small batch, whose 15th entry (word
+     * 34) moves it into a large one, where block DUP's second free goes (the
+     * 1024th remote free, which publishes the batch: NV_FLUSH_EVERY). */
+    int k = 0;
+    for (int i = 0; i < 8 * 126; i++) order[k++] = ptrs[i], done[i] = 1;
+    for (int w = 20; w < WORDS; w++) {
+        int i = w * 64 + 5;
+        order[k++] = ptrs[i], done[i] = 1;
+        if (w == 34) order[k++] = ptrs[DUP];
+    }
+    for (int i = 0; i < N; i++)
+        if (!done[i]) order[k++] = ptrs[i];
+    REQUIRE(k == N + 1);
+    atomic_store(&g_double_logs, 0);
+    hm_log_level_t old = hm_log_get_level();
+    hm_log_set_sink(double_sink, NULL);
+    hm_log_set_level(HM_LOG_ERROR);
+    run_dfree(pool, order, 0, k, 1);
+    CHECK_OK(hm_pool_trim(pool)); /* the owner drains its queue */
+    hm_log_set_level(old);
+    hm_log_set_sink(NULL, NULL);
+    CHECK_MSG(atomic_load(&g_double_logs) == 1, "%ld double frees logged, want 1",
+              atomic_load(&g_double_logs));
+    hm_pool_stats_t st;
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, 0);
+    CHECK_EQ(st.remote_frees_published, (size_t)N + 1);
+    CHECK_EQ(st.remote_frees_drained, st.remote_frees_published);
+    /* Every block is free exactly once: N allocations are all distinct. */
+    for (int i = 0; i < N; i++) REQUIRE(ptrs[i] = hm_pool_malloc(pool, 48));
+    memcpy(order, ptrs, N * sizeof(void *));
+    qsort(order, N, sizeof(void *), cmp_ptr);
+    int dups = 0;
+    for (int i = 1; i < N; i++) dups += order[i] == order[i - 1];
+    CHECK_EQ(dups, 0);
+    free_all_trim_to_zero(pool, ptrs, N);
+    free(done);
+    free(order);
+    free(ptrs);
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
 /* The block allocated last is freed without a page-map lookup (nv_heap.last):
  * a double free of it is still refused, also when its first free came from
  * another thread and was drained meanwhile. */
@@ -804,6 +866,8 @@ int main(int argc, char **argv) {
         test_remote_and_abandoned(HM_NATIVE_QUEUE_WFCQ, "remote frees, abandoned heaps (wfcq)");
         test_remote_and_abandoned(HM_NATIVE_QUEUE_MUTEX, "remote frees, abandoned heaps (mutex)");
         test_remote_double_free();
+        test_batch_sizes(HM_NATIVE_QUEUE_WFCQ, "remote-free batch sizes (wfcq)");
+        test_batch_sizes(HM_NATIVE_QUEUE_MUTEX, "remote-free batch sizes (mutex)");
         test_last_block_double_free();
         test_current_word_frees();
     }

@@ -63,7 +63,15 @@
  *   The owner splices its queue into a private one and drains it with the
  *   _nonblocking calls only, on its allocation slow path, one word's mask at
  *   a time. Drained batches are recycled through the heap's stock and a
- *   per-pool depot.
+ *   per-pool depot. Batches come in two sizes (nv_batch_t): frees into
+ *   consecutive blocks need few entries, and small batches keep the
+ *   batches in flight in few pages.
+ * - Memory use: heaps and batches live in the pool's own mappings
+ *   (nv_pool.meta) and thread bindings in pages of their own, so a thread
+ *   that only frees never calls malloc; a heap touches only the lines of
+ *   the classes it uses; a producer reuses the lowest blocks its consumers
+ *   free (take_word), and a slab taken in a brief overflow gives way to
+ *   one that empties with more of its pages used (slab_transition).
  * - The malloc replacement calls the fast paths directly
  *   (hm__native_malloc/hm__native_free): they call nothing, so its
  *   recursion guard is set only around what may call malloc.
@@ -72,8 +80,10 @@
  *   is destroyed, so a remote free can always reach its owner's queue.
  *
  * Lock order: g_lock -> nv->lock -> (tracker / provider); nv->large_lock,
- * nv->depot_lock and nv->orphan_lock are leaves, except that the orphan heap,
- * under orphan_lock, may take nv->lock, large_lock and depot_lock. */
+ * nv->depot_lock (also the metadata mappings) and nv->orphan_lock are
+ * leaves, except that the orphan heap, under orphan_lock, may take
+ * nv->lock, large_lock and depot_lock. g_lock also guards the spare thread
+ * bindings. */
 #include "pools/native/native_internal.h"
 
 #include "platform/prim.h"
@@ -880,6 +890,7 @@ static void take_word(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s) {
     s->bits[i] = 0;
     s->nfree -= n;
     s->scan = i + 1 == s->nwords ? 0 : i + 1;
+    if (i >= s->hw) s->hw = i + 1;
     stat_add_i(&h->st_bytes, (int64_t)n * s->bsize);
     cl_set(cl, w);
     cl->word = i;
@@ -930,6 +941,22 @@ static HM_NOINLINE hm_result_t double_free_at(const nv_slab_t *s, uintptr_t p) {
 static HM_NOINLINE void slab_transition(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s) {
     if (s->nfree == s->nblocks) {
         if (s->in_partial) partial_unlink(cl, s);
+        nv_slab_t *cur = cl->cur;
+        if (cur && s->hw > cur->hw && cur->hw < cur->nwords) {
+            /* s has had more of its words in use than the current slab,
+             * which would touch a word never used next: s becomes the
+             * current slab (its blocks, stacked ones too, stay the
+             * heap's), and the other goes back to the lists. The
+             * allocations then reuse pages already touched: a slab taken
+             * while the others were briefly full (a consumer's frees not
+             * yet drained) serves only that overflow. */
+            if (h->last_cl == cl) h->last = 0; /* the word changes */
+            cls_retire_cur(h, cl);
+            cl->cur = s;
+            s->is_cur = 1; /* cur_word is set by take_word */
+            s->scan = 0;   /* first fit (take_word) */
+            return;
+        }
         stk_purge(h, s);
         slab_release(h->nv, s);
     } else if (!s->in_partial) {
@@ -1008,35 +1035,37 @@ static void meta_fini(nv_pool_t *nv) {
 /* ------------------------------------------------------------------------ */
 /* Remote frees                                                             */
 
-static nv_batch_t *batch_get(nv_heap_t *h) {
-    nv_batch_t *b = h->stock;
+/* An empty batch, large (big: 1) or small (0); NULL: out of host memory. */
+static nv_batch_t *batch_get(nv_heap_t *h, unsigned big) {
+    nv_batch_t *b = h->stock[big];
     if (!b) {
         nv_pool_t *nv = h->nv;
         hm__mutex_lock(&nv->depot_lock);
-        for (unsigned n = 0; n < NV_STOCK_MOVE && nv->depot; n++) {
-            b = nv->depot;
-            nv->depot = b->link;
-            nv->ndepot--;
-            b->link = h->stock;
-            h->stock = b;
-            h->nstock++;
+        for (unsigned n = 0; n < NV_STOCK_MOVE && nv->depot[big]; n++) {
+            b = nv->depot[big];
+            nv->depot[big] = b->link;
+            b->link = h->stock[big];
+            h->stock[big] = b;
+            h->nstock[big]++;
         }
-        if (!h->stock) {
+        if (!h->stock[big]) {
             /* Whole cache lines: the freeing thread writes it, the owner
              * reads it. */
-            b = meta_alloc(nv, sizeof(*b));
+            uint32_t cap = big ? NV_BATCH_CAP : NV_BATCH_SMALL;
+            b = meta_alloc(nv, sizeof(*b) + cap * sizeof(nv_rent_t));
             if (b) {
+                b->cap = cap;
                 b->link = NULL;
-                h->stock = b;
-                h->nstock++;
+                h->stock[big] = b;
+                h->nstock[big]++;
             }
         }
         hm__mutex_unlock(&nv->depot_lock);
-        b = h->stock;
+        b = h->stock[big];
         if (!b) return NULL;
     }
-    h->stock = b->link;
-    h->nstock--;
+    h->stock[big] = b->link;
+    h->nstock[big]--;
     cds_wfcq_node_init(&b->node);
     b->count = 0;
     b->nfrees = 0;
@@ -1044,20 +1073,35 @@ static nv_batch_t *batch_get(nv_heap_t *h) {
 }
 
 static void batch_put(nv_heap_t *h, nv_batch_t *b) {
-    b->link = h->stock;
-    h->stock = b;
-    if (++h->nstock < NV_STOCK_MAX) return;
+    unsigned big = b->cap > NV_BATCH_SMALL;
+    b->link = h->stock[big];
+    h->stock[big] = b;
+    if (++h->nstock[big] < NV_STOCK_MAX) return;
     nv_pool_t *nv = h->nv;
     hm__mutex_lock(&nv->depot_lock);
-    while (h->nstock > NV_STOCK_MAX - NV_STOCK_MOVE) {
-        b = h->stock;
-        h->stock = b->link;
-        h->nstock--;
-        b->link = nv->depot;
-        nv->depot = b;
-        nv->ndepot++;
+    while (h->nstock[big] > NV_STOCK_MAX - NV_STOCK_MOVE) {
+        b = h->stock[big];
+        h->stock[big] = b->link;
+        h->nstock[big]--;
+        b->link = nv->depot[big];
+        nv->depot[big] = b;
     }
     hm__mutex_unlock(&nv->depot_lock);
+}
+
+/* o's batch, small, has no room for another entry: move its entries into a
+ * large one (its cached entry settled by the caller). NULL: out of host
+ * memory (o unchanged). */
+static nv_batch_t *batch_grow(nv_heap_t *h, nv_out_t *o) {
+    nv_batch_t *s = o->b, *b = batch_get(h, 1);
+    if (!b) return NULL;
+    memcpy(b->ent, s->ent, s->count * sizeof(nv_rent_t));
+    b->count = s->count;
+    b->nfrees = s->nfrees;
+    batch_put(h, s);
+    o->b = b;
+    h->big_batch = 1;
+    return b;
 }
 
 /* Leave h's cached entry (nv_heap.r_key): the frees merged into it on the
@@ -1076,6 +1120,8 @@ static void publish(nv_heap_t *h, nv_out_t *o) {
     nv_batch_t *b = o->b;
     nv_heap_t *dest = o->dest;
     o->b = NULL;
+    if (b->cap > NV_BATCH_SMALL && b->count <= NV_BATCH_SMALL)
+        h->big_batch = 0; /* a small one would have done */
     stat_add_u(&h->st_published, b->nfrees);
     if (h->nv->queue == HM_NATIVE_QUEUE_WFCQ) {
         NV_TSAN_RELEASE(b);
@@ -1135,12 +1181,8 @@ static hm_result_t remote_free(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
     nv_out_t *o = out_pick(h, s->owner);
     nv_batch_t *b = o->b;
     if (!b) {
-        b = o->b = batch_get(h);
-        if (hm_unlikely(!b)) {
-            HM_LOG_ERROR("native pool: out of host memory for a remote free of %p",
-                         (void *)(s->base + (uintptr_t)idx * s->bsize));
-            return HM_ERROR_OUT_OF_HOST_MEMORY;
-        }
+        b = o->b = batch_get(h, h->big_batch);
+        if (hm_unlikely(!b)) goto oom;
         o->dest = s->owner;
     }
     nv_rent_t *e = b->count ? &b->ent[b->count - 1] : NULL;
@@ -1148,6 +1190,9 @@ static hm_result_t remote_free(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
         if (hm_unlikely(e->mask & bit)) return remote_double_free(s, idx);
         e->mask |= bit;
     } else {
+        /* Only a small batch runs out of entries: a large one has room for
+         * every free, and is published when its frees reach batch_cap. */
+        if (hm_unlikely(b->count == b->cap) && !(b = batch_grow(h, o))) goto oom;
         e = &b->ent[b->count++];
         e->wbase = wbase;
         e->mask = bit;
@@ -1170,6 +1215,10 @@ static hm_result_t remote_free(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
         h->r_left = h->r_base = left < fl ? left : fl;
     }
     return HM_SUCCESS;
+oom:
+    HM_LOG_ERROR("native pool: out of host memory for a remote free of %p",
+                 (void *)(s->base + (uintptr_t)idx * s->bsize));
+    return HM_ERROR_OUT_OF_HOST_MEMORY;
 }
 
 /* Free the blocks of mask (bits of word w of s, a slab of h) into h, as
@@ -1515,21 +1564,6 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
         return HM_SUCCESS; /* frees landed in the current word */
     nv_slab_t *s = cl->cur;
     if (s && s->nfree) {
-        /* A slab at a lower address with a word's worth of free blocks (or
-         * half its blocks) takes over from the current one, which goes back
-         * to the lists: the blocks in use gather in the lowest slabs, and a
-         * slab taken while the others were briefly full (the frees of a
-         * consumer not yet drained) is left alone, and is given back once its
-         * blocks come back (first fit across slabs, as within one). */
-        nv_slab_t *low = h->partial[c];
-        if (low && low->base < s->base && (low->nfree >= 64 || 2 * low->nfree >= low->nblocks)) {
-            cls_retire_cur(h, cl);
-            partial_unlink(cl, low);
-            cl->cur = low;
-            low->is_cur = 1;
-            take_word(h, cl, low);
-            return HM_SUCCESS;
-        }
         take_word(h, cl, s);
         return HM_SUCCESS;
     }
@@ -2045,7 +2079,10 @@ static hm_result_t nv_trim(void *state) {
         hm__mutex_unlock(&nv->lock);
     } else {
         /* Cannot free: purge (the provider's own choice of force or lazy). */
-        for (nv_slab_t *s = ret; s; s = s->next) purge_range(nv, s->base, s->span);
+        for (nv_slab_t *s = ret; s; s = s->next) {
+            purge_range(nv, s->base, s->span);
+            s->hw = 0; /* no word is backed now */
+        }
         hm__mutex_lock(&nv->lock);
         if (ret) {
             nv_slab_t *tail = ret;

@@ -16,7 +16,8 @@
 #define NV_MIN_BLOCKS 8          /* a slab holds at least this many blocks */
 #define NV_ADDR_BITS 48          /* addresses the page map covers */
 #define NV_OUT_SLOTS 8           /* outgoing remote-free batches per heap */
-#define NV_BATCH_CAP 126         /* frees per batch: the batch is 2 KiB */
+#define NV_BATCH_CAP 126         /* frees per batch: a large batch is 2 KiB */
+#define NV_BATCH_SMALL 14        /* entries of a small batch (256 bytes) */
 #define NV_FLUSH_EVERY 1024      /* remote frees between forced flushes */
 #define NV_STOCK_MAX 4           /* spare batches a heap keeps */
 #define NV_STOCK_MOVE 2          /* batches moved to/from the depot at once */
@@ -57,6 +58,8 @@ typedef struct nv_slab {
     uint32_t nwords;
     uint32_t scan; /* next word take_word looks at (owner) */
     uint32_t wcap; /* bitmap words the descriptor has room for */
+    uint32_t hw;   /* words taken at least once since the range was mapped
+                    * or purged (take_word): the slab's pages in use */
     struct nv_slab *prev, *next;         /* owner's partial list | pool's retained list */
     struct nv_slab *all_prev, *all_next; /* pool's list of every slab (pool lock) */
     /* Read by every free; fixed while the slab is live (but cur_word). */
@@ -140,17 +143,28 @@ typedef struct nv_rent {
 } nv_rent_t;
 
 /* A batch of remote frees: host memory, one queue node for up to
- * NV_BATCH_CAP frees (so at most that many entries). Carved from the pool's
- * metadata mappings (nv_pool.meta) and never freed before the pool: a
- * drained batch goes to its owner heap's stock, whose surplus goes to the
- * pool's depot, where any heap's batch_get finds it. */
+ * NV_BATCH_CAP frees. Two sizes: small (NV_BATCH_SMALL entries) and large
+ * (NV_BATCH_CAP entries, so room for every free). A batch starts small
+ * unless the heap's last batches outgrew that (nv_heap.big_batch); a small
+ * one whose entries run out before its frees do is copied into a large one
+ * (batch_grow). Frees into consecutive blocks share entries, so producer/
+ * consumer pairs fill a batch's frees with a few entries, and the batches
+ * in flight (up to a consumer's burst of frees) then take few pages.
+ * Carved from the pool's metadata mappings (nv_pool.meta) and never freed
+ * before the pool: a drained batch goes to its owner heap's stock of its
+ * size, whose surplus goes to the pool's depot of that size, where any
+ * heap's batch_get finds it. */
 typedef struct nv_batch {
     struct cds_wfcq_node node;
     struct nv_batch *link; /* stock/depot list, or the mutex-queue list */
     uint32_t count;        /* entries */
     uint32_t nfrees;       /* frees: the bits of the masks */
-    nv_rent_t ent[NV_BATCH_CAP];
+    uint32_t cap;          /* entries it has room for */
+    nv_rent_t ent[];       /* cap entries */
 } nv_batch_t;
+_Static_assert(sizeof(nv_batch_t) + NV_BATCH_SMALL * sizeof(nv_rent_t) == 256 &&
+                   sizeof(nv_batch_t) + NV_BATCH_CAP * sizeof(nv_rent_t) == 2048,
+               "batches of 256 bytes and 2 KiB: whole cache lines");
 
 typedef struct nv_out {
     nv_heap_t *dest;
@@ -213,8 +227,9 @@ struct nv_heap {
     nv_batch_t *r_b;
     uint32_t r_base;
     uint32_t out_pending; /* remote frees since the last flush */
-    uint32_t nstock;
-    nv_batch_t *stock;
+    uint32_t big_batch;   /* start batches large (see nv_batch_t) */
+    uint32_t nstock[2];   /* spare batches: [0] small, [1] large */
+    nv_batch_t *stock[2];
     nv_out_t out[NV_OUT_SLOTS];
     struct __cds_wfcq_head priv_head; /* spliced from rq, owner only */
     struct cds_wfcq_tail priv_tail;
@@ -306,8 +321,7 @@ struct nv_pool {
     nv_heap_t *orphan;
 
     pthread_mutex_t depot_lock; /* also the metadata mappings */
-    nv_batch_t *depot;
-    size_t ndepot;
+    nv_batch_t *depot[2];       /* spare batches: [0] small, [1] large */
     /* Metadata that lives as long as the pool (heaps, remote-free batches),
      * carved in order from mappings of its own (meta_alloc): a thread that
      * only frees remotely then never calls malloc (under glibc its first
