@@ -2133,8 +2133,10 @@ static hm_result_t nv_get_stats(void *state, hm_pool_stats_t *st) {
         /* Blocks in the heap's class words are free (nv_heap.st_bytes). */
         for (unsigned c = 0; c < nv->ncls; c++) {
             uint64_t b = cl_bits(&h->cls[c]);
-            if (b) bytes -= (int64_t)popcount64(b) * h->cls[c].bsize;
-            bytes -= (int64_t)stk_n(&h->cls[c]) * h->cls[c].bsize; /* stacked: free */
+            /* The class size from the table: the owner sets up cls[c].bsize
+             * at its first refill of the class (nv_cls). */
+            if (b) bytes -= (int64_t)popcount64(b) * hm__nv_cls_size[c];
+            bytes -= (int64_t)stk_n(&h->cls[c]) * hm__nv_cls_size[c]; /* stacked: free */
         }
         pub += atomic_load_explicit(&h->st_published, memory_order_relaxed);
         drained += atomic_load_explicit(&h->st_drained, memory_order_relaxed);
