@@ -19,8 +19,8 @@
 #define NV_BATCH_CAP 126         /* frees per batch: a large batch is 2 KiB */
 #define NV_BATCH_SMALL 14        /* entries of a small batch (256 bytes) */
 #define NV_FLUSH_EVERY 1024      /* remote frees between forced flushes */
-#define NV_STOCK_MAX 4           /* spare batches a heap keeps */
-#define NV_STOCK_MOVE 2          /* batches moved to/from the depot at once */
+#define NV_STOCK_MAX 8           /* spare batches a heap keeps */
+#define NV_STOCK_MOVE 4          /* batches moved to/from the depot at once */
 #define NV_META_CHUNK ((size_t)64 << 10) /* mapping size for heaps and batches */
 #define NV_STACK_CAP 128         /* free-block stack entries per class (nv_sent_t) */
 #define NV_BY_TP_BITS 6
