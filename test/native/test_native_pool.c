@@ -91,6 +91,16 @@ static hm_pool_t *os_pool(hm_native_params_t *params, uint32_t flags, unsigned p
     return pool;
 }
 
+/* An RW pool over the OS provider whose remote frees go through `queue`. */
+static hm_pool_t *queue_pool(hm_native_remote_queue_t queue) {
+    hm_native_params_t *np;
+    REQUIRE_OK(hm_native_params_create(&np));
+    REQUIRE_OK(hm_native_params_set_remote_queue(np, queue));
+    hm_pool_t *pool = os_pool(np, 0, RW);
+    hm_native_params_destroy(np);
+    return pool;
+}
+
 static void test_size_classes(void) {
     hm_test_set_context("size classes");
     hm_pool_t *pool = os_pool(NULL, 0, RW);
@@ -307,11 +317,7 @@ static int free_all(handoff_t *h) {
 
 static void test_remote_and_abandoned(hm_native_remote_queue_t queue, const char *label) {
     hm_test_set_context(label);
-    hm_native_params_t *np;
-    REQUIRE_OK(hm_native_params_create(&np));
-    REQUIRE_OK(hm_native_params_set_remote_queue(np, queue));
-    hm_pool_t *pool = os_pool(np, 0, RW);
-    hm_native_params_destroy(np);
+    hm_pool_t *pool = queue_pool(queue);
     /* The main thread gets a heap of its own first. */
     void *mine = hm_pool_malloc(pool, 64);
     REQUIRE(mine);
@@ -443,11 +449,7 @@ static void test_remote_double_free(void) {
  * two frees straddle the move is still caught. */
 static void test_batch_sizes(hm_native_remote_queue_t queue, const char *label) {
     hm_test_set_context(label);
-    hm_native_params_t *np;
-    REQUIRE_OK(hm_native_params_create(&np));
-    REQUIRE_OK(hm_native_params_set_remote_queue(np, queue));
-    hm_pool_t *pool = os_pool(np, 0, RW);
-    hm_native_params_destroy(np);
+    hm_pool_t *pool = queue_pool(queue);
     enum { WORDS = 400, N = WORDS * 64, DUP = 64 * 20 + 5 };
     void **ptrs = calloc(N, sizeof(void *));
     void **order = calloc(N + 1, sizeof(void *));
