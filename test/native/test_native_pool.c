@@ -349,6 +349,131 @@ static void test_remote_and_abandoned(hm_native_remote_queue_t queue, const char
     CHECK_OK(hm_pool_destroy(pool));
 }
 
+/* nv_pool.own, the heap looked at before the by_tp table: the pool's first
+ * thread is one that exits, so the slot holds an abandoned heap; the
+ * threads after it (glibc reuses a joined thread's stack, so often its
+ * thread pointer too) adopt or make heaps and take the slot over, and their
+ * blocks, local frees and frees of the previous thread's blocks stay exact
+ * (contents intact, statistics back to zero, every slab returned). */
+typedef struct own_arg {
+    hm_pool_t *pool;
+    void **prev, **mine;
+    int n;
+    unsigned char prev_fill, fill;
+} own_arg_t;
+static _Atomic int g_own_errors;
+static int all_distinct(void **p, size_t n);
+
+static size_t own_size(int i) { return (size_t)(8 + i % 121); }
+
+static int own_check(const unsigned char *c, size_t size, unsigned char fill) {
+    for (size_t k = 0; k < size; k++)
+        if (c[k] != fill) return 1;
+    return 0;
+}
+
+static void *own_thread(void *arg) {
+    own_arg_t *a = arg;
+    for (int i = 0; i < a->n; i++) {
+        a->mine[i] = hm_pool_malloc(a->pool, own_size(i));
+        if (!a->mine[i]) {
+            g_own_errors++;
+            return NULL;
+        }
+        memset(a->mine[i], a->fill, own_size(i));
+    }
+    /* Local frees (into this thread's heap) and allocations again. */
+    for (int i = 0; i < a->n; i += 2) {
+        if (own_check(a->mine[i], own_size(i), a->fill)) g_own_errors++;
+        if (hm_pool_free(a->pool, a->mine[i]) != HM_SUCCESS) g_own_errors++;
+        a->mine[i] = hm_pool_malloc(a->pool, own_size(i));
+        if (!a->mine[i]) {
+            g_own_errors++;
+            return NULL;
+        }
+        memset(a->mine[i], a->fill, own_size(i));
+    }
+    /* The previous thread's blocks: its heap was abandoned (this thread
+     * may have adopted it, which makes these frees local). */
+    for (int i = 0; a->prev && i < a->n; i++) {
+        if (own_check(a->prev[i], own_size(i), a->prev_fill)) g_own_errors++;
+        if (hm_pool_free(a->pool, a->prev[i]) != HM_SUCCESS) g_own_errors++;
+    }
+    return NULL;
+}
+
+/* A live thread's blocks for the main thread to free (remote frees). */
+typedef struct own_live {
+    hm_pool_t *pool;
+    void *p[64];
+    pthread_barrier_t bar;
+} own_live_t;
+
+static void *own_live_thread(void *arg) {
+    own_live_t *l = arg;
+    for (int i = 0; i < 64; i++) l->p[i] = hm_pool_malloc(l->pool, 48);
+    pthread_barrier_wait(&l->bar); /* the main thread frees them */
+    pthread_barrier_wait(&l->bar);
+    return NULL;
+}
+
+static void test_own_heap_handover(void) {
+    hm_test_set_context("first thread exits: the own heap slot changes hands");
+    hm_pool_t *pool = os_pool(NULL, 0, RW);
+    enum { N = 3000, ROUNDS = 6 };
+    void **arr[2] = {calloc(N, sizeof(void *)), calloc(N, sizeof(void *))};
+    REQUIRE(arr[0] && arr[1]);
+    for (int round = 0; round < ROUNDS; round++) {
+        own_arg_t a = {pool, round ? arr[(round + 1) % 2] : NULL, arr[round % 2], N,
+                       (unsigned char)(round + 0x40), (unsigned char)(round + 0x41)};
+        pthread_t t;
+        REQUIRE(pthread_create(&t, NULL, own_thread, &a) == 0);
+        pthread_join(t, NULL);
+        CHECK_EQ(g_own_errors, 0);
+        void **sorted = malloc(N * sizeof(void *));
+        REQUIRE(sorted);
+        memcpy(sorted, a.mine, N * sizeof(void *));
+        CHECK(all_distinct(sorted, N));
+        free(sorted);
+    }
+    /* This thread's first use of the pool: its heap comes from the table
+     * or the slot, and it frees the last round's blocks. */
+    void *mine = hm_pool_malloc(pool, 64);
+    REQUIRE(mine);
+    CHECK_OK(hm_pool_free(pool, mine));
+    void **last = arr[(ROUNDS - 1) % 2];
+    for (int i = 0; i < N; i++) {
+        CHECK_EQ(own_check(last[i], own_size(i), (unsigned char)(ROUNDS - 1 + 0x41)), 0);
+        CHECK_OK(hm_pool_free(pool, last[i]));
+    }
+    CHECK_OK(hm_pool_trim(pool));
+    hm_pool_stats_t st;
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    /* Two live threads, two heaps, whichever of them the slot holds: the
+     * main thread's frees of the other's blocks are remote. */
+    size_t published = st.remote_frees_published;
+    own_live_t l = {.pool = pool};
+    REQUIRE(pthread_barrier_init(&l.bar, NULL, 2) == 0);
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, own_live_thread, &l) == 0);
+    pthread_barrier_wait(&l.bar);
+    for (int i = 0; i < 64; i++) {
+        REQUIRE(l.p[i]);
+        CHECK_OK(hm_pool_free(pool, l.p[i]));
+    }
+    pthread_barrier_wait(&l.bar);
+    pthread_join(t, NULL);
+    pthread_barrier_destroy(&l.bar);
+    CHECK_OK(hm_pool_trim(pool));
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.remote_frees_published - published, 64);
+    CHECK_EQ(st.bytes_requested, 0);
+    CHECK_MSG(st.bytes_from_provider == 0, "held %zu after trim", st.bytes_from_provider);
+    free(arr[0]);
+    free(arr[1]);
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
 /* Remote double frees: caught when the owner drains them (logged, skipped),
  * whether both frees sit in one batch or the second comes after the first
  * was drained, and the bitmap stays exact: no block is handed out twice. */
@@ -872,6 +997,7 @@ int main(int argc, char **argv) {
         test_batch_sizes(HM_NATIVE_QUEUE_MUTEX, "remote-free batch sizes (mutex)");
         test_last_block_double_free();
         test_current_word_frees();
+        test_own_heap_handover();
     }
     if (!ran) {
         fprintf(stderr, "unknown part '%s'\n", part);

@@ -22,10 +22,12 @@
  *   the same block; a free into any other word of any slab of the thread's
  *   heap sets the bit in that slab's bitmap, also on the fast path (only a
  *   slab that was full or becomes empty takes a non-inlined step). A thread
- *   finds its heap without a TLS access: the pool keeps heaps in a small
- *   table indexed by a hash of the thread pointer (one instruction to read),
- *   and an entry counts only if the heap's recorded thread pointer is the
- *   caller's (set at binding, cleared at abandonment); otherwise through a
+ *   finds its heap without a TLS access: the pool keeps one heap apart
+ *   (nv_pool.own, its first thread's, as the jemalloc pool's own_tp) and
+ *   the others in a small table indexed by a hash of the thread pointer
+ *   (one instruction to read); an entry counts only if the heap's recorded
+ *   thread pointer is the caller's (set at binding, cleared at
+ *   abandonment); otherwise through a
  *   one-entry thread-local cache keyed by the pool's unique id, then the
  *   thread's bindings. A free tells its own blocks by comparing the slab's
  *   owner with that heap. The heap remembers the block it handed out last:
@@ -1498,11 +1500,22 @@ HM_INLINE nv_heap_t *heap_by_tp(nv_pool_t *nv, uintptr_t tp) {
 HM_INLINE int heap_is_mine(nv_heap_t *h, uintptr_t tp) {
     return atomic_load_explicit(&h->tp, memory_order_relaxed) == tp;
 }
+/* The heap in nv->own (never NULL): the caller's iff heap_is_mine. Tested
+ * before heap_by_tp, it spares the pool's first thread the hash. */
+HM_INLINE nv_heap_t *heap_own(nv_pool_t *nv) {
+    return atomic_load_explicit(&nv->own, memory_order_acquire);
+}
 
 /* h is the caller's heap: enter it in by_tp unless the slot serves another
  * live thread (that one keeps it; this thread then takes the TLS path). */
 static void by_tp_note(nv_pool_t *nv, nv_heap_t *h) {
     uintptr_t tp = thread_tp();
+    /* nv->own: taken when no thread is bound to the heap there. Racing
+     * writers store heaps of live threads; whichever stays is trusted by
+     * its own thread only (heap_is_mine). */
+    nv_heap_t *own = heap_own(nv);
+    if (own != h && !atomic_load_explicit(&own->tp, memory_order_relaxed))
+        atomic_store_explicit(&nv->own, h, memory_order_release);
     _Atomic(nv_heap_t *) *slot = &nv->by_tp[tp_slot(tp)];
     nv_heap_t *o = atomic_load_explicit(slot, memory_order_acquire);
     if (o == h) return;
@@ -1644,8 +1657,11 @@ HM_INLINE uintptr_t alloc_fast(nv_pool_t *nv, size_t size, nv_heap_t **hp, nv_cl
     else if (size <= nv->class_limit) at = NV_CLS_AT(cls_of_big(size));
     else return 0;
     uintptr_t tp = thread_tp();
-    nv_heap_t *h = heap_by_tp(nv, tp);
-    if (hm_unlikely(!heap_is_mine(h, tp))) return 0;
+    nv_heap_t *h = heap_own(nv);
+    if (hm_unlikely(!heap_is_mine(h, tp))) {
+        h = heap_by_tp(nv, tp);
+        if (hm_unlikely(!heap_is_mine(h, tp))) return 0;
+    }
     nv_cls_t *cl = (nv_cls_t *)((char *)h + at);
     uint64_t b = cl_bits(cl);
     if (hm_unlikely(!b)) {
@@ -1812,7 +1828,12 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
     if (hm_unlikely((x | (cl_bits(cl) & (0 - in_word))) & bit))
         return NV_EXIT(mode, double_free_at(s, (uintptr_t)p));
     uint32_t n = s->nfree + 1;
-    if (hm_unlikely(!(s->in_partial | s->is_cur) || n == s->nblocks) && !s->is_cur)
+    /* (!(in_partial | is_cur) || n == nblocks) && !is_cur, with both flags
+     * read as one 16-bit word for the first test (nv_slab_t: adjacent):
+     * no register stays live for is_cur, so the path saves none. */
+    uint16_t flags;
+    memcpy(&flags, &s->in_partial, sizeof(flags));
+    if (hm_unlikely(!flags || (n == s->nblocks && !s->is_cur)))
         return free_transition(s, (uintptr_t)p, mode == NV_FREE_FAST ? other : NULL);
     s->bits[w] = x | bit;
     s->nfree = n;
@@ -1878,8 +1899,9 @@ static HM_NOINLINE hm_result_t free_more_fast(nv_pool_t *nv, void *p, nv_heap_t 
 HM_INLINE hm_result_t free_impl(void *state, void *p, int mode, nv_other_fn other) {
     nv_pool_t *nv = state;
     uintptr_t tp = thread_tp();
-    nv_heap_t *me = heap_by_tp(nv, tp);
-    if (hm_likely(heap_is_mine(me, tp))) {
+    nv_heap_t *me = heap_own(nv);
+    if (hm_likely(heap_is_mine(me, tp)) ||
+        hm_likely(heap_is_mine(me = heap_by_tp(nv, tp), tp))) {
         /* The block this thread allocated last (see nv_heap.last): a
          * pointer equal to it is valid, so only the double-free test
          * remains. The address comparison does not wait for the page map,
@@ -2293,6 +2315,7 @@ static hm_result_t nv_init(hm_pool_t *pool, const void *params, void **state) {
     memset(nv, 0, sizeof(*nv));
     nv->pool = pool;
     for (unsigned i = 0; i < NV_BY_TP; i++) atomic_init(&nv->by_tp[i], &by_tp_nobody);
+    atomic_init(&nv->own, &by_tp_nobody);
     hm_result_t r = resolve_params(nv, prov, params);
     if (r != HM_SUCCESS) {
         free(nv);

@@ -85,6 +85,8 @@ typedef struct nv_slab {
     uint64_t bits[];
 } nv_slab_t;
 _Static_assert(NV_NCLS_MAX <= UINT16_MAX, "nv_slab.cls is 16 bits");
+_Static_assert(offsetof(nv_slab_t, is_cur) == offsetof(nv_slab_t, in_partial) + 1,
+               "free_general reads in_partial and is_cur as one 16-bit word");
 _Static_assert(offsetof(nv_slab_t, bits) + 2 * sizeof(uint64_t) <= 2 * HM_CACHE_LINE,
                "a free's fields and two bitmap words share the second line");
 
@@ -277,6 +279,14 @@ struct nv_pool {
     uint32_t ncls;
     size_t class_limit;
     size_t fast_limit; /* min(class_limit, NV_FAST_MAX): nv_alloc's fast path */
+    /* A by_tp slot of its own, looked at before the hash table (as the
+     * jemalloc pool's own_tp, je_fast.c): the heap of the first thread
+     * noted (by_tp_note), or of any noted thread once that heap is unbound
+     * (tp 0). The same protocol as by_tp: never NULL (&by_tp_nobody at
+     * first), written on the slow path with release, trusted by a reader
+     * only if heap->tp equals its own thread pointer. Beside the fields
+     * the fast paths read, and written only when it changes. */
+    _Atomic(nv_heap_t *) own;
     size_t slab_size;
     unsigned shift; /* log2(slab_size) */
     unsigned leaf_bits;
