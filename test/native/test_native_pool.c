@@ -483,6 +483,21 @@ static void double_sink(hm_log_level_t level, const char *line, void *arg) {
     if (level == HM_LOG_ERROR && strstr(line, "double free")) atomic_fetch_add(&g_double_logs, 1);
 }
 
+/* Count "double free" error lines (g_double_logs, from 0) instead of
+ * printing them, until stop_counting_logs(the level returned). */
+static hm_log_level_t count_double_logs(void) {
+    atomic_store(&g_double_logs, 0);
+    hm_log_level_t old = hm_log_get_level();
+    hm_log_set_sink(double_sink, NULL);
+    hm_log_set_level(HM_LOG_ERROR);
+    return old;
+}
+
+static void stop_counting_logs(hm_log_level_t old) {
+    hm_log_set_level(old);
+    hm_log_set_sink(NULL, NULL);
+}
+
 typedef struct dfree {
     hm_pool_t *pool;
     void **ptrs;
@@ -540,17 +555,13 @@ static void test_remote_double_free(void) {
     for (int i = EXTRA; i < N; i++)
         if (i != 300) order[k++] = ptrs[i]; /* block 300 keeps its slab */
     for (int i = EXTRA; i < 2 * EXTRA; i++) order[k++] = ptrs[i];
-    atomic_store(&g_double_logs, 0);
-    hm_log_level_t old = hm_log_get_level();
-    hm_log_set_sink(double_sink, NULL);
-    hm_log_set_level(HM_LOG_ERROR);
+    hm_log_level_t old = count_double_logs();
     run_dfree(pool, order, 0, k, 1);
     CHECK_OK(hm_pool_trim(pool)); /* the owner drains its queue */
     run_dfree(pool, ptrs, 200, 300, 1); /* freed and drained already */
     CHECK_OK(hm_pool_free(pool, ptrs[300]));
     CHECK_OK(hm_pool_trim(pool));
-    hm_log_set_level(old);
-    hm_log_set_sink(NULL, NULL);
+    stop_counting_logs(old);
     CHECK_MSG(atomic_load(&g_double_logs) == 2 * EXTRA + 100,
               "%ld double frees logged, want %d", atomic_load(&g_double_logs), 2 * EXTRA + 100);
     /* Every block is free exactly once: 2N allocations are all distinct. */
@@ -595,14 +606,10 @@ static void test_batch_sizes(hm_native_remote_queue_t queue, const char *label) 
     for (int i = 0; i < N; i++)
         if (!done[i]) order[k++] = ptrs[i];
     REQUIRE(k == N + 1);
-    atomic_store(&g_double_logs, 0);
-    hm_log_level_t old = hm_log_get_level();
-    hm_log_set_sink(double_sink, NULL);
-    hm_log_set_level(HM_LOG_ERROR);
+    hm_log_level_t old = count_double_logs();
     run_dfree(pool, order, 0, k, 1);
     CHECK_OK(hm_pool_trim(pool)); /* the owner drains its queue */
-    hm_log_set_level(old);
-    hm_log_set_sink(NULL, NULL);
+    stop_counting_logs(old);
     CHECK_MSG(atomic_load(&g_double_logs) == 1, "%ld double frees logged, want 1",
               atomic_load(&g_double_logs));
     hm_pool_stats_t st;
@@ -727,10 +734,7 @@ static void test_current_word_frees(void) {
     void *a[N], *b[M], *all[N + M];
     /* A fresh slab: the class word holds blocks 10..63 of its word 0. */
     for (int i = 0; i < N; i++) REQUIRE(a[i] = hm_pool_malloc(pool, 48));
-    atomic_store(&g_double_logs, 0);
-    hm_log_level_t old = hm_log_get_level();
-    hm_log_set_sink(double_sink, NULL);
-    hm_log_set_level(HM_LOG_ERROR);
+    hm_log_level_t old = count_double_logs();
     CHECK_OK(hm_pool_free(pool, a[3])); /* not the block allocated last */
     CHECK_RES(hm_pool_free(pool, a[3]), HM_ERROR_DOUBLE_FREE);
     void *order[1] = {a[3]};
@@ -742,8 +746,7 @@ static void test_current_word_frees(void) {
     void *r = hm_pool_malloc(pool, 2000); /* drains */
     REQUIRE(r);
     CHECK_RES(hm_pool_free(pool, a[5]), HM_ERROR_DOUBLE_FREE);
-    hm_log_set_level(old);
-    hm_log_set_sink(NULL, NULL);
+    stop_counting_logs(old);
     CHECK_MSG(atomic_load(&g_double_logs) == 3, "%ld double frees logged, want 3",
               atomic_load(&g_double_logs));
     /* Blocks 3 and 5 come back once each, among blocks distinct from the
