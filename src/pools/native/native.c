@@ -778,10 +778,16 @@ HM_INLINE uint32_t popcount64(uint64_t x) {
 #endif
 }
 
+/* Index of the block at offset off of s (exact for a block's start; see
+ * nv_slab.magic). */
+HM_INLINE uint32_t slab_idx(const nv_slab_t *s, uintptr_t off) {
+    return (uint32_t)((off * s->magic) >> 32);
+}
+
 /* Index of the block p of s; 0 if p is not the start of a block. */
 static inline int block_index(const nv_slab_t *s, const void *p, uint32_t *idx) {
     uintptr_t off = (uintptr_t)p - s->base;
-    uint32_t i = (uint32_t)((off * s->magic) >> 32);
+    uint32_t i = slab_idx(s, off);
     *idx = i;
     return (uintptr_t)i * s->bsize == off && i < s->nblocks;
 }
@@ -934,7 +940,7 @@ static HM_NOINLINE hm_result_t double_free(const nv_slab_t *s, uint32_t idx) {
 
 /* double_free for a block known by its address. */
 static HM_NOINLINE hm_result_t double_free_at(const nv_slab_t *s, uintptr_t p) {
-    return double_free(s, (uint32_t)(((p - s->base) * s->magic) >> 32));
+    return double_free(s, slab_idx(s, p - s->base));
 }
 
 /* A free changed the state of s, which is not its class's current slab: it
@@ -966,11 +972,29 @@ static HM_NOINLINE void slab_transition(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s
     }
 }
 
-/* Free block idx of s, a slab of h, by h's owner: into the word being handed
+typedef hm_result_t (*nv_other_fn)(void *p); /* see free_impl */
+
+/* The owner's free of block p of s (valid, free not yet, not in the word
+ * being handed out; free_general's and free_own's) that changes the slab's
+ * state (see slab_transition). other (hm__native_free's): a slab going back
+ * to the pool may call free, so that case goes there, unchanged; a full
+ * slab joining the partial list calls nothing. */
+static HM_NOINLINE hm_result_t free_transition(nv_slab_t *s, uintptr_t p, nv_other_fn other) {
+    nv_heap_t *h = s->owner;
+    uint32_t idx = slab_idx(s, p - s->base);
+    if (other && s->nfree + 1 == s->nblocks) return other((void *)p);
+    s->bits[idx >> 6] |= (uint64_t)1 << (idx & 63);
+    if (++s->nfree != s->nblocks) stk_push(s->cl, s, p, idx);
+    else stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
+    slab_transition(h, s->cl, s);
+    return HM_SUCCESS;
+}
+
+/* Free block idx of s by the slab's owner: into the word being handed
  * out when it is that word, else straight into the slab's bitmap (whichever
  * slab of the heap it is, so a random free takes no slow path). Returns
  * HM_SUCCESS or HM_ERROR_DOUBLE_FREE (logged). */
-HM_INLINE hm_result_t free_own(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
+HM_INLINE hm_result_t free_own(nv_slab_t *s, uint32_t idx) {
     nv_cls_t *cl = s->cl;
     uint32_t w = idx >> 6;
     uint64_t bit = (uint64_t)1 << (idx & 63);
@@ -984,15 +1008,12 @@ HM_INLINE hm_result_t free_own(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
     }
     uint64_t x = s->bits[w];
     if (hm_unlikely(x & bit)) return double_free(s, idx);
+    uintptr_t p = s->base + (uintptr_t)idx * s->bsize;
+    if (hm_unlikely(s != cl->cur && (!s->in_partial || s->nfree + 1 == s->nblocks)))
+        return free_transition(s, p, NULL);
     s->bits[w] = x | bit;
-    uint32_t n = ++s->nfree;
-    if (hm_unlikely(s != cl->cur && (!s->in_partial || n == s->nblocks))) {
-        if (n != s->nblocks) stk_push(cl, s, s->base + (uintptr_t)idx * s->bsize, idx);
-        else stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
-        slab_transition(h, cl, s);
-    } else {
-        stk_push(cl, s, s->base + (uintptr_t)idx * s->bsize, idx);
-    }
+    s->nfree++;
+    stk_push(cl, s, p, idx);
     return HM_SUCCESS;
 }
 
@@ -1699,7 +1720,7 @@ static hm_result_t nv_alloc(void *state, size_t size, size_t align, void **out) 
 /* Free                                                                     */
 
 static hm_result_t free_block(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
-    if (s->owner == h) return free_own(h, s, idx);
+    if (s->owner == h) return free_own(s, idx);
     hm_result_t r = remote_free(h, s, idx);
     if (r == HM_SUCCESS) stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
     return r;
@@ -1762,22 +1783,6 @@ static HM_NOINLINE hm_result_t free_double_last(nv_pool_t *nv, void *p) {
     return HM_ERROR_DOUBLE_FREE;
 }
 
-typedef hm_result_t (*nv_other_fn)(void *p); /* see free_impl */
-
-/* free_general's free of block p of s (the caller's, valid, free not yet) that
- * changes the slab's state (see slab_transition). other (hm__native_free's):
- * a slab going back to the pool may call free, so that case goes there,
- * unchanged; a full slab joining the partial list calls nothing. */
-static HM_NOINLINE hm_result_t free_transition(nv_slab_t *s, uintptr_t p, nv_other_fn other) {
-    nv_heap_t *h = s->owner;
-    uint32_t idx = (uint32_t)(((p - s->base) * s->magic) >> 32); /* as block_index() */
-    if (other && s->nfree + 1 == s->nblocks) return other((void *)p);
-    s->bits[idx >> 6] |= (uint64_t)1 << (idx & 63);
-    if (++s->nfree != s->nblocks) stk_push(s->cl, s, p, idx);
-    else stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
-    slab_transition(h, s->cl, s);
-    return HM_SUCCESS;
-}
 
 /* free_impl's modes: the free op; the same without a log line for a
  * pointer that is not the pool's (hm__native_free_owned); the fast paths
@@ -1799,7 +1804,7 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
     if (hm_unlikely(!s))
         return NV_EXIT(mode, mode == NV_FREE_QUIET ? free_slow_quiet(nv, p) : free_slow(nv, p));
     uintptr_t off = (uintptr_t)p - s->base;
-    uint32_t idx = (uint32_t)((off * s->magic) >> 32);
+    uint32_t idx = slab_idx(s, off);
     uint32_t bsize = s->bsize;
     if (hm_unlikely((uintptr_t)idx * bsize != off || idx >= s->nblocks))
         return NV_EXIT(mode, mode == NV_FREE_QUIET ? free_slow_quiet(nv, p) : free_slow(nv, p));
