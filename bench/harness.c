@@ -67,6 +67,11 @@ static void usage(FILE *f, const char *prog) {
             prog);
 }
 
+int hm_bench_trace_on(void) {
+    const char *e = getenv("HM_BENCH_TRACE");
+    return e && *e && strcmp(e, "0");
+}
+
 hm_bench_t *hm_bench_create(const char *suite, int *argc, char **argv, int *exit_code) {
     *exit_code = 0;
     hm_bench_t *b = calloc(1, sizeof *b);
@@ -79,8 +84,7 @@ hm_bench_t *hm_bench_create(const char *suite, int *argc, char **argv, int *exit
     b->repeats = 7;
     b->min_time = 0.05;
     b->threads = 1;
-    const char *tr = getenv("HM_BENCH_TRACE");
-    b->trace = tr && *tr && strcmp(tr, "0");
+    b->trace = hm_bench_trace_on();
     int out = 1;
     for (int i = 1; i < *argc; i++) {
         const char *a = argv[i];

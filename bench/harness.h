@@ -61,6 +61,10 @@ typedef struct hm_bench_impl {
 
 typedef struct hm_bench hm_bench_t;
 
+/* Whether HM_BENCH_TRACE is set (and not "0"): the harness and the
+ * workloads then trace on stderr. */
+int hm_bench_trace_on(void);
+
 /* suite: the program's name in the table and CSV ("alloc"). Parses argv
  * (argc/argv are updated to what is left). NULL after printing the usage
  * for --help or a bad option: main() should then return *exit_code. */

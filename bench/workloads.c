@@ -99,14 +99,11 @@ static double clock_s(clockid_t id) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* HM_BENCH_TRACE set (and not "0"): the remote workloads print one line per
- * run and per consumer on stderr (the harness prints one per timed run). */
+/* Traced (hm_bench_trace_on), the remote workloads print one line per run
+ * and per consumer on stderr (the harness prints one per timed run). */
 static int wl_trace(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("HM_BENCH_TRACE");
-        v = e && *e && strcmp(e, "0");
-    }
+    if (v < 0) v = hm_bench_trace_on();
     return v;
 }
 
