@@ -608,6 +608,14 @@ static nv_slab_t *desc_grow(nv_pool_t *nv, nv_slab_t *s, uint32_t words) {
     return n;
 }
 
+/* Set the state flags of s (the owner's) and the free's test of them,
+ * nv_slab.tr. */
+HM_INLINE void slab_state(nv_slab_t *s, int in_partial, int is_cur) {
+    s->in_partial = (uint8_t)in_partial;
+    s->is_cur = (uint8_t)is_cur;
+    s->tr = is_cur ? UINT32_MAX : in_partial ? s->nblocks : 1;
+}
+
 /* Carve s for class c of heap h and publish it in the page map. */
 static int slab_carve(nv_pool_t *nv, nv_slab_t *s, nv_heap_t *h, unsigned c) {
     uint32_t bsize = hm__nv_cls_size[c];
@@ -616,14 +624,13 @@ static int slab_carve(nv_pool_t *nv, nv_slab_t *s, nv_heap_t *h, unsigned c) {
     s->cl = &h->cls[c];
     s->bsize = bsize;
     s->nblocks = (uint32_t)(s->span / bsize);
-    s->magic = (uint32_t)(((uint64_t)1 << 32) / bsize + (((uint64_t)1 << 32) % bsize != 0));
+    s->magic = UINT64_MAX / bsize + 1; /* ceil(2^64 / bsize): bsize is no power of 2^64 */
     s->nwords = (s->nblocks + 63) / 64;
     for (uint32_t i = 0; i < s->nwords; i++) s->bits[i] = ~(uint64_t)0;
     if (s->nblocks & 63) s->bits[s->nwords - 1] = ((uint64_t)1 << (s->nblocks & 63)) - 1;
     s->nfree = s->nblocks;
     s->scan = 0;
-    s->in_partial = 0;
-    s->is_cur = 0;
+    slab_state(s, 0, 0);
     s->cur_word = UINT32_MAX;
     s->prev = s->next = NULL;
     if (!map_set(nv, s->base, s->span, s)) {
@@ -753,7 +760,7 @@ static void partial_push(nv_cls_t *cl, nv_slab_t *s) {
     s->next = *head;
     if (*head) (*head)->prev = s;
     *head = s;
-    s->in_partial = 1;
+    slab_state(s, 1, s->is_cur);
 }
 
 static void partial_unlink(nv_cls_t *cl, nv_slab_t *s) {
@@ -762,7 +769,7 @@ static void partial_unlink(nv_cls_t *cl, nv_slab_t *s) {
     else *partial_head(s) = s->next;
     if (s->next) s->next->prev = s->prev;
     s->prev = s->next = NULL;
-    s->in_partial = 0;
+    slab_state(s, 0, s->is_cur);
 }
 
 /* Bits set in x, without a libgcc call where the target lacks POPCNT
@@ -778,44 +785,65 @@ HM_INLINE uint32_t popcount64(uint64_t x) {
 #endif
 }
 
-/* Index of the block at offset off of s (exact for a block's start; see
- * nv_slab.magic). */
-HM_INLINE uint32_t slab_idx(const nv_slab_t *s, uintptr_t off) {
-    return (uint32_t)((off * s->magic) >> 32);
+/* off / bsize for off < 2^32 and magic = ceil(2^64 / bsize) (nv_slab.magic),
+ * and *exact: whether off is a multiple of bsize. One multiply. */
+HM_INLINE uint32_t magic_div(uintptr_t off, uint64_t magic, int *exact) {
+    unsigned __int128 m = (unsigned __int128)off * magic;
+    *exact = (uint64_t)m < magic;
+    return (uint32_t)(m >> 64);
 }
 
-/* Index of the block p of s; 0 if p is not the start of a block. */
+/* Index of the block at offset off of s (off: a block's start). */
+HM_INLINE uint32_t slab_idx(const nv_slab_t *s, uintptr_t off) {
+    int exact;
+    return magic_div(off, s->magic, &exact);
+}
+
+/* Index of the block p of s; 0 if p is not the start of a block. p is in
+ * the page-map units of s, so that its offset is below 2^32 (a slab spans
+ * at most NV_SLAB_MAX bytes). */
+_Static_assert(NV_SLAB_MAX <= ((uint64_t)1 << 32), "block offsets are below 2^32: magic_div");
 static inline int block_index(const nv_slab_t *s, const void *p, uint32_t *idx) {
-    uintptr_t off = (uintptr_t)p - s->base;
-    uint32_t i = slab_idx(s, off);
+    int exact;
+    uint32_t i = magic_div((uintptr_t)p - s->base, s->magic, &exact);
     *idx = i;
-    return (uintptr_t)i * s->bsize == off && i < s->nblocks;
+    return exact && i < s->nblocks;
 }
 
 /* ---- Free-block stacks (nv_cls.stk) ---- */
 
-/* The owner's view of the stack depth (relaxed: get_stats reads it). */
-HM_INLINE uint32_t stk_n(const nv_cls_t *cl) {
-    return atomic_load_explicit(&cl->sn, memory_order_relaxed);
+/* The owner's view of the stack pointer (relaxed: get_stats reads it). */
+HM_INLINE nv_sent_t *stk_top(const nv_cls_t *cl) {
+    return atomic_load_explicit(&cl->top, memory_order_relaxed);
 }
-HM_INLINE void stk_set_n(nv_cls_t *cl, uint32_t n) {
-    atomic_store_explicit(&cl->sn, n, memory_order_relaxed);
+HM_INLINE void stk_set_top(nv_cls_t *cl, nv_sent_t *t) {
+    atomic_store_explicit(&cl->top, t, memory_order_relaxed);
+}
+/* Is the stack whose pointer is t empty (or not set up)? Full, if t is
+ * the pointer a push would store? (See nv_cls.) */
+HM_INLINE int stk_at_end(const nv_sent_t *t) {
+    return ((uintptr_t)t & (NV_STACK_BYTES - 1)) == 0;
+}
+/* Entries of the stack whose pointer is t (0 before set-up). */
+HM_INLINE uint32_t stk_count(const nv_sent_t *t) {
+    return (uint32_t)(((NV_STACK_BYTES - ((uintptr_t)t & (NV_STACK_BYTES - 1))) &
+                       (NV_STACK_BYTES - 1)) / sizeof(nv_sent_t));
 }
 
 /* Block p (index idx) of s was just freed into its bitmap by the owner of
  * s (cl: its class there): stack it, or (stack full) count its bytes out
  * of the heap's (a stacked block's bytes leave when get_stats subtracts
  * the stacks, nv_heap.st_bytes). */
-/* stk_push's part for a stack with room (n < NV_STACK_CAP entries). */
-HM_INLINE void stk_put(nv_cls_t *cl, nv_slab_t *s, uintptr_t p, uint32_t idx, uint32_t n) {
+/* stk_push's part for a stack with room (t: the new stack pointer). */
+HM_INLINE void stk_put(nv_cls_t *cl, nv_slab_t *s, uintptr_t p, uint32_t idx, nv_sent_t *t) {
     /* The stacked block is the next one of its class handed out, and the
      * caller will write it: start bringing its line in now, as a free list
      * kept in the blocks does by its store (host memory the CPU may touch
      * only; a prefetch never faults). */
     if (hm_likely(cl->prefetch)) __builtin_prefetch((const void *)p, 1, 3); /* inline: host */
-    cl->stk[n].s = s;
-    cl->stk[n].idx = idx;
-    stk_set_n(cl, n + 1);
+    t->s = s;
+    t->idx = idx;
+    stk_set_top(cl, t);
 }
 
 /* stk_push's part for a full stack; returns HM_SUCCESS (free_general
@@ -826,33 +854,35 @@ static HM_NOINLINE hm_result_t stk_full(const nv_slab_t *s) {
 }
 
 HM_INLINE void stk_push(nv_cls_t *cl, nv_slab_t *s, uintptr_t p, uint32_t idx) {
-    uint32_t n = stk_n(cl);
-    if (hm_likely(n < NV_STACK_CAP)) stk_put(cl, s, p, idx, n);
+    nv_sent_t *t = stk_top(cl) - 1;
+    if (hm_likely(!stk_at_end(t))) stk_put(cl, s, p, idx, t);
     else stk_full(s);
 }
 
-/* s (h's) goes back to the pool: drop its entries. */
+/* s (h's) goes back to the pool: drop its entries (oldest first, so the
+ * order of the others stays). */
 static void stk_purge(nv_heap_t *h, const nv_slab_t *s) {
     nv_cls_t *cl = &h->cls[s->cls];
-    uint32_t k = 0, n = stk_n(cl);
-    for (uint32_t i = 0; i < n; i++)
-        if (cl->stk[i].s != s) cl->stk[k++] = cl->stk[i];
-    stk_set_n(cl, k);
-    stat_add_i(&h->st_bytes, -(int64_t)(n - k) * cl->bsize);
+    nv_sent_t *top = stk_top(cl), *end = cl->stk + NV_STACK_CAP, *w = end;
+    uint32_t n = stk_count(top);
+    for (nv_sent_t *r = end; r-- > end - n;)
+        if (r->s != s) *--w = *r;
+    stk_set_top(cl, w);
+    stat_add_i(&h->st_bytes, -(int64_t)(n - stk_count(w)) * cl->bsize);
 }
 
 /* Take stack entry e's block out of its slab's bitmap: its address, or 0
  * if its bit is not set (cannot be, nv_cls: the caller then drops the
  * entry). The entry names the block by index, so the bitmap update needs
  * no division; the address, one multiply, is off that chain. */
-HM_INLINE uintptr_t stk_take(nv_sent_t e) {
-    nv_slab_t *s = e.s;
-    uint32_t w = e.idx >> 6;
-    uint64_t bit = (uint64_t)1 << (e.idx & 63), x = s->bits[w];
-    if (hm_unlikely(!(x & bit))) return 0;
-    s->bits[w] = x & ~bit;
+HM_INLINE uintptr_t stk_take(const nv_cls_t *cl, const nv_sent_t *e) {
+    nv_slab_t *s = e->s;
+    uint32_t idx = e->idx, w = idx >> 6;
+    uint64_t x = s->bits[w];
+    if (hm_unlikely(!((x >> (idx & 63)) & 1))) return 0;
+    s->bits[w] = x & ~((uint64_t)1 << (idx & 63));
     s->nfree--; /* a slab in the partial list may reach 0: see cls_refill */
-    uintptr_t p = s->base + (uintptr_t)e.idx * s->bsize;
+    uintptr_t p = s->base + (uintptr_t)idx * cl->bsize; /* cl: a line at hand */
     if (!p) __builtin_unreachable(); /* a slab's base is never 0 (slab_acquire) */
     return p;
 }
@@ -860,25 +890,14 @@ HM_INLINE uintptr_t stk_take(nv_sent_t e) {
 /* The newest stacked block of cl (h's), taken out of its slab's bitmap; 0
  * if the stack is empty. */
 HM_INLINE uintptr_t stk_pop(nv_heap_t *h, nv_cls_t *cl) {
-    uint32_t n;
-    while ((n = stk_n(cl)) != 0) {
-        nv_sent_t e = cl->stk[n - 1];
-        stk_set_n(cl, n - 1);
-        uintptr_t p = stk_take(e);
+    nv_sent_t *t;
+    while (!stk_at_end(t = stk_top(cl))) {
+        stk_set_top(cl, t + 1);
+        uintptr_t p = stk_take(cl, t);
         if (hm_likely(p)) return p;
         stat_add_i(&h->st_bytes, -(int64_t)cl->bsize); /* a stale entry: dropped */
     }
     return 0;
-}
-
-/* stk_pop for the fast paths: no loop; 0 sends the caller to stk_pop. */
-HM_INLINE uintptr_t stk_pop_fast(nv_cls_t *cl) {
-    uint32_t n = stk_n(cl);
-    if (hm_unlikely(!n)) return 0;
-    uintptr_t p = stk_take(cl->stk[n - 1]);
-    if (hm_unlikely(!p)) return 0;
-    stk_set_n(cl, n - 1);
-    return p;
 }
 
 /* Move the next word with free blocks of cl->cur (s) into cl->bits: the
@@ -920,7 +939,7 @@ static void cls_retire_cur(nv_heap_t *h, nv_cls_t *cl) {
     cl_set(cl, 0);
     cl->cur = NULL;
     cl->word = UINT32_MAX;
-    s->is_cur = 0;
+    slab_state(s, s->in_partial, 0);
     s->cur_word = UINT32_MAX;
     if (s->nfree == s->nblocks) {
         stk_purge(h, s);
@@ -961,7 +980,7 @@ static HM_NOINLINE void slab_transition(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s
             if (h->last_cl == cl) h->last = 0; /* the word changes */
             cls_retire_cur(h, cl);
             cl->cur = s;
-            s->is_cur = 1; /* cur_word is set by take_word */
+            slab_state(s, 0, 1); /* cur_word is set by take_word */
             s->scan = 0;   /* first fit (take_word) */
             return;
         }
@@ -1302,7 +1321,7 @@ static void drain_batch(nv_heap_t *h, nv_batch_t *b) {
     nv_slab_t *s = NULL;
     uintptr_t lo = 0, span = 0;
     uint64_t magic = 0;
-    uint32_t bsize = 0, nblocks = 0;
+    uint32_t nblocks = 0;
     const uint32_t count = b->count;
     for (uint32_t i = 0; i < count; i++) {
         const nv_rent_t *e = &b->ent[i];
@@ -1318,13 +1337,13 @@ static void drain_batch(nv_heap_t *h, nv_batch_t *b) {
             lo = s->base;
             span = s->span;
             magic = s->magic;
-            bsize = s->bsize;
             nblocks = s->nblocks;
             off = e->wbase - lo;
         }
-        uint32_t idx = (uint32_t)((off * magic) >> 32); /* as block_index() */
+        int exact;
+        uint32_t idx = magic_div(off, magic, &exact); /* as block_index() */
         uint64_t mask = e->mask;
-        if (hm_unlikely((uintptr_t)idx * bsize != off || idx >= nblocks || (idx & 63) ||
+        if (hm_unlikely(!exact || idx >= nblocks || (idx & 63) ||
                         (nblocks - idx < 64 && (mask >> (nblocks - idx))))) {
             drain_bad(e, "is not a block of its slab (double free?)");
             continue;
@@ -1587,6 +1606,7 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
         cl->bsize = hm__nv_cls_size[c];
         cl->word = UINT32_MAX;
         cl->stk = h->stk_map + (size_t)c * NV_STACK_CAP;
+        stk_set_top(cl, cl->stk + NV_STACK_CAP); /* empty */
         cl->prefetch = nv->prefetch;
     }
     if (h->last_cl == cl) h->last = 0; /* the word may change */
@@ -1604,7 +1624,7 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
     if (s) { /* full: it leaves the lists until a block comes back */
         cl->cur = NULL;
         cl->word = UINT32_MAX;
-        s->is_cur = 0;
+        slab_state(s, s->in_partial, 0);
         s->cur_word = UINT32_MAX;
     }
     /* Slabs whose last free blocks stk_pop took stay listed until here. */
@@ -1616,7 +1636,7 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
         if (r != HM_SUCCESS) return r;
     }
     cl->cur = s;
-    s->is_cur = 1;
+    slab_state(s, 0, 1);
     take_word(h, cl, s);
     return HM_SUCCESS;
 }
@@ -1668,28 +1688,31 @@ static HM_NOINLINE hm_result_t alloc_refill(nv_heap_t *h, unsigned c, void **out
     return r;
 }
 
-/* The allocation fast path (alignment <= 8): the block, or 0 with *hp the
- * caller's heap (its class word *clp is empty: refill) or NULL (the slow
- * path: a large size, or no heap found by thread pointer). Calls nothing. */
-HM_INLINE uintptr_t alloc_fast(nv_pool_t *nv, size_t size, nv_heap_t **hp, nv_cls_t **clp) {
+/* The allocation fast path (alignment <= 8), in three parts that call
+ * nothing, so that each caller's exits are tail calls of its own.
+ * alloc_cls: the caller's heap's class for size, found by thread pointer
+ * (*hp: the heap), or NULL (the slow path: a large size, or no heap found
+ * that way). */
+HM_INLINE nv_cls_t *alloc_cls(nv_pool_t *nv, size_t size, nv_heap_t **hp) {
     size_t at; /* of the class in the heap: NV_CLS_AT */
-    *hp = NULL;
     if (hm_likely(size <= nv->fast_limit)) at = hm__nv_cls_at8[(size + 7) >> 3];
     else if (size <= nv->class_limit) at = NV_CLS_AT(cls_of_big(size));
-    else return 0;
+    else return NULL;
     uintptr_t tp = thread_tp();
     nv_heap_t *h = heap_own(nv);
     if (hm_unlikely(!heap_is_mine(h, tp))) {
         h = heap_by_tp(nv, tp);
-        if (hm_unlikely(!heap_is_mine(h, tp))) return 0;
+        if (hm_unlikely(!heap_is_mine(h, tp))) return NULL;
     }
+    *hp = h;
     nv_cls_t *cl = (nv_cls_t *)((char *)h + at);
-    uint64_t b = cl_bits(cl);
-    if (hm_unlikely(!b)) {
-        *hp = h;
-        *clp = cl;
-        return 0;
-    }
+    if (!cl) __builtin_unreachable(); /* a heap's class: no test on the fast path */
+    return cl;
+}
+
+/* alloc_fast's block from cl's class word b (not 0), which becomes h's
+ * `last`. */
+HM_INLINE uintptr_t alloc_word(nv_heap_t *h, nv_cls_t *cl, uint64_t b) {
     /* No counter update: see nv_heap.st_bytes. */
     uint64_t lowest = b & (0 - b);
     uintptr_t p = cl->wbase + (uintptr_t)(unsigned)__builtin_ctzll(b) * cl->bsize;
@@ -1699,6 +1722,30 @@ HM_INLINE uintptr_t alloc_fast(nv_pool_t *nv, size_t size, nv_heap_t **hp, nv_cl
     h->last_bit = lowest;
     if (!p) __builtin_unreachable(); /* a slab's base is never 0 (slab_acquire) */
     return p;
+}
+
+/* alloc_fast's block from cl's stack (its class word is empty): the newest
+ * entry's, or 0 if the stack is empty or that entry stale (the refill's
+ * stk_pop then drops it). */
+HM_INLINE uintptr_t alloc_pop(nv_cls_t *cl) {
+    nv_sent_t *t = stk_top(cl);
+    if (hm_unlikely(stk_at_end(t))) return 0;
+    uintptr_t p = stk_take(cl, t);
+    if (hm_likely(p)) stk_set_top(cl, t + 1);
+    return p;
+}
+
+/* The three parts in one: the block, or 0 with *hp the caller's heap (its
+ * class *clp has no block at hand: refill) or NULL (the slow path). */
+HM_INLINE uintptr_t alloc_fast(nv_pool_t *nv, size_t size, nv_heap_t **hp, nv_cls_t **clp) {
+    nv_heap_t *h = NULL;
+    nv_cls_t *cl = alloc_cls(nv, size, &h);
+    *hp = h;
+    *clp = cl;
+    if (hm_unlikely(!cl)) return 0;
+    uint64_t b = cl_bits(cl);
+    if (hm_likely(b)) return alloc_word(h, cl, b);
+    return alloc_pop(cl);
 }
 
 static hm_result_t nv_alloc(void *state, size_t size, size_t align, void **out) {
@@ -1792,6 +1839,25 @@ static HM_NOINLINE hm_result_t free_double_last(nv_pool_t *nv, void *p) {
 enum { NV_FREE_OP, NV_FREE_QUIET, NV_FREE_FAST };
 #define NV_EXIT(mode, call) ((mode) == NV_FREE_FAST ? other(p) : (call))
 
+/* free_general's free of block p of s, the caller's, in the word of s
+ * being handed out (s is its class's current slab): that word's free
+ * blocks are in the class word, or, freed since it was taken, in s->bits
+ * (nv_cls), so its double-free test reads both; then the block goes into
+ * the bitmap and onto the stack like any other (s is current: no state
+ * change). mode, other: as free_general's. */
+static HM_NOINLINE hm_result_t free_cur_word(nv_slab_t *s, uintptr_t p, int mode,
+                                             nv_other_fn other) {
+    nv_cls_t *cl = s->cl;
+    uint32_t idx = slab_idx(s, p - s->base), w = idx >> 6;
+    uint64_t bit = (uint64_t)1 << (idx & 63), x = s->bits[w];
+    if (hm_unlikely((x | cl_bits(cl)) & bit)) 
+        return mode == NV_FREE_FAST ? other((void *)p) : double_free(s, idx);
+    s->bits[w] = x | bit;
+    s->nfree++;
+    stk_push(cl, s, p, idx);
+    return HM_SUCCESS;
+}
+
 /* free_own() inlined with the ownership test, which compares the slab's
  * owner with the caller's heap found by thread pointer (no TLS access);
  * every exit but success is a tail call, so the fast path needs no stack
@@ -1803,48 +1869,42 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
     nv_slab_t *s = map_get(nv, p);
     if (hm_unlikely(!s))
         return NV_EXIT(mode, mode == NV_FREE_QUIET ? free_slow_quiet(nv, p) : free_slow(nv, p));
-    uintptr_t off = (uintptr_t)p - s->base;
-    uint32_t idx = slab_idx(s, off);
-    uint32_t bsize = s->bsize;
-    if (hm_unlikely((uintptr_t)idx * bsize != off || idx >= s->nblocks))
+    uint32_t idx;
+    if (hm_unlikely(!block_index(s, p, &idx)))
         return NV_EXIT(mode, mode == NV_FREE_QUIET ? free_slow_quiet(nv, p) : free_slow(nv, p));
     /* Ownership: the owner heap is the caller's (found by thread pointer;
      * no load of the owner's fields). */
     nv_heap_t *h = s->owner;
     if (hm_unlikely(h != me)) return NV_EXIT(mode, free_other(nv, s, p, me, idx));
-    nv_cls_t *cl = s->cl;
     uint32_t w = idx >> 6;
-    uint64_t bit = (uint64_t)1 << (idx & 63);
     /* No branch on whether s is the current slab: that is a coin toss when
      * a class's live blocks span two slabs (random frees of small
      * classes), and a mispredicted branch here waits for the page-map
      * chain (cachegrind --branch-sim: 0.5 mispredictions per op on random
      * 8-128, all on that test). So a block of the word being handed out
      * goes into the slab's bitmap and onto the stack like any other (see
-     * nv_cls), and the double-free test takes that word's free bits in
-     * without a branch (s->cur_word names the word only while s is
-     * current); the transition test reads is_cur, which rules out
-     * the current slab. */
+     * nv_cls); only its double-free test, which also reads the class word,
+     * is apart (free_cur_word). That branch is rarely taken, a word of 64
+     * blocks among a class's live blocks (s->cur_word names the word only
+     * while s is current); the transition test reads is_cur, which rules
+     * out the current slab. */
+    if (hm_unlikely(w == s->cur_word)) return free_cur_word(s, (uintptr_t)p, mode, other);
     /* Past the ownership test only p, s and what follows from them stay
      * live (the exits recompute idx; h is s->owner), so that the path
      * needs no callee-saved registers. */
-    uint64_t in_word = w == s->cur_word;
+    nv_cls_t *cl = s->cl;
     uint64_t x = s->bits[w];
-    if (hm_unlikely((x | (cl_bits(cl) & (0 - in_word))) & bit))
-        return NV_EXIT(mode, double_free_at(s, (uintptr_t)p));
+    if (hm_unlikely((x >> (idx & 63)) & 1)) return NV_EXIT(mode, double_free_at(s, (uintptr_t)p));
     uint32_t n = s->nfree + 1;
-    /* (!(in_partial | is_cur) || n == nblocks) && !is_cur, with both flags
-     * read as one 16-bit word for the first test (nv_slab_t: adjacent):
-     * no register stays live for is_cur, so the path saves none. */
-    uint16_t flags;
-    memcpy(&flags, &s->in_partial, sizeof(flags));
-    if (hm_unlikely(!flags || (n == s->nblocks && !s->is_cur)))
+    /* (!(in_partial | is_cur) || n == nblocks) && !is_cur, in one compare
+     * (nv_slab.tr). */
+    if (hm_unlikely(n >= s->tr))
         return free_transition(s, (uintptr_t)p, mode == NV_FREE_FAST ? other : NULL);
-    s->bits[w] = x | bit;
+    s->bits[w] = x | ((uint64_t)1 << (idx & 63));
     s->nfree = n;
-    uint32_t sn = stk_n(cl);
-    if (hm_unlikely(sn >= NV_STACK_CAP)) return stk_full(s);
-    stk_put(cl, s, (uintptr_t)p, idx, sn);
+    nv_sent_t *t = stk_top(cl) - 1;
+    if (hm_unlikely(stk_at_end(t))) return stk_full(s);
+    stk_put(cl, s, (uintptr_t)p, idx, t);
     return HM_SUCCESS;
 }
 
@@ -1860,12 +1920,13 @@ static HM_NOINLINE hm_result_t free_general_out(nv_pool_t *nv, void *p, nv_heap_
  * the registers it needs cost the local free no stack frame. */
 static HM_NOINLINE hm_result_t free_cached(nv_pool_t *nv, void *p, nv_heap_t *me, int mode,
                                            nv_other_fn other, uintptr_t roff) {
-    uint32_t sub = (uint32_t)((roff * me->r_magic) >> 32);
+    int exact;
+    uint32_t sub = magic_div(roff, me->r_magic, &exact);
     uint32_t bsize = me->r_bsize;
     nv_rent_t *e = me->r_ent;
     uint64_t m = e->mask, bit = (uint64_t)1 << sub;
     uint32_t left = me->r_left;
-    if (hm_likely((uintptr_t)sub * bsize == roff && !(m & bit) && left > 1)) {
+    if (hm_likely(exact && !(m & bit) && left > 1)) {
         e->mask = m | bit;
         me->r_left = left - 1;
         stat_add_i(&me->st_bytes, -(int64_t)bsize);
@@ -1982,15 +2043,13 @@ static HM_NOINLINE void *malloc_fast_refill(nv_heap_t *h, nv_cls_t *cl) {
 
 static void *nv_malloc_fast(void *state, size_t size) {
     nv_heap_t *h;
-    nv_cls_t *cl;
-    uintptr_t p = alloc_fast(state, size, &h, &cl);
+    nv_cls_t *cl = alloc_cls(state, size, &h);
+    if (hm_unlikely(!cl)) return hm__malloc_via(nv_alloc, state, size);
+    uint64_t b = cl_bits(cl);
+    if (hm_likely(b)) return (void *)alloc_word(h, cl, b);
+    uintptr_t p = alloc_pop(cl);
     if (hm_likely(p)) return (void *)p;
-    if (hm_likely(h != NULL)) {
-        p = stk_pop_fast(cl);
-        if (hm_likely(p)) return (void *)p;
-        return malloc_fast_refill(h, cl);
-    }
-    return hm__malloc_via(nv_alloc, state, size);
+    return malloc_fast_refill(h, cl);
 }
 
 hm_result_t hm__native_free(void *state, void *p, hm_result_t (*other)(void *)) {
@@ -2163,7 +2222,7 @@ static hm_result_t nv_get_stats(void *state, hm_pool_stats_t *st) {
             /* The class size from the table: the owner sets up cls[c].bsize
              * at its first refill of the class (nv_cls). */
             if (b) bytes -= (int64_t)popcount64(b) * hm__nv_cls_size[c];
-            bytes -= (int64_t)stk_n(&h->cls[c]) * hm__nv_cls_size[c]; /* stacked: free */
+            bytes -= (int64_t)stk_count(stk_top(&h->cls[c])) * hm__nv_cls_size[c]; /* free */
         }
         pub += atomic_load_explicit(&h->st_published, memory_order_relaxed);
         drained += atomic_load_explicit(&h->st_drained, memory_order_relaxed);

@@ -22,7 +22,7 @@
 #define NV_STOCK_MAX 8           /* spare batches a heap keeps */
 #define NV_STOCK_MOVE 4          /* batches moved to/from the depot at once */
 #define NV_META_CHUNK ((size_t)64 << 10) /* mapping size for heaps and batches */
-#define NV_STACK_CAP 128         /* free-block stack entries per class (nv_sent_t) */
+#define NV_STACK_CAP 128         /* free-block stack slots per class (nv_sent_t; see nv_cls) */
 #define NV_BY_TP_BITS 6
 #define NV_BY_TP (1u << NV_BY_TP_BITS) /* heaps found by thread pointer */
 
@@ -45,12 +45,13 @@ typedef struct nv_pool nv_pool_t;
  * without a lock. Everything else is the owner heap's (or, when retained,
  * the pool lock's).
  * Layout: the first cache line holds what only the slow paths use (lists,
- * span, scan position); the second holds everything a free reads or writes
- * (the fixed fields, nfree, in_partial) and the first two bitmap words, so
- * that a local free into a slab of up to 128 blocks (classes of 512 B and
- * up with 64 KiB slabs) touches one line of its descriptor. A remote free
- * reads the fixed fields of that line once per bitmap word (nv_heap.r_key),
- * which the owner writes at most once per word it takes or drains. */
+ * span, scan position, the state flags, bsize); the second holds
+ * everything a local free reads or writes (the fixed fields it needs,
+ * nfree, tr) and the first two bitmap words, so that a local free into a
+ * slab of up to 128 blocks (classes of 512 B and up with 64 KiB slabs)
+ * touches one line of its descriptor. A remote free reads the fixed fields
+ * (bsize too) once per bitmap word (nv_heap.r_key), which the owner writes
+ * at most once per word it takes or drains. */
 typedef struct nv_cls nv_cls_t;
 typedef struct nv_slab {
     /* Slow paths only. */
@@ -62,19 +63,8 @@ typedef struct nv_slab {
                     * or purged (take_word): the slab's pages in use */
     struct nv_slab *prev, *next;         /* owner's partial list | pool's retained list */
     struct nv_slab *all_prev, *all_next; /* pool's list of every slab (pool lock) */
-    /* Read by every free; fixed while the slab is live (but cur_word). */
-    uintptr_t base HM_CACHE_ALIGNED;
-    uint32_t magic; /* ceil(2^32 / bsize): below 2^30, bsize >= 8 */
-    /* The owner's (read by its frees only): cl->word while s is its class's
-     * current slab (is_cur), else UINT32_MAX, so that a free tests whether
-     * its block is in the word being handed out with one comparison. */
-    uint32_t cur_word;
-    nv_heap_t *owner;
-    nv_cls_t *cl;   /* &owner->cls[cls] */
-    uint32_t bsize;
-    uint32_t nblocks;
-    /* The owner's. */
-    uint32_t nfree;
+    uint32_t bsize; /* fixed while live */
+    /* The owner's, with tr below (slab_state). */
     uint8_t in_partial;
     /* s == s->cl->cur: a free's test whether s joins a list or goes back
      * needs no comparison with cl->cur (a coin toss when a class's blocks
@@ -82,11 +72,34 @@ typedef struct nv_slab {
      * block free; it goes back when retired (cls_retire_cur). */
     uint8_t is_cur;
     uint16_t cls; /* fixed while live */
+    /* Read by every free; fixed while the slab is live (but cur_word). */
+    uintptr_t base HM_CACHE_ALIGNED;
+    /* ceil(2^64 / bsize): for an offset off < 2^32, off / bsize is the high
+     * 64 bits of off * magic, and off is a multiple of bsize iff the low 64
+     * bits are below magic (Lemire, Kaser and Kurz, "Faster remainder by
+     * direct computation", Softw. Pract. Exp. 49(6), 2019): one multiply
+     * finds a block's index and refuses an interior pointer (slab_div). */
+    uint64_t magic;
+    nv_heap_t *owner;
+    nv_cls_t *cl;   /* &owner->cls[cls] */
+    /* The owner's (read by its frees only): cl->word while s is its class's
+     * current slab (is_cur), else UINT32_MAX, so that a free tells whether
+     * its block is in the word being handed out with one comparison. */
+    uint32_t cur_word;
+    uint32_t nblocks;
+    /* The owner's. */
+    uint32_t nfree;
+    /* The nfree after a free at which that free must call slab_transition
+     * (the state flags in one compare): UINT32_MAX for the current slab
+     * (never), nblocks for a slab in the partial list (it goes back to the
+     * pool when all its blocks are free), 1 for a slab in neither (full: a
+     * free makes it partial). Kept by slab_state. */
+    uint32_t tr;
     uint64_t bits[];
 } nv_slab_t;
 _Static_assert(NV_NCLS_MAX <= UINT16_MAX, "nv_slab.cls is 16 bits");
-_Static_assert(offsetof(nv_slab_t, is_cur) == offsetof(nv_slab_t, in_partial) + 1,
-               "free_general reads in_partial and is_cur as one 16-bit word");
+_Static_assert(offsetof(nv_slab_t, base) == HM_CACHE_LINE,
+               "the slow paths' fields fill the first line");
 _Static_assert(offsetof(nv_slab_t, bits) + 2 * sizeof(uint64_t) <= 2 * HM_CACHE_LINE,
                "a free's fields and two bitmap words share the second line");
 
@@ -97,6 +110,12 @@ typedef struct nv_sent {
     uint32_t idx;
     uint32_t unused;
 } nv_sent_t;
+/* A class's stack area, NV_STACK_CAP slots: a power of two, and aligned to
+ * its size (nv_heap.stk_map), so that a stack pointer alone tells whether
+ * its stack is empty or full (nv_cls.top). */
+#define NV_STACK_BYTES ((uintptr_t)NV_STACK_CAP * sizeof(nv_sent_t))
+_Static_assert((NV_STACK_BYTES & (NV_STACK_BYTES - 1)) == 0 && NV_STACK_BYTES <= 4096,
+               "a stack area is a power of two that divides a page");
 
 /* Per heap and size class. `bits` are free blocks of word `word` of `cur`
  * taken out of cur->bits; the fast path hands them out. Blocks of that word
@@ -104,11 +123,17 @@ typedef struct nv_sent {
  * through a remote free; the owner's other frees of them go into
  * cur->bits[word] and onto the stack like any other, so a free's double-free
  * test of such a block reads both words.
- * The free-block stack stk[0..sn) (host memory, newest last) holds blocks
- * the owner freed into slab bitmaps (not into the class word): the next
- * allocation of the class that finds `bits` empty pops the newest one (the
- * LIFO reuse of tcmalloc's thread-cache free lists, kept apart from the
- * managed memory). Invariants: every entry is a block of a slab of this
+ * The free-block stack (host memory) holds blocks the owner freed into
+ * slab bitmaps (not into the class word): the next allocation of the class
+ * that finds `bits` empty pops the newest one (the LIFO reuse of tcmalloc's
+ * thread-cache free lists, kept apart from the managed memory). It grows
+ * down from the end of its area stk[0..NV_STACK_CAP), and `top` points at
+ * the newest entry: the entries are top[0..n), n = (end - top) / 16. Slot
+ * 0 is never used, so that the area's alignment (NV_STACK_BYTES) tells
+ * both ends apart with top alone: the stack is empty iff top is aligned
+ * (top == end, or NULL before set-up), full iff top - 1 is (top ==
+ * &stk[1]); a push and a pop each test, move and store one pointer
+ * (NV_STACK_CAP - 1 entries at most). Invariants: every entry is a block of a slab of this
  * heap and class whose bitmap bit is set (the bitmap stays the truth: a
  * stacked block is free, so a second free of it is caught and a slab whose
  * blocks are all free, stacked or not, goes back to the pool); no block is
@@ -128,9 +153,11 @@ struct nv_cls {
     uint32_t bsize;
     uint32_t word;   /* UINT32_MAX: none */
     nv_slab_t *cur;
-    _Atomic uint32_t sn; /* stacked entries (relaxed: get_stats reads it) */
+    /* The newest stacked entry (relaxed: get_stats reads it); NULL until
+     * the class is set up. */
+    _Atomic(nv_sent_t *) top;
     uint32_t prefetch; /* nv_pool.prefetch, on the line a push reads */
-    nv_sent_t *stk;  /* NV_STACK_CAP entries (nv_heap.stk_map) */
+    nv_sent_t *stk;  /* the stack area, NV_STACK_CAP slots (nv_heap.stk_map) */
 } HM_CACHE_ALIGNED; /* one cache line per class; the partial lists are apart */
 
 /* One entry of a remote-free batch: blocks of one bitmap word of a slab,
