@@ -182,6 +182,112 @@ static void test_bad_frees(void) {
     CHECK_OK(hm_pool_destroy(pool));
 }
 
+/* Interior and past-the-end pointers are refused (HM_ERROR_INVALID_ARGUMENT,
+ * nothing freed) in every size class up to 64 KiB, by the owner and by
+ * another thread, also right after that thread's valid free into the same
+ * bitmap word (the remote free it caches, which validates without the page
+ * map): one multiply gives the block index and the exact-block test
+ * (nv_slab.magic). Past the end: the address one block past a slab's last
+ * block, where the slab's span is not a multiple of the block size. */
+typedef struct ifree {
+    hm_pool_t *pool;
+    char *valid;  /* freed first (NULL: none) */
+    char *a;      /* interior frees of a, or of a itself with `exact` */
+    size_t u;
+    int exact;
+    int accepted; /* bad frees that were not refused */
+} ifree_t;
+
+static int interior_frees(hm_pool_t *pool, char *a, size_t u) {
+    const size_t off[] = {1, 8, (u / 2) & ~(size_t)7, u - 8, u - 1};
+    int accepted = 0;
+    for (size_t k = 0; k < sizeof off / sizeof off[0]; k++) {
+        if (!off[k] || off[k] >= u) continue;
+        accepted += hm_pool_free(pool, a + off[k]) != HM_ERROR_INVALID_ARGUMENT;
+        accepted += hm_pool_malloc_usable_size(pool, a + off[k]) != 0;
+    }
+    return accepted;
+}
+
+static void *ifree_thread(void *arg) {
+    ifree_t *f = arg;
+    /* A heap of its own, found by thread pointer: its frees take the fast
+     * paths (and the cached remote free). */
+    void *own = hm_pool_malloc(f->pool, 8);
+    CHECK(own != NULL);
+    CHECK_OK(hm_pool_free(f->pool, own));
+    if (f->valid) CHECK_OK(hm_pool_free(f->pool, f->valid));
+    if (f->exact) f->accepted = hm_pool_free(f->pool, f->a) != HM_ERROR_INVALID_ARGUMENT;
+    else f->accepted = interior_frees(f->pool, f->a, f->u);
+    hm_pool_trim(f->pool); /* publishes this thread's batch */
+    return NULL;
+}
+
+static void run_ifree(ifree_t *f) {
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, ifree_thread, f) == 0);
+    pthread_join(t, NULL);
+}
+
+static void test_interior_frees(void) {
+    hm_test_set_context("interior and past-the-end frees");
+    hm_log_level_t old = hm_log_get_level();
+    hm_pool_t *pool = os_pool(NULL, HM_POOL_FLAG_NO_TRACKING, RW);
+    int classes = 0;
+    for (size_t size = 1, u; size <= 64 * KIB; size = u + 1, classes++) {
+        char *a = hm_pool_malloc(pool, size), *b = hm_pool_malloc(pool, size);
+        REQUIRE(a && b);
+        u = hm_pool_malloc_usable_size(pool, a);
+        REQUIRE(u >= size);
+        hm_log_set_level(HM_LOG_OFF);
+        int own = interior_frees(pool, a, u);
+        ifree_t f = {pool, b, a, u, 0, 0};
+        run_ifree(&f);
+        hm_log_set_level(old);
+        CHECK_MSG(own == 0 && f.accepted == 0, "class %zu: %d (owner) and %d (remote) of the "
+                  "interior frees accepted", u, own, f.accepted);
+        CHECK_OK(hm_pool_free(pool, a));
+    }
+    CHECK(classes > 40);
+    CHECK_OK(hm_pool_trim(pool)); /* drains the remote frees */
+    hm_pool_stats_t st;
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, (size_t)0);
+    CHECK_OK(hm_pool_destroy(pool));
+
+    /* Past the end: blocks come out of a fresh slab in address order from
+     * its base, until the next slab. */
+    const size_t sizes[] = {48, 80, 112, 144, 320, 1280, 2304, 3584};
+    enum { MAXN = 64 * 1024 / 48 + 2 };
+    static char *blk[MAXN];
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t u = sizes[k];
+        pool = os_pool(NULL, HM_POOL_FLAG_NO_TRACKING, RW);
+        int n = (int)(64 * KIB / u) + 2, count = 0;
+        for (int i = 0; i < n; i++) REQUIRE(blk[i] = hm_pool_malloc(pool, u));
+        REQUIRE(hm_pool_malloc_usable_size(pool, blk[0]) == u);
+        while (count < n && blk[count] == blk[0] + (size_t)count * u) count++;
+        char *end = blk[0] + (size_t)count * u;
+        CHECK_MSG(count < n && ((uintptr_t)end & (64 * KIB - 1)) != 0,
+                  "class %zu: %d blocks in the first slab", u, count);
+        hm_log_set_level(HM_LOG_OFF);
+        hm_result_t r = hm_pool_free(pool, end);
+        size_t usable = hm_pool_malloc_usable_size(pool, end);
+        ifree_t f = {pool, blk[count - 1], end, u, 1, 0}; /* the word's last block first */
+        run_ifree(&f);
+        hm_log_set_level(old);
+        CHECK_MSG(r == HM_ERROR_INVALID_ARGUMENT && usable == 0 && !f.accepted,
+                  "class %zu: the address past the slab's last block: %s, usable %zu, remote %d",
+                  u, hm_result_string(r), usable, f.accepted);
+        for (int i = 0; i < n; i++)
+            if (i != count - 1) CHECK_OK(hm_pool_free(pool, blk[i]));
+        CHECK_OK(hm_pool_trim(pool));
+        CHECK_OK(hm_pool_get_stats(pool, &st));
+        CHECK_EQ(st.bytes_requested, (size_t)0);
+        CHECK_OK(hm_pool_destroy(pool));
+    }
+}
+
 static void test_stats_and_trim(void) {
     hm_test_set_context("statistics and trim");
     hm_native_params_t *np;
@@ -981,6 +1087,7 @@ int main(int argc, char **argv) {
         test_size_classes();
         test_alignment();
         test_bad_frees();
+        test_interior_frees();
         test_stats_and_trim();
         test_params();
         test_prot_none();
