@@ -288,6 +288,47 @@ static void test_interior_frees(void) {
     }
 }
 
+/* The stack's bound, exactly, beside a neighbour: each class's stack has
+ * an area of its own (127 entries, told full and empty by its alignment,
+ * nv_cls). 10 frees of 48-byte blocks are stacked, then 200 of 64-byte
+ * blocks (the next class, whose area follows): the first 127 are stacked,
+ * the rest only set their bits. The 48-byte stack then gives back its own
+ * 10 blocks newest first, the 64-byte one its 127 newest first, and the
+ * other 73 come back from the bitmap. Each class fills exactly its slab,
+ * so that its class word is empty and allocations pop the stack. */
+static int cmp_ptr(const void *a, const void *b);
+
+static void test_stack_bound(void) {
+    hm_test_set_context("free-block stack bound");
+    hm_pool_t *pool = os_pool(NULL, HM_POOL_FLAG_NO_TRACKING, RW);
+    enum { NA = 65536 / 48, NB = 65536 / 64, FA = 10, FB = 200, CAP = 127 };
+    static void *a[NA], *b[NB], *c[FB];
+    for (int i = 0; i < NA; i++) REQUIRE(a[i] = hm_pool_malloc(pool, 48));
+    for (int i = 0; i < NB; i++) REQUIRE(b[i] = hm_pool_malloc(pool, 64));
+    for (int i = 0; i < FA; i++) CHECK_OK(hm_pool_free(pool, a[3 * i]));
+    for (int i = 0; i < FB; i++) CHECK_OK(hm_pool_free(pool, b[2 * i + 1]));
+    for (int i = FA - 1; i >= 0; i--) {
+        void *x = hm_pool_malloc(pool, 48);
+        CHECK_MSG(x == a[3 * i], "48 B: got %p, want %p (freed %d-th last)", x, a[3 * i], FA - i);
+    }
+    for (int i = CAP - 1; i >= 0; i--) {
+        void *x = hm_pool_malloc(pool, 64);
+        CHECK_MSG(x == b[2 * i + 1], "64 B: got %p, want %p (freed %d-th last)", x, b[2 * i + 1],
+                  CAP - i);
+    }
+    for (int i = 0; i < FB - CAP; i++) REQUIRE(c[i] = hm_pool_malloc(pool, 64));
+    qsort(c, FB - CAP, sizeof(void *), cmp_ptr);
+    for (int i = 0; i < FB - CAP; i++)
+        CHECK_MSG(c[i] == b[2 * (CAP + i) + 1], "64 B from the bitmap: got %p, want %p", c[i],
+                  b[2 * (CAP + i) + 1]);
+    for (int i = 0; i < NA; i++) CHECK_OK(hm_pool_free(pool, a[i]));
+    for (int i = 0; i < NB; i++) CHECK_OK(hm_pool_free(pool, b[i]));
+    hm_pool_stats_t st;
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, (size_t)0);
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
 static void test_stats_and_trim(void) {
     hm_test_set_context("statistics and trim");
     hm_native_params_t *np;
@@ -878,7 +919,7 @@ static void test_current_word_frees(void) {
 /* The heap's free-block stacks (every class): blocks freed into slab
  * bitmaps come back newest first, across slabs; a stacked block is still
  * free in its bitmap, so freeing it again is refused; past the stack's
- * bound (128 entries) frees only set the bit and those blocks are found by
+ * bound (127 entries) frees only set the bit and those blocks are found by
  * the bitmap later; a slab whose blocks are all free goes back to the
  * provider even while some of them are stacked (no stale entry hands out
  * its memory); a retained slab's descriptor grows when a smaller class
@@ -913,7 +954,7 @@ static void test_free_stacks(unsigned prot) {
         p[order[k]] = a;
     }
     /* Past the bound: BIG frees of every third block of slab 1 (the first
-     * 128 stacked). */
+     * 127 stacked). */
     for (int i = 0; i < BIG; i++) CHECK_OK(hm_pool_free(pool, p[PER + 3 * i]));
     hm_log_set_level(HM_LOG_OFF);
     CHECK_RES(hm_pool_free(pool, p[PER]), HM_ERROR_DOUBLE_FREE);                 /* stacked */
@@ -1088,6 +1129,7 @@ int main(int argc, char **argv) {
         test_alignment();
         test_bad_frees();
         test_interior_frees();
+        test_stack_bound();
         test_stats_and_trim();
         test_params();
         test_prot_none();

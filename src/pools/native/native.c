@@ -9,10 +9,11 @@
  *   managed memory, so it works on memory the CPU must not touch.
  * - The free path finds a block's slab through a per-pool two-level radix
  *   map from address >> log2(slab_size) to the descriptor (lock-free reads,
- *   leaves installed with CAS), then the block index by a multiply with a
- *   32-bit reciprocal (the method of jemalloc's div.c: for n a multiple of d,
- *   n < 2^32, n / d == (n * ceil(2^32 / d)) >> 32), checked exactly, so an
- *   interior pointer is refused.
+ *   leaves installed with CAS), then the block index and whether the
+ *   pointer starts a block from one multiply by a 64-bit reciprocal (Lemire,
+ *   Kaser and Kurz 2019: for n < 2^32 and c = ceil(2^64 / d), n / d is the
+ *   high half of n * c and d divides n iff the low half is below c; see
+ *   nv_slab.magic), so an interior pointer is refused.
  * - Per-thread heaps. Each heap keeps, per size class, one 64-bit word of the
  *   current slab's free bitmap (`bits`), the address of that word's first
  *   block and the class size: allocation is ctz + clear-lowest-bit + multiply

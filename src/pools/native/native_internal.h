@@ -133,8 +133,8 @@ _Static_assert((NV_STACK_BYTES & (NV_STACK_BYTES - 1)) == 0 && NV_STACK_BYTES <=
  * both ends apart with top alone: the stack is empty iff top is aligned
  * (top == end, or NULL before set-up), full iff top - 1 is (top ==
  * &stk[1]); a push and a pop each test, move and store one pointer
- * (NV_STACK_CAP - 1 entries at most). Invariants: every entry is a block of a slab of this
- * heap and class whose bitmap bit is set (the bitmap stays the truth: a
+ * (NV_STACK_CAP - 1 entries at most). Invariants: every entry is a block
+ * of a slab of this heap and class whose bitmap bit is set (the bitmap stays the truth: a
  * stacked block is free, so a second free of it is caught and a slab whose
  * blocks are all free, stacked or not, goes back to the pool); no block is
  * stacked twice; take_word runs only while the stack is empty (so it never
