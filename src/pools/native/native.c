@@ -1038,7 +1038,7 @@ HM_INLINE hm_result_t free_own(nv_slab_t *s, uint32_t idx) {
 /* ------------------------------------------------------------------------ */
 /* Pool metadata: heaps and remote-free batches (nv_pool.meta)              */
 
-/* Metadata mappings: each starts with its nv_meta_t; heaps are carved
+/* Metadata mappings (heads: nv_meta_t); heaps are carved
  * upwards after it, each but the mapping's first from a page boundary
  * (NV_META_ALIGN), and batches (and the orphan heap, page-aligned)
  * downwards from its end, so that a heap's busy lines (its partial heads,
@@ -1050,9 +1050,11 @@ enum { META_HEAP, META_BATCH, META_TOP };
 
 static void *meta_carve(nv_pool_t *nv, size_t size, int kind) {
     if (!nv->meta) return NULL;
-    uintptr_t at, first = (uintptr_t)nv->meta + sizeof(nv_meta_t);
+    uintptr_t at;
     if (kind == META_HEAP) {
-        at = nv->meta_next == first ? first : hm_align_up(nv->meta_next, (uintptr_t)NV_META_ALIGN);
+        at = nv->meta_next == nv->meta_first
+                 ? nv->meta_first
+                 : hm_align_up(nv->meta_next, (uintptr_t)NV_META_ALIGN);
         if (at > nv->meta_end || nv->meta_end - at < size) return NULL;
         nv->meta_next = at + size;
         return (void *)at;
@@ -1069,19 +1071,20 @@ static void *meta_carve(nv_pool_t *nv, size_t size, int kind) {
  * nv_fini (depot_lock held), of a kind above; NULL: out of host memory
  * (logged by the mapping). */
 static void *meta_alloc(nv_pool_t *nv, size_t size, int kind) {
-    const size_t head = sizeof(nv_meta_t);
     size = hm_align_up(size, HM_CACHE_LINE);
     void *p = meta_carve(nv, size, kind);
     if (p) return p;
+    size_t head = nv->meta ? sizeof(nv_meta_t) : 0;
     size_t len = hm_align_up(head + size + NV_META_ALIGN, NV_META_CHUNK);
     if (hm__prim_map(len, 0, HM_PRIM_PROT_READ | HM_PRIM_PROT_WRITE, HM_PRIM_MAP_NORESERVE, -1,
                      0, &p) != HM_SUCCESS)
         return NULL;
-    nv_meta_t *m = p;
+    nv_meta_t *m = head ? p : &nv->meta0;
     m->next = nv->meta;
+    m->base = (uintptr_t)p;
     m->size = len;
     nv->meta = m;
-    nv->meta_next = (uintptr_t)p + head;
+    nv->meta_first = nv->meta_next = (uintptr_t)p + head;
     nv->meta_end = (uintptr_t)p + len;
     return meta_carve(nv, size, kind);
 }
@@ -1089,11 +1092,11 @@ static void *meta_alloc(nv_pool_t *nv, size_t size, int kind) {
 /* Unmap the metadata (no heap or batch is used any more). */
 static void meta_fini(nv_pool_t *nv) {
     for (nv_meta_t *m = nv->meta, *next; m; m = next) {
-        next = m->next;
-        (void)hm__prim_unmap(m, m->size);
+        next = m->next; /* before the unmap: m may be the mapping's */
+        (void)hm__prim_unmap((void *)m->base, m->size);
     }
     nv->meta = NULL;
-    nv->meta_next = nv->meta_end = 0;
+    nv->meta_first = nv->meta_next = nv->meta_end = 0;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -267,9 +267,12 @@ typedef struct nv_lmap {
     size_t cap, count;
 } nv_lmap_t;
 
-/* The head of one metadata mapping (nv_pool.meta): its own cache line. */
+/* The head of one metadata mapping (nv_pool.meta): the pool's first
+ * mapping's is nv_pool.meta0 (so that creating a pool touches no page of
+ * it), the others' is their first cache line. */
 typedef struct nv_meta {
     struct nv_meta *next;
+    uintptr_t base; /* the mapping */
     size_t size;
 } HM_CACHE_ALIGNED nv_meta_t;
 
@@ -342,12 +345,13 @@ struct nv_pool {
      * carved in order from mappings of its own (meta_alloc): a thread that
      * only frees remotely then never calls malloc (under glibc its first
      * malloc would set up a malloc arena for the thread), and the batches
-     * of all heaps share pages (layout: meta_carve). meta: the mappings
-     * (each starts with its nv_meta_t); [meta_next, meta_end): what is
-     * left of the newest, heaps carved from its start, batches from its
-     * end. */
+     * of all heaps share pages (layout: meta_carve). meta: the mappings'
+     * heads, newest first; meta_first: where the newest's room starts;
+     * [meta_next, meta_end): what is left of it, heaps carved from its
+     * start, batches from its end. */
     struct nv_meta *meta;
-    uintptr_t meta_next, meta_end;
+    uintptr_t meta_first, meta_next, meta_end;
+    struct nv_meta meta0;
 
     pthread_mutex_t large_lock;
     nv_lmap_t live;
