@@ -1039,7 +1039,7 @@ HM_INLINE hm_result_t free_own(nv_slab_t *s, uint32_t idx) {
 /* Pool metadata: heaps and remote-free batches (nv_pool.meta)              */
 
 /* Metadata mappings (heads: nv_meta_t); heaps are carved
- * upwards after it, each but the mapping's first from a page boundary
+ * upwards from a mapping's start, each but its first from a page boundary
  * (NV_META_ALIGN), and batches (and the orphan heap, page-aligned)
  * downwards from its end, so that a heap's busy lines (its partial heads,
  * header and first classes: heap_carve) share a page with no other heap's
@@ -1074,18 +1074,20 @@ static void *meta_alloc(nv_pool_t *nv, size_t size, int kind) {
     size = hm_align_up(size, HM_CACHE_LINE);
     void *p = meta_carve(nv, size, kind);
     if (p) return p;
+    /* A later mapping's head: its last line, on the page of its first
+     * batches (its first page is its first heap's). */
     size_t head = nv->meta ? sizeof(nv_meta_t) : 0;
     size_t len = hm_align_up(head + size + NV_META_ALIGN, NV_META_CHUNK);
     if (hm__prim_map(len, 0, HM_PRIM_PROT_READ | HM_PRIM_PROT_WRITE, HM_PRIM_MAP_NORESERVE, -1,
                      0, &p) != HM_SUCCESS)
         return NULL;
-    nv_meta_t *m = head ? p : &nv->meta0;
+    nv_meta_t *m = head ? (nv_meta_t *)((char *)p + len - head) : &nv->meta0;
     m->next = nv->meta;
     m->base = (uintptr_t)p;
     m->size = len;
     nv->meta = m;
-    nv->meta_first = nv->meta_next = (uintptr_t)p + head;
-    nv->meta_end = (uintptr_t)p + len;
+    nv->meta_first = nv->meta_next = (uintptr_t)p;
+    nv->meta_end = (uintptr_t)p + len - head;
     return meta_carve(nv, size, kind);
 }
 

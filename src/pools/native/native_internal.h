@@ -269,7 +269,8 @@ typedef struct nv_lmap {
 
 /* The head of one metadata mapping (nv_pool.meta): the pool's first
  * mapping's is nv_pool.meta0 (so that creating a pool touches no page of
- * it), the others' is their first cache line. */
+ * it), the others' is their last cache line (on the page of their first
+ * batches: meta_alloc). */
 typedef struct nv_meta {
     struct nv_meta *next;
     uintptr_t base; /* the mapping */
