@@ -55,7 +55,8 @@
  * implementation in a fresh process (this program, re-executed with
  * --rss-child, same environment, so the same LD_PRELOAD), for --rss N
  * objects (default 2,000,000; 0: skip); the table shows that process's
- * VmHWM (/proc/self/status) after set-up and at the end of the run, and the
+ * VmHWM (/proc/self/status, in KiB: the differences between allocators are
+ * tens of KiB) after set-up and at the end of the run, and the
  * peak less the file pages mapped at the end (RssFile + RssShmem, before
  * teardown; they only grow during a run): about the private memory at the
  * peak. The file pages are mostly code, which the kernel maps up to 16
@@ -187,7 +188,7 @@ static void rss_table(uint64_t n) {
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     if (len <= 0) return;
     self[len] = 0;
-    printf("\npeak RSS: one fresh process per run, %llu objects (MiB: VmHWM after set-up, "
+    printf("\npeak RSS: one fresh process per run, %llu objects (KiB: VmHWM after set-up, "
            "and at the end; private: the peak less the file pages)\n", (unsigned long long)n);
     printf("%-17s %-20s %8s %8s %8s\n", "case", "impl", "set-up", "peak", "private");
     for (size_t c = 0; c < sizeof rss_cases / sizeof rss_cases[0]; c++) {
@@ -203,8 +204,8 @@ static void rss_table(uint64_t n) {
             }
             const char *name = strcmp(rss_impls[i].name, "malloc") ? rss_impls[i].name
                                                                      : wl_malloc_name();
-            printf("%-17s %-20s %8.1f %8.1f %8.1f\n", i ? "" : rss_labels[c], name,
-                   start / 1024.0, peak / 1024.0, priv / 1024.0);
+            printf("%-17s %-20s %8ld %8ld %8ld\n", i ? "" : rss_labels[c], name, start, peak,
+                   priv);
         }
     }
 }

@@ -1067,6 +1067,126 @@ static void test_faults(void) {
     }
 }
 
+/* The page map across two leaves (native.c, map_leaf: the first leaf
+ * installed is in the map's hint alone, the others in its root): a fixed
+ * provider over 2 MiB around a 4 GiB boundary (one leaf's span with 64 KiB
+ * slabs), used up, so that slabs lie in both leaves; every block's free is
+ * found, and interior, double and foreign frees are refused in both. */
+static void test_map_two_leaves(void) {
+    hm_test_set_context("page map across two leaves");
+    const uintptr_t leaf_span = (uintptr_t)1 << 32;
+    const size_t half = 1 * MIB, resv = (size_t)leaf_span + 4 * MIB;
+    char *r = mmap(NULL, resv, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    REQUIRE(r != MAP_FAILED);
+    uintptr_t boundary = ((uintptr_t)r + 2 * MIB + leaf_span - 1) & ~(leaf_span - 1);
+    char *buf = (char *)boundary - half;
+    REQUIRE(mprotect(buf, 2 * half, PROT_READ | PROT_WRITE) == 0);
+    hm_provider_t *prov;
+    REQUIRE_OK(hm_test_fixed_provider(buf, 2 * half, HM_MEMORY_HOST, true, &prov));
+    hm_native_params_t *np;
+    REQUIRE_OK(hm_native_params_create(&np));
+    REQUIRE_OK(hm_native_params_set_slab_size(np, 64 * KIB));
+    hm_pool_t *pool = NULL;
+    /* Untracked: the pool itself must find (or refuse) every pointer. */
+    REQUIRE_OK(hm_native_pool_create(prov, np, HM_POOL_FLAG_OWN_PROVIDER | HM_POOL_FLAG_NO_TRACKING,
+                                     &pool));
+    hm_native_params_destroy(np);
+    enum { MAX = 2 * MIB / 64 };
+    char **p = calloc(MAX, sizeof(*p));
+    REQUIRE(p);
+    int n = 0, lo = -1, hi = -1;
+    while (n < MAX && (p[n] = hm_pool_malloc(pool, 64))) {
+        if ((uintptr_t)p[n] < boundary && lo < 0) lo = n;
+        if ((uintptr_t)p[n] >= boundary && hi < 0) hi = n;
+        n++;
+    }
+    CHECK_MSG(lo >= 0 && hi >= 0, "%d blocks, first below the boundary %d, above %d", n, lo, hi);
+    int side[2] = {lo, hi};
+    for (int k = 0; k < 2; k++) {
+        if (side[k] < 0) continue;
+        char *q = p[side[k]];
+        CHECK_RES(hm_pool_free(pool, q + 8), HM_ERROR_INVALID_ARGUMENT); /* interior */
+        CHECK_OK(hm_pool_free(pool, q));
+        CHECK_RES(hm_pool_free(pool, q), HM_ERROR_DOUBLE_FREE);
+        p[side[k]] = NULL;
+    }
+    /* Foreign: in the reservation, below the buffer (the lower leaf's span
+     * or the one before it) and above it (the upper leaf's span). */
+    CHECK_RES(hm_pool_free(pool, buf - 64 * KIB), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_pool_free(pool, buf + 2 * half + 64 * KIB), HM_ERROR_INVALID_ARGUMENT);
+    int failed = 0;
+    for (int i = 0; i < n; i++)
+        if (p[i] && hm_pool_free(pool, p[i]) != HM_SUCCESS) failed++;
+    CHECK_EQ(failed, 0);
+    hm_pool_stats_t st;
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, 0);
+    CHECK_OK(hm_pool_destroy(pool));
+    free(p);
+    munmap(r, resv);
+}
+
+/* The orphan heap, for threads past the pool's thread-exit destructor, is
+ * set up at its first use (native.c, orphan_heap). A thread that used one
+ * pool (so the pool's destructor runs for it) has a key destructor of its
+ * own, created later (glibc runs destructors in key order; in any order
+ * these calls must work), which uses a second pool that no thread has
+ * used yet: it allocates (a fresh orphan heap), frees (a double free is
+ * refused) and frees one of the main thread's blocks (a remote free from
+ * the orphan), and leaves a block for the main thread to free (a remote
+ * free into the orphan); trim then drains and returns everything. */
+static pthread_key_t g_late_key;
+static hm_pool_t *g_late_pool;
+static void *g_late_mine, *g_late_theirs;
+static _Atomic int g_late_errors;
+
+static void late_destructor(void *arg) {
+    (void)arg;
+    void *a = hm_pool_malloc(g_late_pool, 40), *b = hm_pool_malloc(g_late_pool, 40);
+    if (!a || !b) {
+        g_late_errors++;
+        return;
+    }
+    memset(a, 1, 40);
+    memset(b, 2, 40);
+    if (hm_pool_free(g_late_pool, a) != HM_SUCCESS) g_late_errors++;
+    if (hm_pool_free(g_late_pool, a) != HM_ERROR_DOUBLE_FREE) g_late_errors++;
+    if (hm_pool_free(g_late_pool, g_late_mine) != HM_SUCCESS) g_late_errors++;
+    g_late_theirs = b;
+}
+
+static void *late_thread(void *arg) {
+    void *p = hm_pool_malloc(arg, 24); /* binds a heap of the first pool */
+    if (!p || hm_pool_free(arg, p) != HM_SUCCESS) g_late_errors++;
+    pthread_setspecific(g_late_key, (void *)1);
+    return NULL;
+}
+
+static void test_orphan_first_use(void) {
+    hm_test_set_context("orphan heap set up at its first use");
+    hm_pool_t *first = os_pool(NULL, 0, RW); /* creates the pool's key first */
+    REQUIRE(pthread_key_create(&g_late_key, late_destructor) == 0);
+    g_late_pool = os_pool(NULL, 0, RW);
+    g_late_mine = hm_pool_malloc(g_late_pool, 40);
+    REQUIRE(g_late_mine);
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, late_thread, first) == 0);
+    pthread_join(t, NULL);
+    CHECK_EQ(g_late_errors, 0);
+    REQUIRE(g_late_theirs);
+    CHECK_OK(hm_pool_free(g_late_pool, g_late_theirs));
+    CHECK_OK(hm_pool_trim(g_late_pool));
+    hm_pool_stats_t st;
+    CHECK_OK(hm_pool_get_stats(g_late_pool, &st));
+    CHECK_EQ(st.bytes_requested, 0);
+    CHECK_EQ(st.remote_frees_published, 2);
+    CHECK_EQ(st.remote_frees_drained, 2);
+    CHECK_MSG(st.bytes_from_provider == 0, "held %zu after trim", st.bytes_from_provider);
+    CHECK_OK(hm_pool_destroy(g_late_pool));
+    CHECK_OK(hm_pool_destroy(first));
+    pthread_key_delete(g_late_key);
+}
+
 static void test_many_pools(void) {
     hm_test_set_context("many pools, one thread");
     /* Thread-local caches must never confuse a new pool with a dead one. */
@@ -1139,6 +1259,7 @@ int main(int argc, char **argv) {
         test_free_stacks(HM_OS_PROT_NONE);
         test_faults();
         test_many_pools();
+        test_map_two_leaves();
     }
     if (PART("remote")) {
         ran++;
@@ -1150,6 +1271,7 @@ int main(int argc, char **argv) {
         test_last_block_double_free();
         test_current_word_frees();
         test_own_heap_handover();
+        test_orphan_first_use();
     }
     if (!ran) {
         fprintf(stderr, "unknown part '%s'\n", part);

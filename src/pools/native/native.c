@@ -70,11 +70,14 @@
  *   consecutive blocks need few entries, and small batches keep the
  *   batches in flight in few pages.
  * - Memory use: heaps and batches live in the pool's own mappings
- *   (nv_pool.meta) and thread bindings in pages of their own, so a thread
- *   that only frees never calls malloc; a heap touches only the lines of
- *   the classes it uses; a producer reuses the lowest blocks its consumers
- *   free (take_word), and a slab taken in a brief overflow gives way to
- *   one that empties with more of its pages used (slab_transition).
+ *   (nv_pool.meta: each heap's busy lines on a page of their own, the
+ *   batches together) and thread bindings in thread-local storage or pages
+ *   of their own, so a thread that only frees never calls malloc; the page
+ *   map's first leaf is reached through its hint alone (no root page), and
+ *   the orphan heap is set up at its first use; a heap touches only the
+ *   lines of the classes it uses; a producer reuses the lowest blocks its
+ *   consumers free (take_word), and a slab taken in a brief overflow gives
+ *   way to one that empties with more of its pages used (slab_transition).
  * - The malloc replacement calls the fast paths directly
  *   (hm__native_malloc/hm__native_free): they call nothing, so its
  *   recursion guard is set only around what may call malloc.
@@ -117,6 +120,8 @@ typedef struct nv_tls {
     nv_heap_t *heap;       /* this thread's heap in that pool */
     nv_binding_t *bindings;
     int dead;              /* the heap destructor ran: use the orphan heaps */
+    int first_used;        /* `first` is in use (binding_new_locked) */
+    nv_binding_t first;    /* the thread's first binding */
 } nv_tls_t;
 
 /* ------------------------------------------------------------------------ */
@@ -357,41 +362,53 @@ static void map_fini(nv_pool_t *nv) {
         map_table_free((void *)atomic_load_explicit(&nv->root[i], memory_order_relaxed),
                        nv->leaf_len);
     map_table_free((void *)nv->root, nv->root_len);
+    map_table_free((void *)atomic_load_explicit(&nv->hint_leaf, memory_order_relaxed),
+                   nv->leaf_len);
+}
+
+/* The leaf of root index ri, NULL if none is installed (or none visible to
+ * the caller yet: map_set then rechecks under the lock). The first leaf is
+ * in the hint only (nv_pool.hint_first), never in the root, so that a pool
+ * whose slabs all lie in one leaf's span touches no page of the root. */
+static _Atomic uintptr_t *map_leaf(nv_pool_t *nv, size_t ri) {
+    if (atomic_load_explicit(&nv->hint_first, memory_order_acquire) == ri << nv->leaf_bits)
+        return atomic_load_explicit(&nv->hint_leaf, memory_order_relaxed);
+    return (_Atomic uintptr_t *)atomic_load_explicit(&nv->root[ri], memory_order_acquire);
+}
+
+/* Install the leaf of root index ri (none was visible); NULL: out of host
+ * memory. Under the pool lock: installs are rare (one per leaf span, 4 GiB
+ * with 64 KiB slabs), and the lock orders the hint's two fields for the
+ * writers (readers: see map_get). */
+static HM_NOINLINE _Atomic uintptr_t *map_leaf_install(nv_pool_t *nv, size_t ri) {
+    hm__mutex_lock(&nv->lock);
+    _Atomic uintptr_t *leaf = map_leaf(nv, ri);
+    if (!leaf && (leaf = map_table(nv->leaf_len))) {
+        if (!atomic_load_explicit(&nv->hint_leaf, memory_order_relaxed)) {
+            /* hint_leaf before hint_first (release): a reader that takes
+             * the hint (map_get, map_leaf) sees the leaf. */
+            atomic_store_explicit(&nv->hint_leaf, leaf, memory_order_relaxed);
+            atomic_store_explicit(&nv->hint_first, ri << nv->leaf_bits, memory_order_release);
+        } else {
+            atomic_store_explicit(&nv->root[ri], (uintptr_t)leaf, memory_order_release);
+        }
+    }
+    hm__mutex_unlock(&nv->lock);
+    return leaf;
 }
 
 /* Point every unit of [base, base+span) at s (NULL to clear). 0: out of
- * host memory for a leaf (nothing changed for the units not reached). */
+ * host memory for a leaf (nothing changed for the units not reached).
+ * Called without the pool lock (it takes it to install a leaf). */
 static int map_set(nv_pool_t *nv, uintptr_t base, size_t span, nv_slab_t *s) {
-    size_t leaf_len = (size_t)1 << nv->leaf_bits;
     for (uintptr_t k = base >> nv->shift, end = (base + span) >> nv->shift; k < end; k++) {
         size_t ri = k >> nv->leaf_bits;
-        _Atomic uintptr_t *leaf =
-            (_Atomic uintptr_t *)atomic_load_explicit(&nv->root[ri], memory_order_acquire);
+        _Atomic uintptr_t *leaf = map_leaf(nv, ri);
         if (!leaf) {
             if (!s) continue;
-            _Atomic uintptr_t *fresh = map_table(leaf_len);
-            if (!fresh) return 0;
-            uintptr_t expect = 0;
-            if (atomic_compare_exchange_strong_explicit(&nv->root[ri], &expect, (uintptr_t)fresh,
-                                                        memory_order_acq_rel,
-                                                        memory_order_acquire)) {
-                leaf = fresh;
-                if (!atomic_load_explicit(&nv->hint_leaf, memory_order_relaxed)) {
-                    /* The map hint, set once: threads installing
-                     * different leaves at once race through this CAS. */
-                    _Atomic uintptr_t *none = NULL;
-                    if (atomic_compare_exchange_strong_explicit(&nv->hint_leaf, &none, fresh,
-                                                                memory_order_relaxed,
-                                                                memory_order_relaxed))
-                        atomic_store_explicit(&nv->hint_first, ri << nv->leaf_bits,
-                                              memory_order_release);
-                }
-            } else {
-                map_table_free(fresh, leaf_len);
-                leaf = (_Atomic uintptr_t *)expect;
-            }
+            if (!(leaf = map_leaf_install(nv, ri))) return 0;
         }
-        atomic_store_explicit(&leaf[k & (leaf_len - 1)], (uintptr_t)s, memory_order_release);
+        atomic_store_explicit(&leaf[k & nv->leaf_mask], (uintptr_t)s, memory_order_release);
     }
     return 1;
 }
@@ -1041,38 +1058,67 @@ HM_INLINE hm_result_t free_own(nv_slab_t *s, uint32_t idx) {
 /* ------------------------------------------------------------------------ */
 /* Pool metadata: heaps and remote-free batches (nv_pool.meta)              */
 
-/* size bytes of zeroed host memory, whole cache lines, that live until
- * nv_fini (depot_lock held); NULL: out of host memory (logged by the
- * mapping). */
-static void *meta_alloc(nv_pool_t *nv, size_t size) {
-    const size_t head = sizeof(nv_meta_t);
-    size = hm_align_up(size, HM_CACHE_LINE);
-    if (nv->meta_end - nv->meta_next < size) {
-        size_t len = hm_align_up(head + size, NV_META_CHUNK);
-        void *p;
-        if (hm__prim_map(len, 0, HM_PRIM_PROT_READ | HM_PRIM_PROT_WRITE, HM_PRIM_MAP_NORESERVE,
-                         -1, 0, &p) != HM_SUCCESS)
-            return NULL;
-        nv_meta_t *m = p;
-        m->next = nv->meta;
-        m->size = len;
-        nv->meta = m;
-        nv->meta_next = (uintptr_t)p + head;
-        nv->meta_end = (uintptr_t)p + len;
+/* Metadata mappings (heads: nv_meta_t); heaps are carved
+ * upwards from a mapping's start, each but its first from a page boundary
+ * (NV_META_ALIGN), and batches (and the orphan heap, page-aligned)
+ * downwards from its end, so that a heap's busy lines (its partial heads,
+ * header and first classes: heap_carve) share a page with no other heap's
+ * and the batches share pages with each other: two threads' heaps and
+ * their batches back three pages (six when heaps and batches were carved
+ * in turn; the orphan heap, untouched until used, is on pages of its own). */
+enum { META_HEAP, META_BATCH, META_TOP };
+
+static void *meta_carve(nv_pool_t *nv, size_t size, int kind) {
+    if (!nv->meta) return NULL;
+    uintptr_t at;
+    if (kind == META_HEAP) {
+        at = nv->meta_next == nv->meta_first
+                 ? nv->meta_first
+                 : hm_align_up(nv->meta_next, (uintptr_t)NV_META_ALIGN);
+        if (at > nv->meta_end || nv->meta_end - at < size) return NULL;
+        nv->meta_next = at + size;
+        return (void *)at;
     }
-    void *p = (void *)nv->meta_next;
-    nv->meta_next += size;
-    return p;
+    if (nv->meta_end - nv->meta_next < size) return NULL;
+    at = nv->meta_end - size;
+    if (kind == META_TOP) at &= ~(uintptr_t)(NV_META_ALIGN - 1);
+    if (at < nv->meta_next) return NULL;
+    nv->meta_end = at;
+    return (void *)at;
+}
+
+/* size bytes of zeroed host memory, whole cache lines, that live until
+ * nv_fini (depot_lock held), of a kind above; NULL: out of host memory
+ * (logged by the mapping). */
+static void *meta_alloc(nv_pool_t *nv, size_t size, int kind) {
+    size = hm_align_up(size, HM_CACHE_LINE);
+    void *p = meta_carve(nv, size, kind);
+    if (p) return p;
+    /* A later mapping's head: its last line, on the page of its first
+     * batches (its first page is its first heap's). */
+    size_t head = nv->meta ? sizeof(nv_meta_t) : 0;
+    size_t len = hm_align_up(head + size + NV_META_ALIGN, NV_META_CHUNK);
+    if (hm__prim_map(len, 0, HM_PRIM_PROT_READ | HM_PRIM_PROT_WRITE, HM_PRIM_MAP_NORESERVE, -1,
+                     0, &p) != HM_SUCCESS)
+        return NULL;
+    nv_meta_t *m = head ? (nv_meta_t *)((char *)p + len - head) : &nv->meta0;
+    m->next = nv->meta;
+    m->base = (uintptr_t)p;
+    m->size = len;
+    nv->meta = m;
+    nv->meta_first = nv->meta_next = (uintptr_t)p;
+    nv->meta_end = (uintptr_t)p + len - head;
+    return meta_carve(nv, size, kind);
 }
 
 /* Unmap the metadata (no heap or batch is used any more). */
 static void meta_fini(nv_pool_t *nv) {
     for (nv_meta_t *m = nv->meta, *next; m; m = next) {
-        next = m->next;
-        (void)hm__prim_unmap(m, m->size);
+        next = m->next; /* before the unmap: m may be the mapping's */
+        (void)hm__prim_unmap((void *)m->base, m->size);
     }
     nv->meta = NULL;
-    nv->meta_next = nv->meta_end = 0;
+    nv->meta_first = nv->meta_next = nv->meta_end = 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1095,7 +1141,7 @@ static nv_batch_t *batch_get(nv_heap_t *h, unsigned big) {
             /* Whole cache lines: the freeing thread writes it, the owner
              * reads it. */
             uint32_t cap = big ? NV_BATCH_CAP : NV_BATCH_SMALL;
-            b = meta_alloc(nv, sizeof(*b) + cap * sizeof(nv_rent_t));
+            b = meta_alloc(nv, sizeof(*b) + cap * sizeof(nv_rent_t), META_BATCH);
             if (b) {
                 b->cap = cap;
                 b->link = NULL;
@@ -1403,23 +1449,39 @@ static size_t stk_map_size(const nv_pool_t *nv) {
     return hm_align_up((size_t)nv->ncls * NV_STACK_CAP * sizeof(nv_sent_t), (size_t)4096);
 }
 
-static nv_heap_t *heap_new(nv_pool_t *nv) {
-    /* The stacks: a mapping of their own, so that only the pages of the
-     * classes in use are backed (whatever malloc the process runs on). */
+/* Bytes of a heap's partial heads, which precede it (see heap_carve). */
+static size_t partial_size(const nv_pool_t *nv) {
+    return hm_align_up((size_t)nv->ncls * sizeof(nv_slab_t *), HM_CACHE_LINE);
+}
+
+/* Room for a heap, not yet set up (heap_init): its partial heads, then the
+ * heap, so that the lines a heap of small classes uses (partial heads,
+ * header, first classes: under 2 KiB with 64-byte blocks) lie together, and
+ * its stacks, a mapping of their own, so that only the pages of the classes
+ * in use are backed (whatever malloc the process runs on). Nothing of it is
+ * touched. NULL: out of host memory. */
+static nv_heap_t *heap_carve(nv_pool_t *nv, int kind, nv_sent_t **stkp) {
     void *stk;
     if (hm__prim_map(stk_map_size(nv), 0, HM_PRIM_PROT_READ | HM_PRIM_PROT_WRITE,
                      HM_PRIM_MAP_NORESERVE, -1, 0, &stk) != HM_SUCCESS)
         return NULL;
-    size_t size = sizeof(nv_heap_t) + nv->ncls * (sizeof(nv_cls_t) + sizeof(nv_slab_t *));
+    size_t size = partial_size(nv) + sizeof(nv_heap_t) + nv->ncls * sizeof(nv_cls_t);
     hm__mutex_lock(&nv->depot_lock);
-    nv_heap_t *h = meta_alloc(nv, size); /* zeroed, cache-line aligned */
+    char *unit = meta_alloc(nv, size, kind); /* zeroed, cache-line aligned */
     hm__mutex_unlock(&nv->depot_lock);
-    if (!h) {
+    if (!unit) {
         (void)hm__prim_unmap(stk, stk_map_size(nv));
         return NULL;
     }
+    *stkp = stk;
+    return (nv_heap_t *)(unit + partial_size(nv));
+}
+
+/* Set up a heap and its stacks from heap_carve and enter it in the pool's
+ * list. */
+static void heap_init(nv_pool_t *nv, nv_heap_t *h, nv_sent_t *stk) {
     h->stk_map = stk;
-    h->partial = (nv_slab_t **)(h->cls + nv->ncls);
+    h->partial = (nv_slab_t **)((char *)h - partial_size(nv));
     h->nv = nv;
     __cds_wfcq_init(&h->rq_head, &h->rq_tail);
     __cds_wfcq_init(&h->priv_head, &h->priv_tail);
@@ -1429,7 +1491,24 @@ static nv_heap_t *heap_new(nv_pool_t *nv) {
     h->all_next = nv->heaps;
     nv->heaps = h;
     hm__mutex_unlock(&nv->lock);
+}
+
+static nv_heap_t *heap_new(nv_pool_t *nv) {
+    nv_sent_t *stk;
+    nv_heap_t *h = heap_carve(nv, META_HEAP, &stk);
+    if (h) heap_init(nv, h, stk);
     return h;
+}
+
+/* The heap of threads without one (orphan_lock held): carved at nv_init,
+ * set up at its first use, so that a pool whose threads all have heaps
+ * never touches it. */
+static nv_heap_t *orphan_heap(nv_pool_t *nv) {
+    if (hm_unlikely(!nv->orphan_ready)) {
+        heap_init(nv, nv->orphan, nv->orphan_stk);
+        nv->orphan_ready = true;
+    }
+    return nv->orphan;
 }
 
 /* Publish what h holds for others and hand it to the pool (g_lock held). */
@@ -1443,12 +1522,19 @@ static void heap_abandon(nv_heap_t *h) {
     hm__mutex_unlock(&nv->lock);
 }
 
-/* Thread bindings (g_lock held): from pages of their own, kept for reuse
- * (never unmapped: a binding may outlive its pool), so that a thread that
- * only frees never calls malloc (see nv_pool.meta). */
+/* Thread bindings (g_lock held), so that a thread that only frees never
+ * calls malloc (see nv_pool.meta): a thread's first one is in its
+ * thread-local state (tl.first: no page of its own for the common thread of
+ * one pool; only its own thread and, until its destructor has run, nv_fini
+ * under g_lock touch it), the others from pages of their own, kept for
+ * reuse (never unmapped: a binding may outlive its pool). */
 static nv_binding_t *g_spare_bindings;
 
 static nv_binding_t *binding_new_locked(void) {
+    if (!tl.first_used) {
+        tl.first_used = 1;
+        return &tl.first;
+    }
     if (!g_spare_bindings) {
         size_t page = hm__prim_page_size();
         void *p;
@@ -1466,7 +1552,12 @@ static nv_binding_t *binding_new_locked(void) {
     return b;
 }
 
+/* b is the caller's (its thread's tl.bindings or not yet in them). */
 static void binding_free_locked(nv_binding_t *b) {
+    if (b == &tl.first) {
+        tl.first_used = 0;
+        return;
+    }
     b->next = g_spare_bindings;
     g_spare_bindings = b;
 }
@@ -1670,8 +1761,9 @@ static HM_NOINLINE hm_result_t alloc_slow(nv_pool_t *nv, size_t size, size_t ali
         r = alloc_small(h, (unsigned)c, out);
     } else {
         hm__mutex_lock(&nv->orphan_lock);
-        r = alloc_small(nv->orphan, (unsigned)c, out);
-        flush_all(nv->orphan);
+        nv_heap_t *o = orphan_heap(nv);
+        r = alloc_small(o, (unsigned)c, out);
+        flush_all(o);
         hm__mutex_unlock(&nv->orphan_lock);
     }
     /* No room for a whole slab (a provider of bounded capacity): a range of
@@ -1795,8 +1887,9 @@ static hm_result_t free_slow_q(nv_pool_t *nv, void *p, int quiet) {
     nv_heap_t *h = heap_get(nv);
     if (hm_likely(h)) return free_block(h, s, idx);
     hm__mutex_lock(&nv->orphan_lock);
-    hm_result_t r = free_block(nv->orphan, s, idx);
-    flush_all(nv->orphan);
+    nv_heap_t *o = orphan_heap(nv);
+    hm_result_t r = free_block(o, s, idx);
+    flush_all(o);
     hm__mutex_unlock(&nv->orphan_lock);
     return r;
 }
@@ -2118,7 +2211,7 @@ static hm_result_t nv_trim(void *state) {
         last = h;
     }
     hm__mutex_lock(&nv->orphan_lock);
-    heap_tidy(nv->orphan);
+    if (nv->orphan_ready) heap_tidy(nv->orphan);
     hm__mutex_unlock(&nv->orphan_lock);
     hm__mutex_lock(&nv->lock);
     if (last) {
@@ -2349,6 +2442,7 @@ static void nv_fini(void *state) {
         pthread_mutex_destroy(&h->mq_lock);
         (void)hm__prim_unmap(h->stk_map, stk_map_size(nv));
     }
+    if (!nv->orphan_ready) (void)hm__prim_unmap(nv->orphan_stk, stk_map_size(nv));
     for (nv_slab_t *s = nv->all_slabs, *n; s; s = n) {
         n = s->all_next;
         if (nv->can_free) hm_pool_provider_free(nv->pool, (void *)s->base, s->span);
@@ -2391,7 +2485,7 @@ static hm_result_t nv_init(hm_pool_t *pool, const void *params, void **state) {
     pthread_mutex_init(&nv->large_lock, NULL);
     pthread_mutex_init(&nv->depot_lock, NULL);
     pthread_mutex_init(&nv->orphan_lock, NULL);
-    if (map_init(nv) != HM_SUCCESS || !(nv->orphan = heap_new(nv))) {
+    if (map_init(nv) != HM_SUCCESS || !(nv->orphan = heap_carve(nv, META_TOP, &nv->orphan_stk))) {
         map_fini(nv);
         meta_fini(nv);
         pthread_mutex_destroy(&nv->lock);

@@ -22,6 +22,7 @@
 #define NV_STOCK_MAX 8           /* spare batches a heap keeps */
 #define NV_STOCK_MOVE 4          /* batches moved to/from the depot at once */
 #define NV_META_CHUNK ((size_t)64 << 10) /* mapping size for heaps and batches */
+#define NV_META_ALIGN 4096       /* a heap's start in the metadata (meta_carve) */
 #define NV_STACK_CAP 128         /* free-block stack slots per class (nv_sent_t; see nv_cls) */
 #define NV_BY_TP_BITS 6
 #define NV_BY_TP (1u << NV_BY_TP_BITS) /* heaps found by thread pointer */
@@ -272,7 +273,7 @@ struct nv_heap {
     pthread_mutex_t mq_lock HM_CACHE_ALIGNED;
     _Atomic(nv_batch_t *) mq_list;
     /* Per class: the other slabs of this heap with free blocks (the array
-     * follows cls[]). */
+     * precedes the heap: heap_carve). */
     nv_slab_t **partial;
     nv_sent_t *stk_map; /* the classes' stacks: ncls * NV_STACK_CAP entries,
                          * a private mapping (backed where touched) */
@@ -293,9 +294,13 @@ typedef struct nv_lmap {
     size_t cap, count;
 } nv_lmap_t;
 
-/* The head of one metadata mapping (nv_pool.meta): its own cache line. */
+/* The head of one metadata mapping (nv_pool.meta): the pool's first
+ * mapping's is nv_pool.meta0 (so that creating a pool touches no page of
+ * it), the others' is their last cache line (on the page of their first
+ * batches: meta_alloc). */
 typedef struct nv_meta {
     struct nv_meta *next;
+    uintptr_t base; /* the mapping */
     size_t size;
 } HM_CACHE_ALIGNED nv_meta_t;
 
@@ -320,12 +325,15 @@ struct nv_pool {
     unsigned root_shift; /* shift + leaf_bits */
     size_t leaf_mask;    /* (1 << leaf_bits) - 1 */
     size_t root_len;
-    _Atomic uintptr_t *root; /* page map: root[k >> leaf_bits][k & mask] */
+    /* Page map: root[k >> leaf_bits][k & mask], but for the first leaf
+     * installed, which is in the hint alone (root[] untouched: a pool whose
+     * slabs lie in one leaf's span backs no page of the root). */
+    _Atomic uintptr_t *root;
     /* The first leaf installed and the first unit it maps (root index <<
-     * leaf_bits), set once (hint_leaf first, then hint_first with release;
-     * hint_first is 2^63 until then, which no unit index reaches): a lookup
-     * in that leaf's span skips the root load, so its only load that
-     * depends on the address is the leaf entry. */
+     * leaf_bits), set once under the pool lock (hint_leaf first, then
+     * hint_first with release; hint_first is 2^63 until then, which no unit
+     * index reaches): a lookup in that leaf's span skips the root load, so
+     * its only load that depends on the address is the leaf entry. */
     _Atomic size_t hint_first;
     _Atomic uintptr_t *_Atomic hint_leaf;
     size_t leaf_len; /* 1 << leaf_bits */
@@ -356,6 +364,8 @@ struct nv_pool {
 
     pthread_mutex_t orphan_lock; /* the heap of threads without one */
     nv_heap_t *orphan;
+    nv_sent_t *orphan_stk; /* its stacks until it is set up */
+    bool orphan_ready;     /* orphan set up (orphan_heap; orphan_lock) */
 
     pthread_mutex_t depot_lock; /* also the metadata mappings */
     nv_batch_t *depot[2];       /* spare batches: [0] small, [1] large */
@@ -363,10 +373,13 @@ struct nv_pool {
      * carved in order from mappings of its own (meta_alloc): a thread that
      * only frees remotely then never calls malloc (under glibc its first
      * malloc would set up a malloc arena for the thread), and the batches
-     * of all heaps share pages. meta: the mappings (each starts with its
-     * nv_meta_t); [meta_next, meta_end): what is left of the newest. */
+     * of all heaps share pages (layout: meta_carve). meta: the mappings'
+     * heads, newest first; meta_first: where the newest's room starts;
+     * [meta_next, meta_end): what is left of it, heaps carved from its
+     * start, batches from its end. */
     struct nv_meta *meta;
-    uintptr_t meta_next, meta_end;
+    uintptr_t meta_first, meta_next, meta_end;
+    struct nv_meta meta0;
 
     pthread_mutex_t large_lock;
     nv_lmap_t live;
