@@ -77,19 +77,38 @@ int hm__handle_is_live(const void *h, int kind) {
     return live;
 }
 
-/* ---- fork ---- */
+/* ---- fork ----
+ * One set of handlers for the tracker and the native pools, so that their
+ * order is fixed here rather than by which registered first (the tracker's
+ * at init, a native pool's at the first native pool, so prepare ran the
+ * pool's first and the child ran the tracker's first). Under
+ * libhetmem_proxy.so malloc is a native pool, and the tracker's call_rcu
+ * helper calls free (its callbacks) and, in the child, malloc (liburcu
+ * re-creates it): so the helper is paused before the pools are locked, and
+ * re-created in the child after they are usable again. Before, with
+ * HM_PROXY=tracked, a fork once call_rcu had been used hung: the child in
+ * the helper's malloc, on a pool lock its own thread held; or the parent,
+ * pausing a helper that was waiting for such a lock. Between the two
+ * parts: the pools are locked before the tracker (a pool calls the tracker
+ * under its locks). */
 static void atfork_prepare(void) {
+    hm__tracker_atfork_prepare_rcu();
+    hm__native_atfork_prepare();
     hm__mutex_lock(&lib.reg_lock);
     hm__tracker_atfork_prepare();
 }
 static void atfork_parent(void) {
     hm__tracker_atfork_parent();
     hm__mutex_unlock(&lib.reg_lock);
+    hm__native_atfork_parent();
+    hm__tracker_atfork_parent_rcu();
 }
 static void atfork_child(void) {
     hm__tracker_atfork_child();
     /* The forking thread took it in prepare and is the child's only thread. */
     hm__mutex_unlock(&lib.reg_lock);
+    hm__native_atfork_child();
+    hm__tracker_atfork_child_rcu();
 }
 
 static _Atomic int lib_inited;

@@ -61,6 +61,12 @@ extern _Atomic int hm__log_level; /* current threshold */
  * naming the failed call, and log it once at WARN. Returns HM_ERROR_DRIVER
  * so callers can `return hm__native_error(errno, "mmap(%zu)", size);` */
 hm_result_t hm__native_error(int64_t code, const char *fmt, ...) HM_PRINTF(2, 3);
+
+/* The native pools' fork handlers (pools/native/native.c), called by the
+ * library's own (init.c), which fix their order against the tracker's. */
+void hm__native_atfork_prepare(void);
+void hm__native_atfork_parent(void);
+void hm__native_atfork_child(void);
 /* Map an errno to a result: ENOMEM -> OUT_OF_MEMORY, EINVAL -> INVALID_ARGUMENT,
  * EPERM/EACCES -> PERMISSION, ENOSYS/EOPNOTSUPP -> NOT_SUPPORTED, else DRIVER.
  * Also records it as the native error. */

@@ -315,6 +315,12 @@ typedef struct batch {
  * (our own rcu_barrier: liburcu's allocates in the caller and frees in the
  * helper, which TSan cannot see ordered, and it is all we need). */
 static _Atomic long g_batches_pending;
+/* Held from counting a batch in g_batches_pending to handing it to
+ * call_rcu, and taken by the atfork prepare: a fork never lands
+ * between the two, where the child would count a batch that no thread of
+ * its own ever queues, and its flush or fini would wait for it forever
+ * (test_tracker_fork hung so, with its writer thread in that window). */
+static pthread_mutex_t g_reclaim_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void batch_free(struct rcu_head *h) {
     batch_t *b = caa_container_of(h, batch_t, head);
@@ -341,7 +347,6 @@ static void reclaim_later(retired_t *list) {
     }
     b->list = list;
     TSAN_RELEASE(b);
-    atomic_fetch_add_explicit(&g_batches_pending, 1, memory_order_relaxed);
     /* Make sure the default worker exists before call_rcu. liburcu 0.13's
      * call_rcu enters a read-side section and, on the process's first use,
      * creates the worker under call_rcu's mutex; call_rcu_before_fork (the
@@ -349,9 +354,15 @@ static void reclaim_later(retired_t *list) {
      * pause, and a worker inside a grace period waits for that reader: the
      * fork deadlocked (test_fork_first_reclaim). Here, outside any
      * read-side section, waiting for the mutex is harmless; afterwards
-     * call_rcu finds the worker without taking it. One load when it exists. */
+     * call_rcu finds the worker without taking it. One load when it exists.
+     * It may call malloc (the worker's first creation), so it stays outside
+     * g_reclaim_lock: under libhetmem_proxy.so, malloc may take the native
+     * pool's locks, which the atfork prepare takes before this one. */
     (void)urcu_bp_get_default_call_rcu_data();
+    hm__mutex_lock(&g_reclaim_lock);
+    atomic_fetch_add_explicit(&g_batches_pending, 1, memory_order_relaxed);
     urcu_bp_call_rcu(&b->head, batch_free);
+    hm__mutex_unlock(&g_reclaim_lock);
 }
 
 static void retire_one(retired_t *r) {
@@ -1310,14 +1321,22 @@ void hm__tracker_fini(void) {
     }
 }
 
-/* Order: pause the call_rcu helper first (it may be inside a grace period,
- * which needs urcu's gp lock), then the index registry and every index lock
- * (a writer holds an index lock only briefly and takes nothing under it),
- * then our shard locks, then urcu-bp's locks; undo in reverse, in the
- * child too: the forking thread owns every one of them there, so unlocking
- * is valid (and, unlike re-initialising, keeps TSan's lock graph right). */
+/* Fork, in two parts around the native pools' handlers (init.c runs them
+ * all in one order). _rcu: the call_rcu helper is paused before anything
+ * else is locked, since it may be inside a grace period (which needs urcu's
+ * gp lock) or running callbacks, and batch_free calls free, which under
+ * libhetmem_proxy.so takes the native pool's locks; it is resumed (in the
+ * child: re-created, which calls malloc) after everything else is usable
+ * again. The rest, after the native pools' locks (a pool calls the tracker
+ * under them): g_reclaim_lock, the index registry and every index lock (a
+ * writer holds an index lock only briefly and takes nothing under it), our
+ * shard locks, then urcu-bp's locks; undone in reverse, in the child too:
+ * the forking thread owns every one of them there, so unlocking is valid
+ * (and, unlike re-initialising, keeps TSan's lock graph right). */
+void hm__tracker_atfork_prepare_rcu(void) { urcu_bp_call_rcu_before_fork(); }
+
 void hm__tracker_atfork_prepare(void) {
-    urcu_bp_call_rcu_before_fork();
+    hm__mutex_lock(&g_reclaim_lock);
     hm__mutex_lock(&g_reg_lock);
     for (hm_tracker_index_t *x = g_reg_head; x; x = x->reg_next) hm__mutex_lock(&x->lock);
     for (unsigned i = 0; i < RETIRE_SHARDS; i++) hm__mutex_lock(&g_shards[i].lock);
@@ -1329,13 +1348,17 @@ void hm__tracker_atfork_parent(void) {
     for (unsigned i = RETIRE_SHARDS; i-- > 0;) hm__mutex_unlock(&g_shards[i].lock);
     for (hm_tracker_index_t *x = g_reg_head; x; x = x->reg_next) hm__mutex_unlock(&x->lock);
     hm__mutex_unlock(&g_reg_lock);
-    urcu_bp_call_rcu_after_fork_parent();
+    hm__mutex_unlock(&g_reclaim_lock);
 }
+
+void hm__tracker_atfork_parent_rcu(void) { urcu_bp_call_rcu_after_fork_parent(); }
 
 void hm__tracker_atfork_child(void) {
     urcu_bp_after_fork_child();
     for (unsigned i = RETIRE_SHARDS; i-- > 0;) hm__mutex_unlock(&g_shards[i].lock);
     for (hm_tracker_index_t *x = g_reg_head; x; x = x->reg_next) hm__mutex_unlock(&x->lock);
     hm__mutex_unlock(&g_reg_lock);
-    urcu_bp_call_rcu_after_fork_child();
+    hm__mutex_unlock(&g_reclaim_lock);
 }
+
+void hm__tracker_atfork_child_rcu(void) { urcu_bp_call_rcu_after_fork_child(); }

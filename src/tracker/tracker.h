@@ -148,8 +148,13 @@ void hm__tracker_flush(void);
  * is left; it must not run concurrently with writers. */
 void hm__tracker_init(void);
 void hm__tracker_fini(void);
+/* Fork: prepare_rcu, (the native pools'), prepare; after it parent,
+ * (native), parent_rcu, or child, (native), child_rcu (see tracker.c). */
+void hm__tracker_atfork_prepare_rcu(void);
 void hm__tracker_atfork_prepare(void);
 void hm__tracker_atfork_parent(void);
+void hm__tracker_atfork_parent_rcu(void);
 void hm__tracker_atfork_child(void);
+void hm__tracker_atfork_child_rcu(void);
 
 #endif

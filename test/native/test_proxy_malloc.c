@@ -86,6 +86,9 @@ int main(void) {
      * (HM_PROXY=shared): they must get private copies. */
     same("forked children", HM_FORK_PROG);
     same("forked children, shared heap", "HM_PROXY=shared " HM_FORK_PROG);
+    /* fork once the tracker has used call_rcu (its atfork child handler
+     * calls malloc) */
+    same("fork after call_rcu, tracked heap", "HM_PROXY=tracked " HM_FORK_RCU_PROG);
     if (system("bash -c true >/dev/null 2>&1") == 0) {
         same("bash $(...), shared heap",
              "HM_PROXY=shared bash " HM_SOURCE_DIR "/test/native/proxy_fork.sh");

@@ -177,9 +177,6 @@ HM_INLINE uintptr_t thread_tp(void) {
 static __thread nv_tls_t tl;
 
 static void tl_destructor(void *arg);
-static void atfork_prepare(void);
-static void atfork_parent(void);
-static void atfork_child(void);
 
 static void global_init(void) {
     hm__nv_cls_size[0] = 8;
@@ -195,8 +192,7 @@ static void global_init(void) {
         hm__nv_cls_at8[i] = (uint16_t)NV_CLS_AT(c);
     }
     if (pthread_key_create(&g_key, tl_destructor)) HM_DIE("pthread_key_create failed");
-    if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child))
-        HM_DIE("pthread_atfork failed");
+    /* The fork handlers (hm__native_atfork_*) are the library's (init.c). */
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2510,9 +2506,10 @@ static hm_result_t nv_init(hm_pool_t *pool, const void *params, void **state) {
 
 /* ------------------------------------------------------------------------ */
 /* Fork: hold every lock across fork(); in the child, re-make them and       */
-/* abandon the heaps of threads that do not exist there.                     */
+/* abandon the heaps of threads that do not exist there. Called by the       */
+/* library's handlers (init.c), before the tracker's in prepare and child.   */
 
-static void atfork_prepare(void) {
+void hm__native_atfork_prepare(void) {
     hm__mutex_lock(&g_lock);
     for (nv_pool_t *nv = g_pools; nv; nv = nv->g_next) {
         hm__mutex_lock(&nv->orphan_lock);
@@ -2523,7 +2520,7 @@ static void atfork_prepare(void) {
     }
 }
 
-static void atfork_parent(void) {
+void hm__native_atfork_parent(void) {
     for (nv_pool_t *nv = g_pools; nv; nv = nv->g_next) {
         for (nv_heap_t *h = nv->heaps; h; h = h->all_next) hm__mutex_unlock(&h->mq_lock);
         hm__mutex_unlock(&nv->depot_lock);
@@ -2534,7 +2531,7 @@ static void atfork_parent(void) {
     hm__mutex_unlock(&g_lock);
 }
 
-static void atfork_child(void) {
+void hm__native_atfork_child(void) {
     for (nv_pool_t *nv = g_pools; nv; nv = nv->g_next) {
         pthread_mutex_init(&nv->orphan_lock, NULL);
         pthread_mutex_init(&nv->lock, NULL);
