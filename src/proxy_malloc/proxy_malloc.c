@@ -22,17 +22,24 @@
  * - Fork: the native pool and the tracker hold their locks across fork().
  *   With HM_PROXY=shared the heap is MAP_SHARED memory of a memfd, which a
  *   forked child would keep sharing with its parent (each one's writes to
- *   heap blocks seen by the other). So the child, in a pthread_atfork
- *   handler, replaces every range of the inherited heap with a private copy
- *   (an anonymous mapping filled with the resident pages, moved over the
- *   range with mremap) and serves its own allocations from a new pool over a
- *   private OS provider; blocks inherited from the parent are freed into the
- *   inherited pool, now private memory. The copy costs the child a memcpy of
- *   the resident heap at fork (pages never touched or purged stay holes;
- *   where swap is on, non-resident pages may be swapped out, so every page
- *   is copied, which also fills the holes). A child that cannot make its
- *   copy (out of memory) aborts rather than write into its parent's heap.
- *   Programs whose children exec at once (posix_spawn, vfork) pay nothing.
+ *   heap blocks seen by the other). So the heap is copied inside fork(), in
+ *   the parent, once the pool's locks are held (its ranges cannot change):
+ *   every range into an anonymous private mapping filled with the resident
+ *   pages. The child moves each copy over its range with mremap before any
+ *   other child handler runs, and the parent unmaps its copies. The copy
+ *   must be the heap as it was at fork(): one made by the child after
+ *   fork() returned saw the parent's later writes (a shell's child read the
+ *   word list its parent had freed and reused, and crashed), and the
+ *   handlers before it (liburcu's) wrote into the parent's heap. Until the
+ *   child's own pool exists (made by the last child handler, over a private
+ *   OS provider), its allocations go to glibc; blocks inherited from the
+ *   parent are freed into the inherited pool, now private memory. The copy
+ *   costs a memcpy of the resident heap per fork (pages never touched or
+ *   purged stay holes; where swap is on, non-resident pages may be swapped
+ *   out, so every page is copied, which also fills the holes). If it cannot
+ *   be made (out of memory), the child aborts rather than write into its
+ *   parent's heap. Programs whose children exec at once through posix_spawn
+ *   or vfork pay nothing (no atfork handlers run).
  * The pool is never destroyed (memory outlives every static destructor). */
 #include "pool_internal.h"
 #include "pools/native/native_internal.h"
@@ -55,7 +62,10 @@ extern void *__libc_calloc(size_t n, size_t size);
 extern void *__libc_realloc(void *ptr, size_t size);
 extern void *__libc_memalign(size_t alignment, size_t size);
 
-enum { ST_NONE = 0, ST_INIT = 1, ST_READY = 2, ST_FAILED = 3 };
+/* ST_FORKED: a forked child of a shared-heap process between its first
+ * and last atfork handlers: allocations go to glibc, inherited blocks are
+ * freed into g_old. */
+enum { ST_NONE = 0, ST_INIT = 1, ST_READY = 2, ST_FAILED = 3, ST_FORKED = 4 };
 static _Atomic int g_status;
 /* The native pool's state (immutable once READY, but for the fork child
  * handler, which runs alone). */
@@ -69,6 +79,9 @@ static size_t (*g_libc_usable)(void *);
 static TLS_IE int tl_guard;
 
 static hm_result_t pool_make(int shared, int tracked, void **state);
+static void snap_prepare(void);
+static void snap_parent(void);
+static void snap_child(void);
 static void fork_child(void);
 
 static void proxy_init(void) {
@@ -79,6 +92,9 @@ static void proxy_init(void) {
     const char *opt = getenv("HM_PROXY");
     int shared = opt && strstr(opt, "shared");
     int tracked = shared || (opt && strstr(opt, "tracked"));
+    /* Registered before the pool (and so before the library's handlers):
+     * its prepare runs last, with the pool locked, and its child first. */
+    int snap = shared && !pthread_atfork(snap_prepare, snap_parent, snap_child);
     void *state = NULL;
     hm_result_t r = pool_make(shared, tracked, &state);
     if (r != HM_SUCCESS) {
@@ -91,8 +107,10 @@ static void proxy_init(void) {
     g_state = state;
     g_shared = shared;
     g_tracked = tracked;
-    if (shared && pthread_atfork(NULL, NULL, fork_child))
+    if (shared && (!snap || pthread_atfork(NULL, NULL, fork_child))) {
         HM_LOG_WARN("libhetmem_proxy: pthread_atfork failed; do not fork with HM_PROXY=shared");
+        g_shared = 0; /* snap_prepare does nothing then */
+    }
     tl_guard = 0;
     atomic_store_explicit(&g_status, ST_READY, memory_order_release);
 }
@@ -138,17 +156,37 @@ static int swap_on(void) {
     return !(p[0] == '0' && p[1] == ' ');
 }
 
-typedef struct priv_ctx {
-    int copy_all;
-    size_t page;
-    size_t ranges, bytes;
-    int failed;
-} priv_ctx_t;
+/* The copies of the heap's ranges made inside fork() (snap_prepare), in
+ * mappings of their own (the pool is locked then: no malloc). */
+typedef struct snap_ent {
+    uintptr_t base, copy;
+    size_t size;
+} snap_ent_t;
 
-/* Replace [base, +size) (a MAP_SHARED range) with a private copy. */
-static void privatize(void *arg, uintptr_t base, size_t size) {
-    priv_ctx_t *c = arg;
+typedef struct snap {
+    snap_ent_t *e;
+    size_t n, cap, map_size;
+    size_t page;
+    int copy_all;
+    int failed; /* errno of the first failure */
+} snap_t;
+
+static snap_t g_snap;
+
+static void snap_count(void *arg, uintptr_t base, size_t size) {
+    (void)base;
+    (void)size;
+    ((snap_t *)arg)->cap++;
+}
+
+/* Copy [base, +size) (a MAP_SHARED range) into a new private mapping. */
+static void snap_copy(void *arg, uintptr_t base, size_t size) {
+    snap_t *c = arg;
     if (c->failed) return;
+    if (c->n == c->cap) { /* cannot happen: the pool is locked */
+        c->failed = EAGAIN;
+        return;
+    }
     char *tmp = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (tmp == MAP_FAILED) {
         c->failed = errno;
@@ -164,7 +202,7 @@ static void privatize(void *arg, uintptr_t base, size_t size) {
             memcpy(tmp + off, (const void *)(base + off), len);
         } else {
             /* Copy runs of resident pages; absent ones are holes (no swap):
-             * reading them would allocate pages in the parent's memfd. */
+             * reading them would allocate pages in the memfd. */
             for (size_t i = 0; i < pages;) {
                 if (!(vec[i] & 1)) {
                     i++;
@@ -179,37 +217,83 @@ static void privatize(void *arg, uintptr_t base, size_t size) {
         }
         off += len;
     }
-    if (mremap(tmp, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)base) == MAP_FAILED) {
-        c->failed = errno;
-        munmap(tmp, size);
-        return;
-    }
-    c->ranges++;
-    c->bytes += size;
+    c->e[c->n++] = (snap_ent_t){.base = base, .copy = (uintptr_t)tmp, .size = size};
 }
 
-/* pthread_atfork child handler (registered after the pool's and the
- * tracker's, so it runs after theirs: their locks are usable). */
-static void fork_child(void) {
+static void snap_free(void) {
+    for (size_t i = 0; i < g_snap.n; i++) munmap((void *)g_snap.e[i].copy, g_snap.e[i].size);
+    if (g_snap.e) munmap(g_snap.e, g_snap.map_size);
+    g_snap = (snap_t){0};
+}
+
+/* atfork prepare, run after the library's (the pool and the tracker are
+ * locked: the heap's ranges are fixed). */
+static void snap_prepare(void) {
     if (!g_shared || atomic_load(&g_status) != ST_READY) return;
-    int guard = tl_guard;
-    tl_guard = 1;
-    priv_ctx_t c = {.copy_all = swap_on(), .page = (size_t)sysconf(_SC_PAGESIZE)};
-    hm__native_for_each_range(g_state, privatize, &c);
-    if (c.failed)
-        HM_DIE("libhetmem_proxy: forked child cannot copy the shared heap (%s); aborting "
-               "rather than writing into the parent's memory", strerror(c.failed));
-    HM_LOG_DEBUG("libhetmem_proxy: forked child copied %zu heap ranges (%zu bytes) private",
-                 c.ranges, c.bytes);
+    snap_t c = {.page = (size_t)sysconf(_SC_PAGESIZE), .copy_all = swap_on()};
+    hm__native_for_each_range_locked(g_state, snap_count, &c);
+    c.map_size = hm_align_up((c.cap ? c.cap : 1) * sizeof(snap_ent_t), c.page);
+    void *e = mmap(NULL, c.map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (e == MAP_FAILED) {
+        c.failed = errno;
+        c.map_size = 0;
+    } else {
+        c.e = e;
+        hm__native_for_each_range_locked(g_state, snap_copy, &c);
+    }
+    g_snap = c;
+}
+
+/* atfork parent, run before the library's. */
+static void snap_parent(void) {
+    if (!g_snap.page) return;
+    if (g_snap.failed)
+        HM_LOG_WARN("libhetmem_proxy: could not copy the shared heap for a forked child (%s); "
+                    "the child aborts", strerror(g_snap.failed));
+    snap_free();
+}
+
+/* atfork child, run before the library's: the heap becomes the copies. */
+static void snap_child(void) {
+    if (!g_snap.page) return;
+    if (g_snap.failed)
+        HM_DIE("libhetmem_proxy: forked child has no copy of the shared heap (%s); aborting "
+               "rather than writing into the parent's memory", strerror(g_snap.failed));
+    size_t bytes = 0;
+    for (size_t i = 0; i < g_snap.n; i++) {
+        snap_ent_t *x = &g_snap.e[i];
+        if (mremap((void *)x->copy, x->size, x->size, MREMAP_MAYMOVE | MREMAP_FIXED,
+                   (void *)x->base) == MAP_FAILED)
+            HM_DIE("libhetmem_proxy: forked child cannot move its copy of the shared heap "
+                   "(%s); aborting rather than writing into the parent's memory",
+                   strerror(errno));
+        x->copy = 0;
+        bytes += x->size;
+    }
+    HM_LOG_DEBUG("libhetmem_proxy: forked child has %zu heap ranges (%zu bytes) private",
+                 g_snap.n, bytes);
+    munmap(g_snap.e, g_snap.map_size);
+    g_snap = (snap_t){0};
+    /* Until fork_child makes the child's pool: glibc allocates, inherited
+     * blocks go back to the inherited pool. */
     g_old = g_state;
     g_shared = 0;
+    atomic_store(&g_status, ST_FORKED);
+}
+
+/* pthread_atfork child handler, the last one (registered after the pool's
+ * and the tracker's): the child's own pool. */
+static void fork_child(void) {
+    if (atomic_load(&g_status) != ST_FORKED) return;
+    int guard = tl_guard;
+    tl_guard = 1;
     void *state = NULL;
     if (pool_make(0, g_tracked, &state) == HM_SUCCESS) {
         g_state = state;
+        atomic_store_explicit(&g_status, ST_READY, memory_order_release);
     } else {
         HM_LOG_ERROR("libhetmem_proxy: forked child cannot create its pool; glibc malloc "
                      "serves it");
-        g_state = NULL;
         atomic_store(&g_status, ST_FAILED);
     }
     tl_guard = guard;
@@ -258,8 +342,7 @@ HM_INLINE void *owner_of(void *p) {
     if (hm_unlikely(tl_guard)) return NULL;
     int st = atomic_load_explicit(&g_status, memory_order_acquire);
     if (hm_likely(st == ST_READY) && hm__native_owns(g_state, p)) return g_state;
-    if (hm_unlikely(g_old != NULL) && (st == ST_READY || st == ST_FAILED) &&
-        hm__native_owns(g_old, p))
+    if (hm_unlikely(g_old != NULL) && st >= ST_READY && hm__native_owns(g_old, p))
         return g_old;
     return NULL;
 }
@@ -276,7 +359,7 @@ static HM_NOINLINE hm_result_t free_slow(void *p) {
             tl_guard = 0;
             if (hm_likely(r != HM_ERROR_NOT_FOUND)) return r;
         }
-        if (hm_unlikely(g_old != NULL) && (st == ST_READY || st == ST_FAILED)) {
+        if (hm_unlikely(g_old != NULL) && st >= ST_READY) {
             tl_guard = 1;
             hm_result_t r = hm__native_free_owned(g_old, p);
             tl_guard = 0;

@@ -89,6 +89,10 @@ int main(void) {
     /* fork once the tracker has used call_rcu (its atfork child handler
      * calls malloc) */
     same("fork after call_rcu, tracked heap", "HM_PROXY=tracked " HM_FORK_RCU_PROG);
+    same("fork after call_rcu, shared heap", "HM_PROXY=shared " HM_FORK_RCU_PROG);
+    /* the child's heap is the one at fork(), whatever the parent writes next */
+    same("fork snapshot", HM_FORK_SNAPSHOT_PROG);
+    same("fork snapshot, shared heap", "HM_PROXY=shared " HM_FORK_SNAPSHOT_PROG);
     if (system("bash -c true >/dev/null 2>&1") == 0) {
         same("bash $(...), shared heap",
              "HM_PROXY=shared bash " HM_SOURCE_DIR "/test/native/proxy_fork.sh");

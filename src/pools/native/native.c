@@ -2173,13 +2173,20 @@ void hm__native_for_each_range(void *state, void (*fn)(void *arg, uintptr_t base
                                void *arg) {
     nv_pool_t *nv = state;
     hm__mutex_lock(&nv->lock);
-    for (nv_slab_t *s = nv->all_slabs; s; s = s->all_next) fn(arg, s->base, s->span);
-    hm__mutex_unlock(&nv->lock);
     hm__mutex_lock(&nv->large_lock);
+    hm__native_for_each_range_locked(state, fn, arg);
+    hm__mutex_unlock(&nv->large_lock);
+    hm__mutex_unlock(&nv->lock);
+}
+
+void hm__native_for_each_range_locked(void *state,
+                                      void (*fn)(void *arg, uintptr_t base, size_t size),
+                                      void *arg) {
+    nv_pool_t *nv = state;
+    for (nv_slab_t *s = nv->all_slabs; s; s = s->all_next) fn(arg, s->base, s->span);
     for (size_t i = 0; i < nv->live.cap; i++)
         if (nv->live.e[i].base) fn(arg, nv->live.e[i].base, nv->live.e[i].size);
     for (size_t i = 0; i < nv->lcache_len; i++) fn(arg, nv->lcache[i].base, nv->lcache[i].size);
-    hm__mutex_unlock(&nv->large_lock);
 }
 
 /* ------------------------------------------------------------------------ */

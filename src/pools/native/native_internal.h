@@ -420,6 +420,12 @@ hm_result_t hm__native_free(void *state, void *p, hm_result_t (*other)(void *));
  * pool. (For the malloc replacement's fork handling.) */
 void hm__native_for_each_range(void *state, void (*fn)(void *arg, uintptr_t base, size_t size),
                                void *arg);
+/* The same with the pool's locks already held by the caller (inside fork(),
+ * after hm__native_atfork_prepare, or in the child before
+ * hm__native_atfork_child). */
+void hm__native_for_each_range_locked(void *state,
+                                      void (*fn)(void *arg, uintptr_t base, size_t size),
+                                      void *arg);
 
 /* Lock-free page-map lookup. */
 HM_INLINE nv_slab_t *map_get(const nv_pool_t *nv, const void *p) {
