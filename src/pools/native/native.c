@@ -2538,14 +2538,14 @@ void hm__native_atfork_parent(void) {
     hm__mutex_unlock(&g_lock);
 }
 
+/* The child unlocks, as the parent does: the forking thread owns every lock
+ * there (prepare took them), and unlike re-initialising, unlocking keeps
+ * TSan's lock graph right (init.c runs this between the tracker's two
+ * child parts, after the call_rcu mutex was taken in prepare). */
 void hm__native_atfork_child(void) {
     for (nv_pool_t *nv = g_pools; nv; nv = nv->g_next) {
-        pthread_mutex_init(&nv->orphan_lock, NULL);
-        pthread_mutex_init(&nv->lock, NULL);
-        pthread_mutex_init(&nv->large_lock, NULL);
-        pthread_mutex_init(&nv->depot_lock, NULL);
         for (nv_heap_t *h = nv->heaps; h; h = h->all_next) {
-            pthread_mutex_init(&h->mq_lock, NULL);
+            hm__mutex_unlock(&h->mq_lock);
             if (!h->binding) continue;
             int mine = 0;
             for (nv_binding_t *b = tl.bindings; b; b = b->next) mine |= b == h->binding;
@@ -2560,8 +2560,12 @@ void hm__native_atfork_child(void) {
             h->aband_next = nv->abandoned;
             nv->abandoned = h;
         }
+        hm__mutex_unlock(&nv->depot_lock);
+        hm__mutex_unlock(&nv->large_lock);
+        hm__mutex_unlock(&nv->lock);
+        hm__mutex_unlock(&nv->orphan_lock);
     }
-    pthread_mutex_init(&g_lock, NULL);
+    hm__mutex_unlock(&g_lock);
 }
 
 /* ------------------------------------------------------------------------ */
