@@ -247,15 +247,21 @@ static void snap_prepare(void) {
 /* atfork parent, run before the library's. */
 static void snap_parent(void) {
     if (!g_snap.page) return;
-    if (g_snap.failed)
+    if (g_snap.failed) { /* the pool is still locked: a log line's malloc goes to glibc */
+        int guard = tl_guard;
+        tl_guard = 1;
         HM_LOG_WARN("libhetmem_proxy: could not copy the shared heap for a forked child (%s); "
                     "the child aborts", strerror(g_snap.failed));
+        tl_guard = guard;
+    }
     snap_free();
 }
 
 /* atfork child, run before the library's: the heap becomes the copies. */
 static void snap_child(void) {
     if (!g_snap.page) return;
+    int guard = tl_guard;
+    tl_guard = 1; /* the pool is still locked: a log line's malloc goes to glibc */
     if (g_snap.failed)
         HM_DIE("libhetmem_proxy: forked child has no copy of the shared heap (%s); aborting "
                "rather than writing into the parent's memory", strerror(g_snap.failed));
@@ -279,6 +285,7 @@ static void snap_child(void) {
     g_old = g_state;
     g_shared = 0;
     atomic_store(&g_status, ST_FORKED);
+    tl_guard = guard;
 }
 
 /* pthread_atfork child handler, the last one (registered after the pool's
