@@ -729,7 +729,9 @@ static void test_remote_double_free(void) {
  * outgrow a small batch (its entries move into a large one, and the next
  * batches start large), then consecutive frees again (small ones again).
  * Every block comes back once, the counters agree, and a double free whose
- * two frees straddle the move is still caught. */
+ * two frees straddle the move is still caught: on the freeing side, since
+ * the second free finds its word's entry in the grown batch (nv_out.ix), so
+ * it is refused at once and never published. */
 static void test_batch_sizes(hm_native_remote_queue_t queue, const char *label) {
     hm_test_set_context(label);
     hm_pool_t *pool = queue_pool(queue);
@@ -762,7 +764,7 @@ static void test_batch_sizes(hm_native_remote_queue_t queue, const char *label) 
     hm_pool_stats_t st;
     CHECK_OK(hm_pool_get_stats(pool, &st));
     CHECK_EQ(st.bytes_requested, 0);
-    CHECK_EQ(st.remote_frees_published, (size_t)N + 1);
+    CHECK_EQ(st.remote_frees_published, (size_t)N);
     CHECK_EQ(st.remote_frees_drained, st.remote_frees_published);
     /* Every block is free exactly once: N allocations are all distinct. */
     for (int i = 0; i < N; i++) REQUIRE(ptrs[i] = hm_pool_malloc(pool, 48));
@@ -775,6 +777,65 @@ static void test_batch_sizes(hm_native_remote_queue_t queue, const char *label) 
     free(done);
     free(order);
     free(ptrs);
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
+/* Remote frees of mixed sizes, interleaved (class A, B, C, A, B, C...): each
+ * word keeps one entry in the outgoing batch (nv_out.ix), so a second free of
+ * a block whose word's entry is not the batch's last one is refused by the
+ * freeing call itself; every other block comes back once and the counters
+ * agree. */
+typedef struct mixed_free {
+    hm_pool_t *pool;
+    void **blk[3];
+    int n;
+    hm_result_t dup_result;
+} mixed_free_t;
+
+static void *mixed_free_thread(void *arg) {
+    mixed_free_t *m = arg;
+    for (int j = 0; j < m->n; j++) {
+        for (int c = 0; c < 3; c++) CHECK_OK(hm_pool_free(m->pool, m->blk[c][j]));
+        if (j == 10) m->dup_result = hm_pool_free(m->pool, m->blk[0][5]); /* freed at j == 5 */
+    }
+    CHECK_OK(hm_pool_trim(m->pool)); /* publishes this thread's batches */
+    return NULL;
+}
+
+static void test_batch_mixed_words(hm_native_remote_queue_t queue, const char *label) {
+    hm_test_set_context(label);
+    hm_pool_t *pool = queue_pool(queue);
+    enum { N = 40 }; /* 120 frees: one batch (NV_BATCH_CAP) */
+    static const size_t size[3] = {48, 96, 200};
+    void *blk[3][N];
+    for (int j = 0; j < N; j++)
+        for (int c = 0; c < 3; c++) REQUIRE(blk[c][j] = hm_pool_malloc(pool, size[c]));
+    mixed_free_t m = {pool, {blk[0], blk[1], blk[2]}, N, HM_SUCCESS};
+    hm_log_level_t old = count_double_logs();
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, mixed_free_thread, &m) == 0);
+    pthread_join(t, NULL);
+    CHECK_OK(hm_pool_trim(pool)); /* the owner drains its queue */
+    stop_counting_logs(old);
+    CHECK_EQ(m.dup_result, HM_ERROR_DOUBLE_FREE);
+    CHECK_MSG(atomic_load(&g_double_logs) == 1, "%ld double frees logged, want 1",
+              atomic_load(&g_double_logs));
+    hm_pool_stats_t st;
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, 0);
+    CHECK_EQ(st.remote_frees_published, (size_t)3 * N);
+    CHECK_EQ(st.remote_frees_drained, st.remote_frees_published);
+    /* Every block is free exactly once: 3N allocations are all distinct. */
+    void *again[3 * N];
+    for (int j = 0; j < N; j++)
+        for (int c = 0; c < 3; c++) REQUIRE(again[j * 3 + c] = hm_pool_malloc(pool, size[c]));
+    void *sorted[3 * N];
+    memcpy(sorted, again, sizeof sorted);
+    qsort(sorted, 3 * N, sizeof(void *), cmp_ptr);
+    int dups = 0;
+    for (int i = 1; i < 3 * N; i++) dups += sorted[i] == sorted[i - 1];
+    CHECK_EQ(dups, 0);
+    free_all_trim_to_zero(pool, again, 3 * N);
     CHECK_OK(hm_pool_destroy(pool));
 }
 
@@ -1268,6 +1329,8 @@ int main(int argc, char **argv) {
         test_remote_double_free();
         test_batch_sizes(HM_NATIVE_QUEUE_WFCQ, "remote-free batch sizes (wfcq)");
         test_batch_sizes(HM_NATIVE_QUEUE_MUTEX, "remote-free batch sizes (mutex)");
+        test_batch_mixed_words(HM_NATIVE_QUEUE_WFCQ, "remote frees of mixed sizes (wfcq)");
+        test_batch_mixed_words(HM_NATIVE_QUEUE_MUTEX, "remote frees of mixed sizes (mutex)");
         test_last_block_double_free();
         test_current_word_frees();
         test_own_heap_handover();

@@ -1253,8 +1253,8 @@ static HM_NOINLINE hm_result_t remote_double_free(const nv_slab_t *s, uint32_t i
 }
 
 /* Free block idx of s (another heap's slab, live) from h: into h's outgoing
- * batch for the owner, merged with that batch's last entry when it is the
- * same bitmap word; the entry becomes h's cached one (nv_heap.r_key), so the
+ * batch for the owner, merged with that batch's entry for the same bitmap
+ * word when it has one (nv_out.ix); the entry becomes h's cached one (nv_heap.r_key), so the
  * next frees into that word take nv_free's fast path. Statistics are the
  * caller's. */
 static hm_result_t remote_free(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
@@ -1270,8 +1270,11 @@ static hm_result_t remote_free(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
         if (hm_unlikely(!b)) goto oom;
         o->dest = s->owner;
     }
-    nv_rent_t *e = b->count ? &b->ent[b->count - 1] : NULL;
-    if (e && e->wbase == wbase) {
+    /* The word's entry in the batch, if it has one (nv_out.ix). */
+    uint8_t *ix = &o->ix[(size_t)((wbase * 0x9E3779B97F4A7C15ull) >> 59) & (NV_OUT_IX - 1)];
+    uint32_t i = (uint32_t)*ix - 1; /* UINT32_MAX: none */
+    nv_rent_t *e;
+    if (i < b->count && (e = &b->ent[i])->wbase == wbase) {
         if (hm_unlikely(e->mask & bit)) return remote_double_free(s, idx);
         e->mask |= bit;
     } else {
@@ -1281,6 +1284,7 @@ static hm_result_t remote_free(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
         e = &b->ent[b->count++];
         e->wbase = wbase;
         e->mask = bit;
+        *ix = (uint8_t)b->count;
     }
     b->nfrees++;
     h->out_pending++;

@@ -196,10 +196,20 @@ _Static_assert(sizeof(nv_batch_t) + NV_BATCH_SMALL * sizeof(nv_rent_t) == 256 &&
                    sizeof(nv_batch_t) + NV_BATCH_CAP * sizeof(nv_rent_t) == 2048,
                "batches of 256 bytes and 2 KiB: whole cache lines");
 
+/* An outgoing batch and where its words' entries are: ix[hash of an
+ * entry's wbase] is that entry's index + 1 (0: none), so a remote free into
+ * any word the batch already names merges into its entry, not only into the
+ * last one (frees of mixed sizes interleave the words of several classes:
+ * one entry per word keeps the batches and the owner's drain per word). A
+ * hint only: an index is trusted after comparing the entry's wbase, so it
+ * needs no clearing when the batch is published or replaced. */
+#define NV_OUT_IX 32
 typedef struct nv_out {
     nv_heap_t *dest;
     nv_batch_t *b;
+    uint8_t ix[NV_OUT_IX];
 } nv_out_t;
+_Static_assert(NV_BATCH_CAP <= UINT8_MAX, "nv_out.ix holds an entry index + 1");
 
 /* A thread's tie to a heap (thread-local list). heap becomes NULL when the
  * pool is destroyed (under g_lock). */
