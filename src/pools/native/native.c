@@ -1297,7 +1297,7 @@ static hm_result_t remote_free(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
         h->r_key = wbase;
         h->r_span = (uintptr_t)(s->nblocks - (idx - sub) < 64 ? s->nblocks - (idx - sub) : 64) *
                     s->bsize;
-        h->r_magic = s->magic;
+        h->r_magic = (s->magic >> 32) + 1; /* see cached_free */
         h->r_bsize = s->bsize;
         h->r_ent = e;
         h->r_b = b;
@@ -2010,23 +2010,46 @@ static HM_NOINLINE hm_result_t free_general_out(nv_pool_t *nv, void *p, nv_heap_
 }
 
 /* free_more's free of a block in the word of the caller's last remote free
- * (roff: its offset from that word's first block). Out of line, so that
- * the registers it needs cost the local free no stack frame. */
-static HM_NOINLINE hm_result_t free_cached(nv_pool_t *nv, void *p, nv_heap_t *me, int mode,
-                                           nv_other_fn other, uintptr_t roff) {
-    int exact;
-    uint32_t sub = magic_div(roff, me->r_magic, &exact);
+ * (roff: its offset from that word's first block): its bit goes into the
+ * cached entry. 0: not that case (free_general sorts it out). */
+HM_INLINE int cached_free(nv_heap_t *me, uintptr_t roff) {
+    /* sub = roff / bsize through a 32-bit magic c = floor(M / 2^32) + 1,
+     * with M the slab's 64-bit one (ceil(2^64 / bsize)): c exceeds
+     * 2^32 / bsize by less than 1 + 2^-32, so for a block's offset
+     * (q * bsize, q < 64, below 2^26) the product's high half is exactly q,
+     * and any other offset fails the exact test sub * bsize == roff (the
+     * shift is masked: such a sub may reach 64). Two imuls and no 128-bit
+     * mul, which would take rdx, an argument the fallback passes on. */
+    uint32_t sub = (uint32_t)((roff * me->r_magic) >> 32);
     uint32_t bsize = me->r_bsize;
     nv_rent_t *e = me->r_ent;
-    uint64_t m = e->mask, bit = (uint64_t)1 << sub;
+    uint64_t m = e->mask, bit = (uint64_t)1 << (sub & 63);
     uint32_t left = me->r_left;
-    if (hm_likely(exact && !(m & bit) && left > 1)) {
-        e->mask = m | bit;
-        me->r_left = left - 1;
-        stat_add_i(&me->st_bytes, -(int64_t)bsize);
-        return HM_SUCCESS;
-    }
-    return free_general_out(nv, p, me, mode, other);
+    if (hm_unlikely((uintptr_t)sub * bsize != roff || (m & bit) || left <= 1)) return 0;
+    e->mask = m | bit;
+    me->r_left = left - 1;
+    stat_add_i(&me->st_bytes, -(int64_t)bsize);
+    return 1;
+}
+
+/* cached_free out of line, one copy per mode (so that the registers it
+ * needs cost the local free no stack frame, and the fallback's mode is a
+ * constant: with the 32-bit magic, the op's copy saves one callee-saved
+ * register where the shared copy with a 128-bit mul saved five). */
+static HM_NOINLINE hm_result_t free_cached_op(nv_pool_t *nv, void *p, nv_heap_t *me,
+                                              uintptr_t roff) {
+    if (hm_likely(cached_free(me, roff))) return HM_SUCCESS;
+    return free_general_out(nv, p, me, NV_FREE_OP, NULL);
+}
+static HM_NOINLINE hm_result_t free_cached_quiet(nv_pool_t *nv, void *p, nv_heap_t *me,
+                                                 uintptr_t roff) {
+    if (hm_likely(cached_free(me, roff))) return HM_SUCCESS;
+    return free_general_out(nv, p, me, NV_FREE_QUIET, NULL);
+}
+static HM_NOINLINE hm_result_t free_cached_fast(nv_pool_t *nv, void *p, nv_heap_t *me,
+                                                uintptr_t roff, nv_other_fn other) {
+    if (hm_likely(cached_free(me, roff))) return HM_SUCCESS;
+    return free_general_out(nv, p, me, NV_FREE_FAST, other);
 }
 
 /* free_impl past the block allocated last: me is the caller's heap, or
@@ -2039,7 +2062,11 @@ HM_INLINE hm_result_t free_more(nv_pool_t *nv, void *p, nv_heap_t *me, int mode,
      * without the page map (the slab cannot go back to the pool while the
      * entry holds one of its blocks), and its bit goes into the entry. */
     uintptr_t roff = (uintptr_t)p - me->r_key;
-    if (roff < me->r_span) return free_cached(nv, p, me, mode, other, roff);
+    if (roff < me->r_span) {
+        if (mode == NV_FREE_OP) return free_cached_op(nv, p, me, roff);
+        if (mode == NV_FREE_QUIET) return free_cached_quiet(nv, p, me, roff);
+        return free_cached_fast(nv, p, me, roff, other);
+    }
     return free_general(nv, p, me, mode, other);
 }
 

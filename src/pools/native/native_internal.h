@@ -260,7 +260,7 @@ struct nv_heap {
      * (out_settle). */
     uintptr_t r_key;
     uintptr_t r_span;  /* bytes of the word's blocks (0: no entry) */
-    uint64_t r_magic;  /* the slab's magic */
+    uint64_t r_magic;  /* 32-bit magic from the slab's (cached_free) */
     uint32_t r_bsize;
     uint32_t r_left;
     nv_rent_t *r_ent;
