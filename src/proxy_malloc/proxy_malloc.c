@@ -447,7 +447,20 @@ EXPORT void *aligned_alloc(size_t align, size_t size) {
     return p;
 }
 
-EXPORT void *memalign(size_t align, size_t size) { return aligned_alloc(align, size); }
+/* As glibc's: an alignment that is not a power of two is rounded up to the
+ * next one (aligned_alloc and posix_memalign refuse it). */
+EXPORT void *memalign(size_t align, size_t size) {
+    if (!hm_is_pow2(align)) {
+        if (align > SIZE_MAX / 2 + 1) {
+            errno = EINVAL;
+            return NULL;
+        }
+        size_t up = 1;
+        while (up < align) up <<= 1;
+        align = up;
+    }
+    return aligned_alloc(align, size);
+}
 
 EXPORT void *valloc(size_t size) { return aligned_alloc((size_t)sysconf(_SC_PAGESIZE), size); }
 

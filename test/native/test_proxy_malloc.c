@@ -93,6 +93,8 @@ int main(void) {
     /* the child's heap is the one at fork(), whatever the parent writes next */
     same("fork snapshot", HM_FORK_SNAPSHOT_PROG);
     same("fork snapshot, shared heap", "HM_PROXY=shared " HM_FORK_SNAPSHOT_PROG);
+    /* memalign, posix_memalign, valloc, pvalloc: glibc's answers */
+    same("aligned allocation calls", HM_ALIGN_PROG);
     if (system("bash -c true >/dev/null 2>&1") == 0) {
         same("bash $(...), shared heap",
              "HM_PROXY=shared bash " HM_SOURCE_DIR "/test/native/proxy_fork.sh");
