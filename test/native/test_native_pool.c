@@ -729,9 +729,10 @@ static void test_remote_double_free(void) {
  * outgrow a small batch (its entries move into a large one, and the next
  * batches start large), then consecutive frees again (small ones again).
  * Every block comes back once, the counters agree, and a double free whose
- * two frees straddle the move is still caught: on the freeing side, since
- * the second free finds its word's entry in the grown batch (nv_out.ix), so
- * it is refused at once and never published. */
+ * two frees straddle the move is still caught: on the freeing side when the
+ * second free finds its word's entry in the grown batch through nv_out.ix
+ * (a hint: another word may have taken its slot), else by the owner's
+ * drain, after it was published. */
 static void test_batch_sizes(hm_native_remote_queue_t queue, const char *label) {
     hm_test_set_context(label);
     hm_pool_t *pool = queue_pool(queue);
@@ -764,7 +765,9 @@ static void test_batch_sizes(hm_native_remote_queue_t queue, const char *label) 
     hm_pool_stats_t st;
     CHECK_OK(hm_pool_get_stats(pool, &st));
     CHECK_EQ(st.bytes_requested, 0);
-    CHECK_EQ(st.remote_frees_published, (size_t)N);
+    CHECK_MSG(st.remote_frees_published == (size_t)N ||
+                  st.remote_frees_published == (size_t)N + 1,
+              "%zu remote frees published, want %d or %d", st.remote_frees_published, N, N + 1);
     CHECK_EQ(st.remote_frees_drained, st.remote_frees_published);
     /* Every block is free exactly once: N allocations are all distinct. */
     for (int i = 0; i < N; i++) REQUIRE(ptrs[i] = hm_pool_malloc(pool, 48));
@@ -781,10 +784,14 @@ static void test_batch_sizes(hm_native_remote_queue_t queue, const char *label) 
 }
 
 /* Remote frees of mixed sizes, interleaved (class A, B, C, A, B, C...): each
- * word keeps one entry in the outgoing batch (nv_out.ix), so a second free of
- * a block whose word's entry is not the batch's last one is refused by the
- * freeing call itself; every other block comes back once and the counters
- * agree. */
+ * word keeps one entry in the outgoing batch, found through nv_out.ix, so a
+ * second free of a block whose word's entry is not the batch's last one is
+ * refused by the freeing call itself, unless another word took its ix slot
+ * (a hint: a hash of the word's address); then the owner's drain catches it.
+ * Either way it is logged once, every other block comes back once and the
+ * counters agree. Over TRIALS pools (slabs at other addresses, so other
+ * slots) at least one refusal must come from the freeing call: a merge into
+ * the last entry only never gives one. */
 typedef struct mixed_free {
     hm_pool_t *pool;
     void **blk[3];
@@ -802,9 +809,8 @@ static void *mixed_free_thread(void *arg) {
     return NULL;
 }
 
-static void test_batch_mixed_words(hm_native_remote_queue_t queue, const char *label) {
-    hm_test_set_context(label);
-    hm_pool_t *pool = queue_pool(queue);
+/* One trial in pool; returns 1 if the freeing call refused the double free. */
+static int batch_mixed_trial(hm_pool_t *pool) {
     enum { N = 40 }; /* 120 frees: one batch (NV_BATCH_CAP) */
     static const size_t size[3] = {48, 96, 200};
     void *blk[3][N];
@@ -817,13 +823,14 @@ static void test_batch_mixed_words(hm_native_remote_queue_t queue, const char *l
     pthread_join(t, NULL);
     CHECK_OK(hm_pool_trim(pool)); /* the owner drains its queue */
     stop_counting_logs(old);
-    CHECK_EQ(m.dup_result, HM_ERROR_DOUBLE_FREE);
+    int refused = m.dup_result == HM_ERROR_DOUBLE_FREE;
+    CHECK_MSG(refused || m.dup_result == HM_SUCCESS, "double free returned %d", m.dup_result);
     CHECK_MSG(atomic_load(&g_double_logs) == 1, "%ld double frees logged, want 1",
               atomic_load(&g_double_logs));
     hm_pool_stats_t st;
     CHECK_OK(hm_pool_get_stats(pool, &st));
     CHECK_EQ(st.bytes_requested, 0);
-    CHECK_EQ(st.remote_frees_published, (size_t)3 * N);
+    CHECK_EQ(st.remote_frees_published, (size_t)3 * N + !refused);
     CHECK_EQ(st.remote_frees_drained, st.remote_frees_published);
     /* Every block is free exactly once: 3N allocations are all distinct. */
     void *again[3 * N];
@@ -836,7 +843,17 @@ static void test_batch_mixed_words(hm_native_remote_queue_t queue, const char *l
     for (int i = 1; i < 3 * N; i++) dups += sorted[i] == sorted[i - 1];
     CHECK_EQ(dups, 0);
     free_all_trim_to_zero(pool, again, 3 * N);
-    CHECK_OK(hm_pool_destroy(pool));
+    return refused;
+}
+
+static void test_batch_mixed_words(hm_native_remote_queue_t queue, const char *label) {
+    hm_test_set_context(label);
+    enum { TRIALS = 8 };
+    hm_pool_t *pool[TRIALS]; /* all live: their slabs lie at different addresses */
+    int refused = 0;
+    for (int i = 0; i < TRIALS; i++) refused += batch_mixed_trial(pool[i] = queue_pool(queue));
+    for (int i = 0; i < TRIALS; i++) CHECK_OK(hm_pool_destroy(pool[i]));
+    CHECK_MSG(refused > 0, "no double free refused by the freeing call in %d trials", TRIALS);
 }
 
 /* The block allocated last is freed without a page-map lookup (nv_heap.last):
