@@ -670,6 +670,14 @@ static int cmp_ptr(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* 1 if the n pointers are pairwise distinct (sorts them). */
+static int all_distinct(void **p, size_t n) {
+    qsort(p, n, sizeof(void *), cmp_ptr);
+    for (size_t i = 1; i < n; i++)
+        if (p[i] == p[i - 1]) return 0;
+    return 1;
+}
+
 /* Free the n blocks of p: then nothing is requested, and a trim gives every
  * provider byte back. */
 static void free_all_trim_to_zero(hm_pool_t *pool, void **p, int n) {
@@ -713,10 +721,7 @@ static void test_remote_double_free(void) {
               "%ld double frees logged, want %d", atomic_load(&g_double_logs), 2 * EXTRA + 100);
     /* Every block is free exactly once: 2N allocations are all distinct. */
     for (int i = 0; i < 2 * N; i++) REQUIRE(again[i] = hm_pool_malloc(pool, 48));
-    qsort(again, 2 * N, sizeof(void *), cmp_ptr);
-    int dups = 0;
-    for (int i = 1; i < 2 * N; i++) dups += again[i] == again[i - 1];
-    CHECK_EQ(dups, 0);
+    CHECK(all_distinct(again, 2 * N));
     for (int i = 0; i < 2 * N; i++) CHECK_OK(hm_pool_free(pool, again[i]));
     free(order);
     free(ptrs);
@@ -772,10 +777,7 @@ static void test_batch_sizes(hm_native_remote_queue_t queue, const char *label) 
     /* Every block is free exactly once: N allocations are all distinct. */
     for (int i = 0; i < N; i++) REQUIRE(ptrs[i] = hm_pool_malloc(pool, 48));
     memcpy(order, ptrs, N * sizeof(void *));
-    qsort(order, N, sizeof(void *), cmp_ptr);
-    int dups = 0;
-    for (int i = 1; i < N; i++) dups += order[i] == order[i - 1];
-    CHECK_EQ(dups, 0);
+    CHECK(all_distinct(order, N));
     free_all_trim_to_zero(pool, ptrs, N);
     free(done);
     free(order);
@@ -836,12 +838,7 @@ static int batch_mixed_trial(hm_pool_t *pool) {
     void *again[3 * N];
     for (int j = 0; j < N; j++)
         for (int c = 0; c < 3; c++) REQUIRE(again[j * 3 + c] = hm_pool_malloc(pool, size[c]));
-    void *sorted[3 * N];
-    memcpy(sorted, again, sizeof sorted);
-    qsort(sorted, 3 * N, sizeof(void *), cmp_ptr);
-    int dups = 0;
-    for (int i = 1; i < 3 * N; i++) dups += sorted[i] == sorted[i - 1];
-    CHECK_EQ(dups, 0);
+    CHECK(all_distinct(again, 3 * N));
     free_all_trim_to_zero(pool, again, 3 * N);
     return refused;
 }
@@ -930,20 +927,9 @@ static void test_lifo_reuse(unsigned prot) {
     for (int i = 0; i < N; i++) CHECK_OK(hm_pool_free(pool, p[i]));
     /* Every block exactly once: N allocations are distinct. */
     for (int i = 0; i < N; i++) REQUIRE(p[i] = hm_pool_malloc(pool, 4096));
-    qsort(p, N, sizeof(void *), cmp_ptr);
-    int dups = 0;
-    for (int i = 1; i < N; i++) dups += p[i] == p[i - 1];
-    CHECK_EQ(dups, 0);
+    CHECK(all_distinct(p, N));
     free_all_trim_to_zero(pool, p, N);
     CHECK_OK(hm_pool_destroy(pool));
-}
-
-/* 1 if the n pointers are pairwise distinct (sorts them). */
-static int all_distinct(void **p, size_t n) {
-    qsort(p, n, sizeof(void *), cmp_ptr);
-    for (size_t i = 1; i < n; i++)
-        if (p[i] == p[i - 1]) return 0;
-    return 1;
 }
 
 /* Blocks of the word being handed out that the owner frees (other than the
