@@ -439,8 +439,8 @@ void hm__native_for_each_range_locked(void *state,
 
 /* Lock-free page-map lookup. */
 HM_INLINE nv_slab_t *map_get(const nv_pool_t *nv, const void *p) {
-    size_t k = (uintptr_t)p >> nv->shift;
-    size_t d = k - atomic_load_explicit(&nv->hint_first, memory_order_acquire);
+    size_t d = ((uintptr_t)p >> nv->shift) -
+               atomic_load_explicit(&nv->hint_first, memory_order_acquire);
     _Atomic uintptr_t *leaf;
     if (hm_likely(d < nv->leaf_len)) {
         leaf = atomic_load_explicit(&nv->hint_leaf, memory_order_relaxed);
@@ -449,7 +449,10 @@ HM_INLINE nv_slab_t *map_get(const nv_pool_t *nv, const void *p) {
         if (hm_unlikely(ri >= nv->root_len)) return NULL;
         leaf = (_Atomic uintptr_t *)atomic_load_explicit(&nv->root[ri], memory_order_acquire);
         if (hm_unlikely(!leaf)) return NULL;
-        d = k & nv->leaf_mask;
+        /* The unit's index in its leaf, from p again (not from the
+         * quotient above, which would then stay live on the hint's path):
+         * bits [shift, root_shift) of p. */
+        d = ((uintptr_t)p << (64 - nv->root_shift)) >> (64 - nv->leaf_bits);
     }
     return (nv_slab_t *)atomic_load_explicit(&leaf[d], memory_order_acquire);
 }
