@@ -8,6 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+static void *malloc_via_fast(hm_pool_t *pool, size_t size);
+static void *malloc_checked(hm_pool_t *pool, size_t size);
+static hm_result_t free_via_op(hm_pool_t *pool, void *ptr);
+static hm_result_t free_checked(hm_pool_t *pool, void *ptr);
+
 hm_result_t hm_pool_create(const hm_pool_ops_t *ops, hm_provider_t *provider, const void *params,
                            uint32_t flags, hm_pool_t **out) {
     hm__init();
@@ -46,7 +51,8 @@ hm_result_t hm_pool_create(const hm_pool_ops_t *ops, hm_provider_t *provider, co
     pool->tracked = !(flags & HM_POOL_FLAG_NO_TRACKING);
     pool->check_owner = pool->tracked && !(ops->flags & HM_POOL_OPS_VALIDATES_POINTERS);
     pool->malloc_fast = ops->malloc_fast;
-    atomic_init(&pool->free_fast, pool->check_owner ? NULL : ops->free);
+    pool->malloc_entry = ops->malloc_fast ? malloc_via_fast : malloc_checked;
+    atomic_init(&pool->free_entry, pool->check_owner ? free_checked : free_via_op);
     pool->cpu_accessible = hm_provider_cpu_accessible(provider);
     hm__tracker_index_init(&pool->index);
     hm_result_t r = ops->init(pool, params, &pool->state);
@@ -132,20 +138,25 @@ void *hm__malloc_via(hm_result_t (*alloc)(void *state, size_t size, size_t align
     return p;
 }
 
+/* The entries (hm_pool.malloc_entry): pool is not NULL. */
 static HM_NOINLINE void *malloc_checked(hm_pool_t *pool, size_t size) {
-    if (hm_unlikely(!pool || !size)) {
-        if (!pool) HM_LOG_ERROR("hm_pool_malloc: pool is NULL");
-        return fail_errno(HM_ERROR_INVALID_ARGUMENT);
-    }
+    if (hm_unlikely(!size)) return fail_errno(HM_ERROR_INVALID_ARGUMENT);
     return hm__malloc_via(pool->alloc, pool->state, size);
 }
 
+static void *malloc_via_fast(hm_pool_t *pool, size_t size) {
+    if (hm_likely(size)) return pool->malloc_fast(pool->state, size); /* a tail call */
+    return fail_errno(HM_ERROR_INVALID_ARGUMENT);
+}
+
+static HM_NOINLINE __attribute__((cold)) void *malloc_null_pool(void) {
+    HM_LOG_ERROR("hm_pool_malloc: pool is NULL");
+    return fail_errno(HM_ERROR_INVALID_ARGUMENT);
+}
+
 void *hm_pool_malloc(hm_pool_t *pool, size_t size) {
-    if (hm_likely(pool && size)) {
-        void *(*m)(void *, size_t) = pool->malloc_fast;
-        if (hm_likely(m != NULL)) return m(pool->state, size); /* a tail call */
-    }
-    return malloc_checked(pool, size);
+    if (hm_likely(pool != NULL)) return pool->malloc_entry(pool, size); /* a tail call */
+    return malloc_null_pool();
 }
 
 void *hm_pool_aligned_malloc(hm_pool_t *pool, size_t size, size_t alignment) {
@@ -232,13 +243,10 @@ void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size) {
     return out;
 }
 
-/* hm_pool_free's checks, out of line so that the fast path below needs no
- * stack frame. */
+/* The entries (hm_pool.free_entry): pool is not NULL. free_checked: the
+ * front end checks what ptr is (a tracked pool that does not validate
+ * pointers, or a pool with IPC mappings). */
 static HM_NOINLINE hm_result_t free_checked(hm_pool_t *pool, void *ptr) {
-    if (hm_unlikely(!pool)) {
-        HM_LOG_ERROR("hm_pool_free: pool is NULL");
-        return HM_ERROR_INVALID_ARGUMENT;
-    }
     if (hm_unlikely(!ptr)) return HM_SUCCESS;
     if (hm_unlikely(!owns(pool, ptr))) {
         HM_LOG_ERROR("hm_pool_free(%s): %p does not belong to this pool (foreign pointer or "
@@ -250,15 +258,31 @@ static HM_NOINLINE hm_result_t free_checked(hm_pool_t *pool, void *ptr) {
     return pool->free(pool->state, ptr);
 }
 
+/* The pool checks pointers itself (or is untracked) and holds no IPC
+ * mapping that ptr could be. */
+static hm_result_t free_via_op(hm_pool_t *pool, void *ptr) {
+    if (hm_likely(ptr != NULL)) return pool->free(pool->state, ptr); /* a tail call */
+    return HM_SUCCESS;
+}
+
+void hm__pool_set_entries(hm_pool_t *pool, hm_pool_malloc_entry_t m, hm_pool_free_entry_t f) {
+    pool->malloc_entry = m;
+    if (!pool->check_owner) atomic_store_explicit(&pool->free_entry, f, memory_order_relaxed);
+}
+
+void hm__pool_check_frees(hm_pool_t *pool) {
+    atomic_store_explicit(&pool->free_entry, free_checked, memory_order_relaxed);
+}
+
+static HM_NOINLINE __attribute__((cold)) hm_result_t free_null_pool(void) {
+    HM_LOG_ERROR("hm_pool_free: pool is NULL");
+    return HM_ERROR_INVALID_ARGUMENT;
+}
+
 hm_result_t hm_pool_free(hm_pool_t *pool, void *ptr) {
-    /* Fast: the pool checks pointers itself (or is untracked) and holds no
-     * IPC mapping that ptr could be. */
-    if (hm_likely(pool && ptr)) {
-        hm_result_t (*f)(void *, void *) =
-            atomic_load_explicit(&pool->free_fast, memory_order_relaxed);
-        if (hm_likely(f != NULL)) return f(pool->state, ptr); /* a tail call */
-    }
-    return free_checked(pool, ptr);
+    if (hm_likely(pool != NULL)) /* a tail call */
+        return atomic_load_explicit(&pool->free_entry, memory_order_relaxed)(pool, ptr);
+    return free_null_pool();
 }
 
 size_t hm_pool_malloc_usable_size(hm_pool_t *pool, const void *ptr) {

@@ -662,7 +662,7 @@ static hm_ipc_pool_t *pool_ipc_make(hm_pool_t *pool) {
         pilist = fresh;
         /* hm_pool_free checks what a pointer is from now on (it may be a
          * mapping opened through this pool). */
-        atomic_store_explicit(&pool->free_fast, NULL, memory_order_relaxed);
+        hm__pool_check_frees(pool);
         atomic_store_explicit(&pool->ipc, fresh, memory_order_release);
         pi = fresh;
         fresh = NULL;

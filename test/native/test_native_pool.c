@@ -887,6 +887,55 @@ static void test_last_block_double_free(void) {
     CHECK_OK(hm_pool_destroy(pool));
 }
 
+/* hm_pool_free(pool, NULL) and hm_pool_malloc(pool, 0) reach the native
+ * pool's own entries (hm_pool.free_entry, malloc_entry: the front end tests
+ * neither): NULL is freed as nothing at every state of the thread's heap,
+ * in particular while the heap has no block allocated last (nv_heap.last
+ * 0, which NULL matches: the class word it names must not change), and
+ * size 0 fails with EINVAL. Host and PROT_NONE memory (the two free
+ * entries). */
+static void test_null_and_zero(unsigned prot) {
+    hm_test_set_context(prot == RW ? "free(NULL), malloc(0)" : "free(NULL), malloc(0), PROT_NONE");
+    hm_pool_t *pool = os_pool(NULL, 0, prot);
+    CHECK_OK(hm_pool_free(pool, NULL)); /* no heap yet */
+    errno = 0;
+    CHECK(hm_pool_malloc(pool, 0) == NULL && errno == EINVAL);
+    void *p = hm_pool_malloc(pool, 48); /* the heap's first block: slow path, no `last` */
+    REQUIRE(p);
+    CHECK_OK(hm_pool_free(pool, NULL));
+    errno = 0;
+    CHECK(hm_pool_malloc(pool, 0) == NULL && errno == EINVAL); /* with a heap */
+    void *q = hm_pool_malloc(pool, 48); /* fast path: q is `last` */
+    REQUIRE(q && q != p);
+    CHECK_OK(hm_pool_free(pool, NULL));
+    CHECK_OK(hm_pool_free(pool, q));
+    CHECK_OK(hm_pool_free(pool, NULL));
+    hm_log_level_t old = hm_log_get_level();
+    hm_log_set_level(HM_LOG_OFF);
+    CHECK_RES(hm_pool_free(pool, q), HM_ERROR_DOUBLE_FREE);
+    hm_log_set_level(old);
+    CHECK_OK(hm_pool_free(pool, p));
+    /* trim retires the class's word and forgets `last`: a free of NULL then
+     * must not put a bit into the (now empty) class word, whose blocks
+     * would be handed out of a slab gone back to the provider. */
+    CHECK_OK(hm_pool_trim(pool));
+    CHECK_OK(hm_pool_free(pool, NULL));
+    hm_pool_stats_t st;
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_MSG(st.bytes_requested == 0, "%zu bytes requested with nothing live",
+              st.bytes_requested);
+    void *a = hm_pool_malloc(pool, 48), *b = hm_pool_malloc(pool, 48);
+    REQUIRE(a && b);
+    CHECK(a != b);
+    CHECK(hm_pool_malloc_usable_size(pool, a) >= 48 && hm_pool_malloc_usable_size(pool, b) >= 48);
+    CHECK_OK(hm_pool_free(pool, a));
+    CHECK_OK(hm_pool_free(pool, b));
+    CHECK_OK(hm_pool_trim(pool));
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_MSG(st.bytes_from_provider == 0, "held %zu after trim", st.bytes_from_provider);
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
 /* A 4 KiB class reuses the blocks freed last first (the heap's free-block
  * stack, kept off the managed memory): a block freed into a full slab comes
  * back at the next allocation of its class; a double free of a stacked
@@ -1335,6 +1384,8 @@ int main(int argc, char **argv) {
         test_batch_mixed_words(HM_NATIVE_QUEUE_WFCQ, "remote frees of mixed sizes (wfcq)");
         test_batch_mixed_words(HM_NATIVE_QUEUE_MUTEX, "remote frees of mixed sizes (mutex)");
         test_last_block_double_free();
+        test_null_and_zero(RW);
+        test_null_and_zero(HM_OS_PROT_NONE);
         test_current_word_frees();
         test_own_heap_handover();
         test_orphan_first_use();

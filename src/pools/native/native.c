@@ -91,6 +91,7 @@
  * nv->lock, large_lock and depot_lock. g_lock also guards the spare thread
  * bindings. */
 #include "pools/native/native_internal.h"
+#include "pool_internal.h"
 
 #include "platform/prim.h"
 
@@ -824,6 +825,35 @@ static inline int block_index(const nv_slab_t *s, const void *p, uint32_t *idx) 
     return exact && i < s->nblocks;
 }
 
+/* Bit i & 63 of *x: set it (bit_set_old) or clear it (bit_clear_old) and
+ * return its old value. On x86-64 one bts/btr, whose carry flag is the old
+ * bit (a register operand takes i mod 64), so a test and its update cost
+ * one instruction and no mask of i; elsewhere the plain C. */
+HM_INLINE int bit_set_old(uint64_t *x, uint64_t i) {
+#if defined(__x86_64__) && defined(__GCC_ASM_FLAG_OUTPUTS__)
+    int old;
+    __asm__("btsq %2, %0" : "+r"(*x), "=@ccc"(old) : "r"(i));
+    return old;
+#else
+    uint64_t b = (uint64_t)1 << (i & 63);
+    int old = (*x & b) != 0;
+    *x |= b;
+    return old;
+#endif
+}
+HM_INLINE int bit_clear_old(uint64_t *x, uint64_t i) {
+#if defined(__x86_64__) && defined(__GCC_ASM_FLAG_OUTPUTS__)
+    int old;
+    __asm__("btrq %2, %0" : "+r"(*x), "=@ccc"(old) : "r"(i));
+    return old;
+#else
+    uint64_t b = (uint64_t)1 << (i & 63);
+    int old = (*x & b) != 0;
+    *x &= ~b;
+    return old;
+#endif
+}
+
 /* ---- Free-block stacks (nv_cls.stk) ---- */
 
 /* The owner's view of the stack pointer (relaxed: get_stats reads it). */
@@ -849,15 +879,24 @@ HM_INLINE uint32_t stk_count(const nv_sent_t *t) {
  * of the heap's (a stacked block's bytes leave when get_stats subtracts
  * the stacks, nv_heap.st_bytes). */
 /* stk_push's part for a stack with room (t: the new stack pointer). */
-HM_INLINE void stk_put(nv_cls_t *cl, nv_slab_t *s, uintptr_t p, uint32_t idx, nv_sent_t *t) {
+/* pf: NV_PF_ASK (cl->prefetch says), NV_PF_NEVER or NV_PF_HOST (the free
+ * entries', one copy each: nv_pool.prefetch is fixed per pool). */
+enum { NV_PF_ASK = -1, NV_PF_NEVER = 0, NV_PF_HOST = 1 };
+HM_INLINE void stk_put_pf(nv_cls_t *cl, nv_slab_t *s, uintptr_t p, uint32_t idx, nv_sent_t *t,
+                          int pf) {
     /* The stacked block is the next one of its class handed out, and the
      * caller will write it: start bringing its line in now, as a free list
      * kept in the blocks does by its store (host memory the CPU may touch
      * only; a prefetch never faults). */
-    if (hm_likely(cl->prefetch)) __builtin_prefetch((const void *)p, 1, 3); /* inline: host */
+    if (pf == NV_PF_HOST || (pf == NV_PF_ASK && hm_likely(cl->prefetch)))
+        __builtin_prefetch((const void *)p, 1, 3); /* inline: host */
     t->s = s;
     t->idx = idx;
     stk_set_top(cl, t);
+}
+
+HM_INLINE void stk_put(nv_cls_t *cl, nv_slab_t *s, uintptr_t p, uint32_t idx, nv_sent_t *t) {
+    stk_put_pf(cl, s, p, idx, t, NV_PF_ASK);
 }
 
 /* stk_push's part for a full stack; returns HM_SUCCESS (free_general
@@ -893,8 +932,8 @@ HM_INLINE uintptr_t stk_take(const nv_cls_t *cl, const nv_sent_t *e) {
     nv_slab_t *s = e->s;
     uint32_t idx = e->idx, w = idx >> 6;
     uint64_t x = s->bits[w];
-    if (hm_unlikely(!((x >> (idx & 63)) & 1))) return 0;
-    s->bits[w] = x & ~((uint64_t)1 << (idx & 63));
+    if (hm_unlikely(!bit_clear_old(&x, idx))) return 0;
+    s->bits[w] = x;
     s->nfree--; /* a slab in the partial list may reach 0: see cls_refill */
     uintptr_t p = s->base + (uintptr_t)idx * cl->bsize; /* cl: a line at hand */
     if (!p) __builtin_unreachable(); /* a slab's base is never 0 (slab_acquire) */
@@ -912,6 +951,14 @@ HM_INLINE uintptr_t stk_pop(nv_heap_t *h, nv_cls_t *cl) {
         stat_add_i(&h->st_bytes, -(int64_t)cl->bsize); /* a stale entry: dropped */
     }
     return 0;
+}
+
+/* h has no block allocated last (nv_heap.last): last_bit 0 too, so that a
+ * free of NULL, which then matches `last`, changes nothing (last_cl stays
+ * a class of h). */
+HM_INLINE void heap_forget_last(nv_heap_t *h) {
+    h->last = 0;
+    h->last_bit = 0;
 }
 
 /* Move the next word with free blocks of cl->cur (s) into cl->bits: the
@@ -991,7 +1038,7 @@ static HM_NOINLINE void slab_transition(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s
              * allocations then reuse pages already touched: a slab taken
              * while the others were briefly full (a consumer's frees not
              * yet drained) serves only that overflow. */
-            if (h->last_cl == cl) h->last = 0; /* the word changes */
+            if (h->last_cl == cl) heap_forget_last(h); /* the word changes */
             cls_retire_cur(h, cl);
             cl->cur = s;
             slab_state(s, 0, 1); /* cur_word is set by take_word */
@@ -1483,6 +1530,7 @@ static void heap_init(nv_pool_t *nv, nv_heap_t *h, nv_sent_t *stk) {
     h->stk_map = stk;
     h->partial = (nv_slab_t **)((char *)h - partial_size(nv));
     h->nv = nv;
+    h->last_cl = &h->cls[0]; /* last 0, last_bit 0: see heap_forget_last */
     __cds_wfcq_init(&h->rq_head, &h->rq_tail);
     __cds_wfcq_init(&h->priv_head, &h->priv_tail);
     pthread_mutex_init(&h->mq_lock, NULL);
@@ -1701,7 +1749,7 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
         stk_set_top(cl, cl->stk + NV_STACK_CAP); /* empty */
         cl->prefetch = nv->prefetch;
     }
-    if (h->last_cl == cl) h->last = 0; /* the word may change */
+    if (h->last_cl == cl) heap_forget_last(h); /* the word may change */
     if (h->out_pending) flush_all(h);
     /* Remote frees first: their blocks are reused before another word of
      * the slab, or another slab, is taken (fewer pages touched), and their
@@ -1869,6 +1917,7 @@ static hm_result_t free_block(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
 /* quiet: a pointer that is not the pool's returns HM_ERROR_NOT_FOUND
  * without a log line (hm__native_free_owned). */
 static hm_result_t free_slow_q(nv_pool_t *nv, void *p, int quiet) {
+    if (hm_unlikely(!p) && !quiet) return HM_SUCCESS; /* the free entry's NULL */
     nv_slab_t *s = map_get(nv, p);
     if (!s) {
         hm_result_t r = large_free(nv, p);
@@ -1959,7 +2008,7 @@ static HM_NOINLINE hm_result_t free_cur_word(nv_slab_t *s, uintptr_t p, int mode
 /* free_impl past the thread's own fast cases: me is the caller's heap, or
  * &by_tp_nobody. */
 HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mode,
-                                   nv_other_fn other) {
+                                   nv_other_fn other, int pf) {
     nv_slab_t *s = map_get(nv, p);
     if (hm_unlikely(!s))
         return NV_EXIT(mode, mode == NV_FREE_QUIET ? free_slow_quiet(nv, p) : free_slow(nv, p));
@@ -1988,17 +2037,17 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
      * needs no callee-saved registers. */
     nv_cls_t *cl = s->cl;
     uint64_t x = s->bits[w];
-    if (hm_unlikely((x >> (idx & 63)) & 1)) return NV_EXIT(mode, double_free_at(s, (uintptr_t)p));
+    if (hm_unlikely(bit_set_old(&x, idx))) return NV_EXIT(mode, double_free_at(s, (uintptr_t)p));
     uint32_t n = s->nfree + 1;
     /* (!(in_partial | is_cur) || n == nblocks) && !is_cur, in one compare
      * (nv_slab.tr). */
     if (hm_unlikely(n >= s->tr))
         return free_transition(s, (uintptr_t)p, mode == NV_FREE_FAST ? other : NULL);
-    s->bits[w] = x | ((uint64_t)1 << (idx & 63));
+    s->bits[w] = x; /* the bit set above */
     s->nfree = n;
     nv_sent_t *t = stk_top(cl) - 1;
     if (hm_unlikely(stk_at_end(t))) return stk_full(s);
-    stk_put(cl, s, (uintptr_t)p, idx, t);
+    stk_put_pf(cl, s, (uintptr_t)p, idx, t, pf);
     return HM_SUCCESS;
 }
 
@@ -2006,7 +2055,7 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
  * its registers would cost every free a stack frame). */
 static HM_NOINLINE hm_result_t free_general_out(nv_pool_t *nv, void *p, nv_heap_t *me, int mode,
                                                 nv_other_fn other) {
-    return free_general(nv, p, me, mode, other);
+    return free_general(nv, p, me, mode, other, NV_PF_ASK);
 }
 
 /* free_more's free of a block in the word of the caller's last remote free
@@ -2067,7 +2116,7 @@ HM_INLINE hm_result_t free_more(nv_pool_t *nv, void *p, nv_heap_t *me, int mode,
         if (mode == NV_FREE_QUIET) return free_cached_quiet(nv, p, me, roff);
         return free_cached_fast(nv, p, me, roff, other);
     }
-    return free_general(nv, p, me, mode, other);
+    return free_general(nv, p, me, mode, other, NV_PF_ASK);
 }
 
 /* One out-of-line copy per mode: the fast case of free_impl then needs no
@@ -2101,7 +2150,7 @@ HM_INLINE hm_result_t free_impl(void *state, void *p, int mode, nv_other_fn othe
             uint64_t bit = me->last_bit, b = cl_bits(cl);
             if (hm_unlikely(b & bit)) {
                 if (mode == NV_FREE_FAST) return other(p);
-                me->last = 0;
+                heap_forget_last(me);
                 return free_double_last(nv, p);
             }
             cl_set(cl, b | bit);
@@ -2177,6 +2226,87 @@ hm_result_t hm__native_free(void *state, void *p, hm_result_t (*other)(void *)) 
     return free_impl(state, p, NV_FREE_FAST, other);
 }
 
+/* ---- The front end's entries (hm_pool.malloc_entry, free_entry) ----
+ * hm_pool_malloc and hm_pool_free tail-call these with the pool (not NULL),
+ * so that no test of theirs and no second indirect call stands between the
+ * caller and the fast paths: the entries test what the front end would
+ * (size 0, ptr NULL) on paths they take anyway. */
+
+/* nv_malloc_entry past its fast path: size 0 (EINVAL, as hm_pool_malloc's
+ * generic entries), a size beyond fast_limit, no heap found by thread
+ * pointer, or a refill. */
+static HM_NOINLINE void *malloc_entry_slow(nv_pool_t *nv, size_t size) {
+    if (hm_unlikely(!size)) {
+        errno = hm__result_errno(HM_ERROR_INVALID_ARGUMENT);
+        return NULL;
+    }
+    return nv_malloc_fast(nv, size);
+}
+
+static void *nv_malloc_entry(hm_pool_t *pool, size_t size) {
+    nv_pool_t *nv = pool->state;
+    /* size - 1 wraps for 0, which takes the slow path. */
+    if (hm_unlikely(size - 1 >= nv->fast_limit)) return malloc_entry_slow(nv, size);
+    uintptr_t tp = thread_tp();
+    nv_heap_t *h = heap_own(nv);
+    if (hm_unlikely(!heap_is_mine(h, tp))) {
+        h = heap_by_tp(nv, tp);
+        if (hm_unlikely(!heap_is_mine(h, tp))) return malloc_entry_slow(nv, size);
+    }
+    /* hm__nv_cls_at8[(size + 7) >> 3], from size - 1 as the test above
+     * has it (size >= 1). */
+    nv_cls_t *cl = (nv_cls_t *)((char *)h + (hm__nv_cls_at8 + 1)[(size - 1) >> 3]);
+    uint64_t b = cl_bits(cl);
+    if (hm_likely(b)) return (void *)alloc_word(h, cl, b);
+    uintptr_t p = alloc_pop(cl);
+    if (hm_likely(p)) return (void *)p;
+    return malloc_fast_refill(h, cl);
+}
+
+/* free_impl's NV_FREE_OP case in one function (free_more and free_general
+ * inlined: every exit but success is a tail call, so it needs no stack
+ * frame), with pf fixed: p NULL matches me->last only while that is 0
+ * (heap_forget_last: nothing changes), else the page map finds no slab and
+ * free_slow returns HM_SUCCESS. */
+HM_INLINE hm_result_t free_entry_impl(hm_pool_t *pool, void *p, int pf) {
+    nv_pool_t *nv = pool->state;
+#if defined(__x86_64__)
+    /* p stays where it came (rsi), which is where every tail call below
+     * passes it: without this GCC 12 moves it to rdi and back (2 of the
+     * fast path's instructions). Changes nothing else. */
+    __asm__("" : "+S"(p));
+#endif
+    uintptr_t tp = thread_tp();
+    nv_heap_t *me = heap_own(nv);
+    if (hm_likely(heap_is_mine(me, tp)) ||
+        hm_likely(heap_is_mine(me = heap_by_tp(nv, tp), tp))) {
+        if (me->last == (uintptr_t)p) { /* as free_impl */
+            nv_cls_t *cl = me->last_cl;
+            uint64_t bit = me->last_bit, b = cl_bits(cl);
+            if (hm_unlikely(b & bit)) {
+                heap_forget_last(me);
+                return free_double_last(nv, p);
+            }
+            cl_set(cl, b | bit);
+            return HM_SUCCESS;
+        }
+    } else {
+        me = &by_tp_nobody;
+    }
+    uintptr_t roff = (uintptr_t)p - me->r_key; /* as free_more */
+    if (roff < me->r_span) return free_cached_op(nv, p, me, roff);
+    return free_general(nv, p, me, NV_FREE_OP, NULL, pf);
+}
+
+/* Host memory (nv_pool.prefetch): a stacked block is prefetched. */
+static hm_result_t nv_free_entry_host(hm_pool_t *pool, void *p) {
+    return free_entry_impl(pool, p, NV_PF_HOST);
+}
+/* Any other memory: never prefetched. */
+static hm_result_t nv_free_entry(hm_pool_t *pool, void *p) {
+    return free_entry_impl(pool, p, NV_PF_NEVER);
+}
+
 static size_t nv_usable_size(void *state, const void *p) {
     nv_pool_t *nv = state;
     nv_slab_t *s = map_get(nv, p);
@@ -2225,7 +2355,7 @@ void hm__native_for_each_range_locked(void *state,
 
 /* Give back what heap h (owned by the caller) holds without need. */
 static void heap_tidy(nv_heap_t *h) {
-    h->last = 0;
+    heap_forget_last(h);
     flush_all(h);
     drain(h);
     for (unsigned c = 0; c < h->nv->ncls; c++) cls_retire_cur(h, &h->cls[c]);
@@ -2539,6 +2669,7 @@ static hm_result_t nv_init(hm_pool_t *pool, const void *params, void **state) {
                  nv->retained_max, nv->queue == HM_NATIVE_QUEUE_WFCQ ? "wfcq" : "mutex",
                  nv->batch_cap);
     *state = nv;
+    hm__pool_set_entries(pool, nv_malloc_entry, nv->prefetch ? nv_free_entry_host : nv_free_entry);
     return HM_SUCCESS;
 }
 

@@ -248,7 +248,10 @@ struct nv_heap {
      * class and its bit in that class's `bits`: while set, that block is in
      * the word being handed out (cls_refill and heap_tidy, which change the
      * word, clear it first), so freeing it right back (malloc/free pairs)
-     * needs no page-map lookup: the bit goes back into `bits`. */
+     * needs no page-map lookup: the bit goes back into `bits`. While last
+     * is 0, last_bit is 0 and last_cl a class of this heap
+     * (heap_forget_last, heap_init), so that the free entry's test of a
+     * NULL pointer against it changes nothing (nv_free_entry). */
     uintptr_t last;
     nv_cls_t *last_cl;
     uint64_t last_bit;
@@ -355,7 +358,9 @@ struct nv_pool {
     bool can_free, can_purge_lazy, can_purge_force;
     /* Host memory the CPU may touch (HM_MEMORY_HOST or _HOST_PINNED with
      * HM_PROVIDER_CAP_CPU_ACCESS): a free that stacks a block prefetches it
-     * for writing (stk_push). Never for other memory. */
+     * for writing (stk_push). Never for other memory. Fixed: the front
+     * end's free entry is one of two copies, with and without the
+     * prefetch (nv_init), so that the flag is not tested there. */
     bool prefetch;
     size_t cls_span[NV_NCLS_MAX];
 
@@ -439,8 +444,8 @@ void hm__native_for_each_range_locked(void *state,
 
 /* Lock-free page-map lookup. */
 HM_INLINE nv_slab_t *map_get(const nv_pool_t *nv, const void *p) {
-    size_t k = (uintptr_t)p >> nv->shift;
-    size_t d = k - atomic_load_explicit(&nv->hint_first, memory_order_acquire);
+    size_t d = ((uintptr_t)p >> nv->shift) -
+               atomic_load_explicit(&nv->hint_first, memory_order_acquire);
     _Atomic uintptr_t *leaf;
     if (hm_likely(d < nv->leaf_len)) {
         leaf = atomic_load_explicit(&nv->hint_leaf, memory_order_relaxed);
@@ -449,7 +454,10 @@ HM_INLINE nv_slab_t *map_get(const nv_pool_t *nv, const void *p) {
         if (hm_unlikely(ri >= nv->root_len)) return NULL;
         leaf = (_Atomic uintptr_t *)atomic_load_explicit(&nv->root[ri], memory_order_acquire);
         if (hm_unlikely(!leaf)) return NULL;
-        d = k & nv->leaf_mask;
+        /* The unit's index in its leaf, from p again (not from the
+         * quotient above, which would then stay live on the hint's path):
+         * bits [shift, root_shift) of p. */
+        d = ((uintptr_t)p << (64 - nv->root_shift)) >> (64 - nv->leaf_bits);
     }
     return (nv_slab_t *)atomic_load_explicit(&leaf[d], memory_order_acquire);
 }
