@@ -68,6 +68,7 @@
 
 #include <hetmem/hetmem.h>
 
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,6 +146,73 @@ static long vm_kb(const char *field) { /* from /proc/self/status, -1 if absent *
     return kb;
 }
 
+/* Diagnostic, not part of the table: with HM_BENCH_SMAPS=PATH set, the
+ * --rss-child copies /proc/self/smaps to PATH.setup after set-up and to
+ * PATH.peak at the end of the run (where the table reads its figures), and
+ * writes PATH.setup.pages / PATH.peak.pages: per mapping of /proc/self/maps,
+ * the runs of its resident pages (present or swapped, from
+ * /proc/self/pagemap), so the pages touched in one mapping can be told from
+ * those of a neighbour that smaps merges with it. read/write on static
+ * buffers: the dump allocates nothing. */
+static void copy_file(const char *from, const char *to) {
+    int in = open(from, O_RDONLY), out = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    static char buf[4096];
+    ssize_t n;
+    while (in >= 0 && out >= 0 && (n = read(in, buf, sizeof buf)) > 0)
+        if (write(out, buf, (size_t)n) != n) break;
+    if (in >= 0) close(in);
+    if (out >= 0) close(out);
+}
+
+static void pages_dump(const char *to) {
+    static char maps[1 << 16];
+    static char line_out[PATH_MAX + 256];
+    int in = open("/proc/self/maps", O_RDONLY), pm = open("/proc/self/pagemap", O_RDONLY);
+    int out = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    size_t len = 0;
+    ssize_t n;
+    while (in >= 0 && len < sizeof maps - 1 && (n = read(in, maps + len, sizeof maps - 1 - len)) > 0)
+        len += (size_t)n;
+    maps[len] = 0;
+    const long page = sysconf(_SC_PAGESIZE);
+    for (char *line = maps, *next; out >= 0 && pm >= 0 && line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) != 2) continue;
+        int k = snprintf(line_out, sizeof line_out, "%s\n", line);
+        if (k > 0 && write(out, line_out, (size_t)k) != k) break;
+        long run = -1;
+        for (unsigned long a = lo; a <= hi; a += (unsigned long)page) {
+            uint64_t e = 0;
+            int res = a < hi && pread(pm, &e, sizeof e, (off_t)(a / (unsigned long)page * 8)) == 8 &&
+                      (e >> 62);
+            long i = (long)((a - lo) / (unsigned long)page);
+            if (res && run < 0) run = i;
+            if (!res && run >= 0) {
+                k = snprintf(line_out, sizeof line_out, "  +%lx..%lx (%ld KiB)\n",
+                             (unsigned long)run * (unsigned long)page,
+                             (unsigned long)i * (unsigned long)page, (i - run) * page / 1024);
+                if (k > 0 && write(out, line_out, (size_t)k) != k) break;
+                run = -1;
+            }
+        }
+    }
+    if (out >= 0) close(out);
+    if (in >= 0) close(in);
+    if (pm >= 0) close(pm);
+}
+
+static void smaps_dump(const char *when) {
+    const char *path = getenv("HM_BENCH_SMAPS");
+    if (!path || !*path) return;
+    char name[PATH_MAX];
+    snprintf(name, sizeof name, "%s.%s", path, when);
+    copy_file("/proc/self/smaps", name);
+    snprintf(name, sizeof name, "%s.%s.pages", path, when);
+    pages_dump(name);
+}
+
 typedef struct rss_impl {
     const char *name;
     int (*setup)(const void *, void **);
@@ -159,7 +227,7 @@ static const rss_impl_t rss_impls[] = {
 static const char *const rss_cases[] = {"remote", "xmalloc", "fanin"};
 static const char *const rss_labels[] = {"remote 64B 1->1", "xmalloc 2+2", "remote 64B 1->3"};
 
-/* --rss-child CASE IMPL N: run once, print "start_kb peak_kb". */
+/* --rss-child CASE IMPL N: run once, print "start_kb peak_kb private_kb". */
 static int rss_child(const char *cs, const char *impl, const char *count) {
     static case_arg_t arg;
     uint64_t n = strtoull(count, NULL, 10);
@@ -172,10 +240,12 @@ static int rss_child(const char *cs, const char *impl, const char *count) {
         void *ctx;
         if (rss_impls[i].setup(&arg, &ctx)) return 1;
         long start = vm_kb("VmHWM");
+        smaps_dump("setup");
         int r = remote  ? wl_run_remote(ctx, &arg, n)
                 : fanin ? wl_run_fanin(ctx, &arg, n)
                         : wl_run_xmalloc(ctx, &arg, n);
         long peak = vm_kb("VmHWM"), priv = peak - vm_kb("RssFile") - vm_kb("RssShmem");
+        smaps_dump("peak");
         wl_teardown(ctx);
         printf("%ld %ld %ld\n", start, peak, priv);
         return r;
