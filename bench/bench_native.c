@@ -151,9 +151,10 @@ static long vm_kb(const char *field) { /* from /proc/self/status, -1 if absent *
  * PATH.peak at the end of the run (where the table reads its figures), and
  * writes PATH.setup.pages / PATH.peak.pages: per mapping of /proc/self/maps,
  * the runs of its resident pages (present or swapped, from
- * /proc/self/pagemap), so the pages touched in one mapping can be told from
- * those of a neighbour that smaps merges with it. read/write on static
- * buffers: the dump allocates nothing. */
+ * /proc/self/pagemap; not the shared zero page), so the pages touched in one mapping can be told from
+ * those of a neighbour that smaps merges with it; for a pool, its
+ * statistics in PATH.setup.stats / PATH.peak.stats. read/write on static
+ * buffers: the dump allocates nothing (but what hm_pool_get_stats does). */
 static void copy_file(const char *from, const char *to) {
     int in = open(from, O_RDONLY), out = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     static char buf[4096];
@@ -175,6 +176,16 @@ static void pages_dump(const char *to) {
         len += (size_t)n;
     maps[len] = 0;
     const long page = sysconf(_SC_PAGESIZE);
+    /* The shared zero page backs anonymous pages that were only read: not
+     * in Rss. Its frame number (visible with CAP_SYS_ADMIN; 0 otherwise,
+     * then such pages are listed too), from a page of our own read once. */
+    static volatile char probe[1 << 16];
+    uintptr_t zp = ((uintptr_t)probe + 4095) & ~(uintptr_t)4095;
+    (void)((volatile char *)zp)[0];
+    uint64_t ze = 0, zpfn = 0;
+    if (pm >= 0 && pread(pm, &ze, sizeof ze, (off_t)(zp / (unsigned long)page * 8)) == 8 &&
+        (ze >> 63))
+        zpfn = ze & (((uint64_t)1 << 55) - 1);
     for (char *line = maps, *next; out >= 0 && pm >= 0 && line && *line; line = next) {
         next = strchr(line, '\n');
         if (next) *next++ = 0;
@@ -186,7 +197,7 @@ static void pages_dump(const char *to) {
         for (unsigned long a = lo; a <= hi; a += (unsigned long)page) {
             uint64_t e = 0;
             int res = a < hi && pread(pm, &e, sizeof e, (off_t)(a / (unsigned long)page * 8)) == 8 &&
-                      (e >> 62);
+                      (e >> 62) && !(zpfn && (e >> 63) && (e & (((uint64_t)1 << 55) - 1)) == zpfn);
             long i = (long)((a - lo) / (unsigned long)page);
             if (res && run < 0) run = i;
             if (!res && run >= 0) {
@@ -203,7 +214,7 @@ static void pages_dump(const char *to) {
     if (pm >= 0) close(pm);
 }
 
-static void smaps_dump(const char *when) {
+static void smaps_dump(const char *when, void *ctx) {
     const char *path = getenv("HM_BENCH_SMAPS");
     if (!path || !*path) return;
     char name[PATH_MAX];
@@ -211,6 +222,19 @@ static void smaps_dump(const char *when) {
     copy_file("/proc/self/smaps", name);
     snprintf(name, sizeof name, "%s.%s.pages", path, when);
     pages_dump(name);
+    const impl_ctx_t *c = ctx;
+    hm_pool_stats_t st;
+    if (c->kind != K_POOL || hm_pool_get_stats(c->pool, &st) != HM_SUCCESS) return;
+    snprintf(name, sizeof name, "%s.%s.stats", path, when);
+    int out = open(name, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    char line[256];
+    int k = snprintf(line, sizeof line,
+                     "requested %zu from_provider %zu provider_allocs %zu slabs %zu "
+                     "published %zu drained %zu\n",
+                     st.bytes_requested, st.bytes_from_provider, st.provider_allocs, st.slabs,
+                     st.remote_frees_published, st.remote_frees_drained);
+    if (out >= 0 && k > 0 && write(out, line, (size_t)k) != k) k = -1;
+    if (out >= 0) close(out);
 }
 
 typedef struct rss_impl {
@@ -240,12 +264,12 @@ static int rss_child(const char *cs, const char *impl, const char *count) {
         void *ctx;
         if (rss_impls[i].setup(&arg, &ctx)) return 1;
         long start = vm_kb("VmHWM");
-        smaps_dump("setup");
+        smaps_dump("setup", ctx);
         int r = remote  ? wl_run_remote(ctx, &arg, n)
                 : fanin ? wl_run_fanin(ctx, &arg, n)
                         : wl_run_xmalloc(ctx, &arg, n);
         long peak = vm_kb("VmHWM"), priv = peak - vm_kb("RssFile") - vm_kb("RssShmem");
-        smaps_dump("peak");
+        smaps_dump("peak", ctx);
         wl_teardown(ctx);
         printf("%ld %ld %ld\n", start, peak, priv);
         return r;
