@@ -165,6 +165,27 @@ static void copy_file(const char *from, const char *to) {
     if (out >= 0) close(out);
 }
 
+/* Hex in and out by hand: printf and scanf would fault in libc code pages
+ * that the run itself does not use, in one row and not in another. */
+static const char *hex_in(const char *s, unsigned long *v) {
+    *v = 0;
+    for (;; s++) {
+        unsigned d = *s >= '0' && *s <= '9' ? (unsigned)(*s - '0')
+                     : *s >= 'a' && *s <= 'f' ? (unsigned)(*s - 'a' + 10)
+                                              : 16u;
+        if (d == 16) return s;
+        *v = *v * 16 + d;
+    }
+}
+
+static char *hex_out(char *o, unsigned long v) {
+    char tmp[2 * sizeof v];
+    int n = 0;
+    do tmp[n++] = "0123456789abcdef"[v & 15]; while (v >>= 4);
+    while (n) *o++ = tmp[--n];
+    return o;
+}
+
 static void pages_dump(const char *to) {
     static char maps[1 << 16];
     static char line_out[PATH_MAX + 256];
@@ -175,37 +196,45 @@ static void pages_dump(const char *to) {
     while (in >= 0 && len < sizeof maps - 1 && (n = read(in, maps + len, sizeof maps - 1 - len)) > 0)
         len += (size_t)n;
     maps[len] = 0;
-    const long page = sysconf(_SC_PAGESIZE);
+    const unsigned long page = 4096;
     /* The shared zero page backs anonymous pages that were only read: not
      * in Rss. Its frame number (visible with CAP_SYS_ADMIN; 0 otherwise,
      * then such pages are listed too), from a page of our own read once. */
-    static volatile char probe[1 << 16];
+    static volatile char probe[2 * 4096];
     uintptr_t zp = ((uintptr_t)probe + 4095) & ~(uintptr_t)4095;
     (void)((volatile char *)zp)[0];
     uint64_t ze = 0, zpfn = 0;
-    if (pm >= 0 && pread(pm, &ze, sizeof ze, (off_t)(zp / (unsigned long)page * 8)) == 8 &&
-        (ze >> 63))
+    if (pm >= 0 && pread(pm, &ze, sizeof ze, (off_t)(zp / page * 8)) == 8 && (ze >> 63))
         zpfn = ze & (((uint64_t)1 << 55) - 1);
     for (char *line = maps, *next; out >= 0 && pm >= 0 && line && *line; line = next) {
-        next = strchr(line, '\n');
-        if (next) *next++ = 0;
+        next = line;
+        while (*next && *next != '\n') next++;
+        if (*next) *next++ = 0;
         unsigned long lo, hi;
-        if (sscanf(line, "%lx-%lx", &lo, &hi) != 2) continue;
-        int k = snprintf(line_out, sizeof line_out, "%s\n", line);
-        if (k > 0 && write(out, line_out, (size_t)k) != k) break;
-        long run = -1;
-        for (unsigned long a = lo; a <= hi; a += (unsigned long)page) {
+        const char *q = hex_in(line, &lo);
+        if (*q != '-') continue;
+        hex_in(q + 1, &hi);
+        size_t k = (size_t)(next - line);
+        memcpy(line_out, line, k - 1);
+        line_out[k - 1] = '\n';
+        if (write(out, line_out, k) != (ssize_t)k) break;
+        unsigned long run = 0;
+        int in_run = 0;
+        for (unsigned long a = lo; a <= hi; a += page) {
             uint64_t e = 0;
-            int res = a < hi && pread(pm, &e, sizeof e, (off_t)(a / (unsigned long)page * 8)) == 8 &&
+            int res = a < hi && pread(pm, &e, sizeof e, (off_t)(a / page * 8)) == 8 &&
                       (e >> 62) && !(zpfn && (e >> 63) && (e & (((uint64_t)1 << 55) - 1)) == zpfn);
-            long i = (long)((a - lo) / (unsigned long)page);
-            if (res && run < 0) run = i;
-            if (!res && run >= 0) {
-                k = snprintf(line_out, sizeof line_out, "  +%lx..%lx (%ld KiB)\n",
-                             (unsigned long)run * (unsigned long)page,
-                             (unsigned long)i * (unsigned long)page, (i - run) * page / 1024);
-                if (k > 0 && write(out, line_out, (size_t)k) != k) break;
-                run = -1;
+            unsigned long i = (a - lo) / page;
+            if (res && !in_run) run = i, in_run = 1;
+            if (!res && in_run) { /* "  +START..END" (offsets in the mapping, hex) */
+                char *o = line_out;
+                *o++ = ' ', *o++ = ' ', *o++ = '+';
+                o = hex_out(o, run * page);
+                *o++ = '.', *o++ = '.';
+                o = hex_out(o, i * page);
+                *o++ = '\n';
+                if (write(out, line_out, (size_t)(o - line_out)) != o - line_out) break;
+                in_run = 0;
             }
         }
     }
@@ -218,9 +247,13 @@ static void smaps_dump(const char *when, void *ctx) {
     const char *path = getenv("HM_BENCH_SMAPS");
     if (!path || !*path) return;
     char name[PATH_MAX];
-    snprintf(name, sizeof name, "%s.%s", path, when);
+    size_t pl = strlen(path), wl = strlen(when);
+    if (pl + wl + 8 > sizeof name) return;
+    memcpy(name, path, pl);
+    name[pl] = '.';
+    memcpy(name + pl + 1, when, wl + 1);
     copy_file("/proc/self/smaps", name);
-    snprintf(name, sizeof name, "%s.%s.pages", path, when);
+    memcpy(name + pl + 1 + wl, ".pages", 7);
     pages_dump(name);
     const impl_ctx_t *c = ctx;
     hm_pool_stats_t st;
