@@ -218,6 +218,7 @@ static void pages_dump(const char *to) {
         memcpy(line_out, line, k - 1);
         line_out[k - 1] = '\n';
         if (write(out, line_out, k) != (ssize_t)k) break;
+        if (hi - lo > ((unsigned long)1 << 32)) continue; /* a sanitizer's shadow: not scanned */
         unsigned long run = 0;
         int in_run = 0;
         for (unsigned long a = lo; a <= hi; a += page) {
