@@ -68,6 +68,7 @@
 
 #include <hetmem/hetmem.h>
 
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,6 +146,134 @@ static long vm_kb(const char *field) { /* from /proc/self/status, -1 if absent *
     return kb;
 }
 
+/* Diagnostic, not part of the table: with HM_BENCH_SMAPS=PATH set, the
+ * --rss-child copies /proc/self/smaps to PATH.setup after set-up and to
+ * PATH.peak at the end of the run (where the table reads its figures), and
+ * writes PATH.setup.pages / PATH.peak.pages: per mapping of /proc/self/maps,
+ * the runs of its resident pages (present or swapped, from
+ * /proc/self/pagemap; not the shared zero page), so the pages touched in one mapping can be told from
+ * those of a neighbour that smaps merges with it; for a pool, its
+ * statistics at the end in PATH.peak.stats. read/write on static
+ * buffers: the dump allocates nothing (but what hm_pool_get_stats does). */
+static void copy_file(const char *from, const char *to) {
+    int in = open(from, O_RDONLY), out = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    static char buf[4096];
+    ssize_t n;
+    while (in >= 0 && out >= 0 && (n = read(in, buf, sizeof buf)) > 0)
+        if (write(out, buf, (size_t)n) != n) break;
+    if (in >= 0) close(in);
+    if (out >= 0) close(out);
+}
+
+/* Hex in and out by hand: printf and scanf would fault in libc code pages
+ * that the run itself does not use, in one row and not in another. */
+static const char *hex_in(const char *s, unsigned long *v) {
+    *v = 0;
+    for (;; s++) {
+        unsigned d = *s >= '0' && *s <= '9' ? (unsigned)(*s - '0')
+                     : *s >= 'a' && *s <= 'f' ? (unsigned)(*s - 'a' + 10)
+                                              : 16u;
+        if (d == 16) return s;
+        *v = *v * 16 + d;
+    }
+}
+
+static char *hex_out(char *o, unsigned long v) {
+    char tmp[2 * sizeof v];
+    int n = 0;
+    do tmp[n++] = "0123456789abcdef"[v & 15]; while (v >>= 4);
+    while (n) *o++ = tmp[--n];
+    return o;
+}
+
+static void pages_dump(const char *to) {
+    static char maps[1 << 16];
+    static char line_out[PATH_MAX + 256];
+    int in = open("/proc/self/maps", O_RDONLY), pm = open("/proc/self/pagemap", O_RDONLY);
+    int out = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    size_t len = 0;
+    ssize_t n;
+    while (in >= 0 && len < sizeof maps - 1 && (n = read(in, maps + len, sizeof maps - 1 - len)) > 0)
+        len += (size_t)n;
+    maps[len] = 0;
+    const unsigned long page = 4096;
+    /* The shared zero page backs anonymous pages that were only read: not
+     * in Rss. Its frame number (visible with CAP_SYS_ADMIN; 0 otherwise,
+     * then such pages are listed too), from a page of our own read once. */
+    static volatile char probe[2 * 4096];
+    uintptr_t zp = ((uintptr_t)probe + 4095) & ~(uintptr_t)4095;
+    (void)((volatile char *)zp)[0];
+    uint64_t ze = 0, zpfn = 0;
+    if (pm >= 0 && pread(pm, &ze, sizeof ze, (off_t)(zp / page * 8)) == 8 && (ze >> 63))
+        zpfn = ze & (((uint64_t)1 << 55) - 1);
+    for (char *line = maps, *next; out >= 0 && pm >= 0 && line && *line; line = next) {
+        next = line;
+        while (*next && *next != '\n') next++;
+        if (*next) *next++ = 0;
+        unsigned long lo, hi;
+        const char *q = hex_in(line, &lo);
+        if (*q != '-') continue;
+        hex_in(q + 1, &hi);
+        size_t k = (size_t)(next - line);
+        memcpy(line_out, line, k - 1);
+        line_out[k - 1] = '\n';
+        if (write(out, line_out, k) != (ssize_t)k) break;
+        if (hi - lo > ((unsigned long)1 << 32)) continue; /* a sanitizer's shadow: not scanned */
+        unsigned long run = 0;
+        int in_run = 0;
+        for (unsigned long a = lo; a <= hi; a += page) {
+            uint64_t e = 0;
+            int res = a < hi && pread(pm, &e, sizeof e, (off_t)(a / page * 8)) == 8 &&
+                      (e >> 62) && !(zpfn && (e >> 63) && (e & (((uint64_t)1 << 55) - 1)) == zpfn);
+            unsigned long i = (a - lo) / page;
+            if (res && !in_run) run = i, in_run = 1;
+            if (!res && in_run) { /* "  +START..END" (offsets in the mapping, hex) */
+                char *o = line_out;
+                *o++ = ' ', *o++ = ' ', *o++ = '+';
+                o = hex_out(o, run * page);
+                *o++ = '.', *o++ = '.';
+                o = hex_out(o, i * page);
+                *o++ = '\n';
+                if (write(out, line_out, (size_t)(o - line_out)) != o - line_out) break;
+                in_run = 0;
+            }
+        }
+    }
+    if (out >= 0) close(out);
+    if (in >= 0) close(in);
+    if (pm >= 0) close(pm);
+}
+
+static void smaps_dump(const char *when, void *ctx) {
+    const char *path = getenv("HM_BENCH_SMAPS");
+    if (!path || !*path) return;
+    char name[PATH_MAX];
+    size_t pl = strlen(path), wl = strlen(when);
+    if (pl + wl + 8 > sizeof name) return;
+    memcpy(name, path, pl);
+    name[pl] = '.';
+    memcpy(name + pl + 1, when, wl + 1);
+    copy_file("/proc/self/smaps", name);
+    memcpy(name + pl + 1 + wl, ".pages", 7);
+    pages_dump(name);
+    const impl_ctx_t *c = ctx;
+    hm_pool_stats_t st;
+    /* At the peak only: at set-up the call would fault in code pages the run
+     * does not use. */
+    if (strcmp(when, "peak") || c->kind != K_POOL || hm_pool_get_stats(c->pool, &st) != HM_SUCCESS)
+        return;
+    snprintf(name, sizeof name, "%s.%s.stats", path, when);
+    int out = open(name, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    char line[256];
+    int k = snprintf(line, sizeof line,
+                     "requested %zu from_provider %zu provider_allocs %zu slabs %zu "
+                     "published %zu drained %zu\n",
+                     st.bytes_requested, st.bytes_from_provider, st.provider_allocs, st.slabs,
+                     st.remote_frees_published, st.remote_frees_drained);
+    if (out >= 0 && k > 0 && write(out, line, (size_t)k) != k) k = -1;
+    if (out >= 0) close(out);
+}
+
 typedef struct rss_impl {
     const char *name;
     int (*setup)(const void *, void **);
@@ -159,7 +288,7 @@ static const rss_impl_t rss_impls[] = {
 static const char *const rss_cases[] = {"remote", "xmalloc", "fanin"};
 static const char *const rss_labels[] = {"remote 64B 1->1", "xmalloc 2+2", "remote 64B 1->3"};
 
-/* --rss-child CASE IMPL N: run once, print "start_kb peak_kb". */
+/* --rss-child CASE IMPL N: run once, print "start_kb peak_kb private_kb". */
 static int rss_child(const char *cs, const char *impl, const char *count) {
     static case_arg_t arg;
     uint64_t n = strtoull(count, NULL, 10);
@@ -172,10 +301,12 @@ static int rss_child(const char *cs, const char *impl, const char *count) {
         void *ctx;
         if (rss_impls[i].setup(&arg, &ctx)) return 1;
         long start = vm_kb("VmHWM");
+        smaps_dump("setup", ctx);
         int r = remote  ? wl_run_remote(ctx, &arg, n)
                 : fanin ? wl_run_fanin(ctx, &arg, n)
                         : wl_run_xmalloc(ctx, &arg, n);
         long peak = vm_kb("VmHWM"), priv = peak - vm_kb("RssFile") - vm_kb("RssShmem");
+        smaps_dump("peak", ctx);
         wl_teardown(ctx);
         printf("%ld %ld %ld\n", start, peak, priv);
         return r;

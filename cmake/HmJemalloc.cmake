@@ -94,6 +94,12 @@ set(_hm_je_fast_hdr "${PROJECT_SOURCE_DIR}/src/pools/jemalloc/je_fast.h")
 # call), so its pthread_atfork call goes to the pool, which registers the
 # handlers itself at the right moment.
 set(_hm_je_redefine pthread_atfork=hm__jemalloc_pthread_atfork)
+# jemalloc's load-time constructor (its one .init_array entry) is taken out:
+# it set jemalloc up in every program that loads libhetmem, about 100 KiB of
+# memory and its code pages, whether it ever made a jemalloc pool or not.
+# jemalloc sets itself up at its first call instead, which the pool makes
+# when its first pool is created (once_init, fork-safe there).
+set(_hm_je_remove .init_array .rela.init_array)
 
 # "internal-headers": the cache also keeps jemalloc's internal headers and
 # compiler flags (for je_fast.c).
@@ -251,8 +257,9 @@ if(NOT EXISTS "${_hm_je_stamp}")
   file(LOCK "${_hm_je_dir}.lock" RELEASE)
 endif()
 # This build tree's object: the archive and je_fast.o as one relocatable
-# object, every symbol but _hm_je_keep local, pthread_atfork redirected (see
-# above). Made at configure time; an edit of je_fast.c re-runs configure.
+# object, every symbol but _hm_je_keep local, pthread_atfork redirected, the
+# constructor taken out (see above). Made at configure time; an edit of
+# je_fast.c re-runs configure.
 set_property(DIRECTORY "${PROJECT_SOURCE_DIR}" APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
              "${_hm_je_fast_src}" "${_hm_je_fast_hdr}")
 file(READ "${_hm_je_dir}/internal/VERSION" _hm_je_int_version)
@@ -263,7 +270,7 @@ if(NOT _hm_je_int_version STREQUAL "5.3.0")
 endif()
 file(SHA256 "${_hm_je_fast_src}" _hm_je_fast_sum)
 file(SHA256 "${_hm_je_fast_hdr}" _hm_je_fast_hsum)
-string(SHA256 _hm_je_post "${_hm_je_archive};${_hm_je_keep};${_hm_je_redefine};${_hm_je_fast_sum};${_hm_je_fast_hsum}")
+string(SHA256 _hm_je_post "${_hm_je_archive};${_hm_je_keep};${_hm_je_redefine};${_hm_je_remove};${_hm_je_fast_sum};${_hm_je_fast_hsum}")
 if(NOT EXISTS "${HM_JEMALLOC_OBJECT}" OR NOT EXISTS "${HM_JEMALLOC_OBJECT}.${_hm_je_post}"
    OR "${_hm_je_archive}" IS_NEWER_THAN "${HM_JEMALLOC_OBJECT}")
   find_program(_hm_objcopy NAMES objcopy REQUIRED)
@@ -287,6 +294,9 @@ if(NOT EXISTS "${HM_JEMALLOC_OBJECT}" OR NOT EXISTS "${HM_JEMALLOC_OBJECT}.${_hm
   endforeach()
   foreach(r ${_hm_je_redefine})
     list(APPEND _args --redefine-sym ${r})
+  endforeach()
+  foreach(r ${_hm_je_remove})
+    list(APPEND _args --remove-section ${r})
   endforeach()
   _hm_je_run("objcopy" ${_hm_objcopy} ${_args} "${CMAKE_BINARY_DIR}/hm_jemalloc/all.o"
              "${HM_JEMALLOC_OBJECT}")

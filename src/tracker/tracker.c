@@ -197,11 +197,13 @@ typedef struct plist {
 } plist_t;
 
 /* The root: 2 MiB of slots that cost RSS only where touched.
- * touched has one bit per 4 KiB page of slots that was ever written, so
- * fini visits only those. */
+ * touched has one bit per 4 KiB of slots (512 slots) that was ever written,
+ * so fini visits only those. No padding between the two: the slots of every
+ * address below 2^47 (the 256 first, all a 4-level x86-64 or aarch64 user
+ * space has) share the first page with touched, so a process's tracker
+ * root costs it one page, not two. */
 typedef struct root {
     _Atomic uint64_t touched[ROOT_SLOTS * sizeof(slot_t) / 4096 / 64];
-    char pad[4096 - 8 * (ROOT_SLOTS * sizeof(slot_t) / 4096 / 64)];
     slot_t slot[ROOT_SLOTS];
 } root_t;
 

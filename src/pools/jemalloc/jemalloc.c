@@ -197,16 +197,37 @@ static void tl_destructor(void *arg) {
     free(t);
 }
 
+/* jemalloc sets itself up at its first call, the mallctl in once_init (its
+ * load-time constructor is taken out of the private build: see
+ * cmake/HmJemalloc.cmake), in whichever thread creates the first jemalloc
+ * pool, while other threads may fork. Its own fork handlers are known only
+ * after that call, so g_init_lock keeps fork() out of it: a child never
+ * inherits jemalloc's mutexes held by a set-up that does not go on in the
+ * child (the child's pthread_once runs once_init again, and jemalloc's
+ * set-up would wait on them forever). Registered before the other handlers
+ * of this file, so its prepare runs after theirs (it is held only around
+ * that call, which takes none of their locks). */
+static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER;
+static void init_lock(void) { hm__mutex_lock(&g_init_lock); }
+static void init_unlock(void) { hm__mutex_unlock(&g_init_lock); }
+
+/* Has jemalloc set itself up? (Tests: its set-up hands its fork handlers
+ * to hm__jemalloc_pthread_atfork.) */
+int hm__jemalloc_started(void);
+int hm__jemalloc_started(void) { return g_je_prepare != NULL; }
+
 static void once_init(void) {
-    if (pthread_key_create(&g_key, tl_destructor) != 0) {
+    if (pthread_key_create(&g_key, tl_destructor) != 0 ||
+        pthread_atfork(init_lock, init_unlock, init_unlock) != 0) {
         g_once_failed = 1;
         return;
     }
-    /* jemalloc initialises itself on its first call if its constructor has
-     * not; either way its handlers are known after this. */
+    /* jemalloc's first call: its set-up; its handlers are known after it. */
     const char *version = NULL;
     size_t sz = sizeof(version);
+    init_lock();
     (void)hm_je_mallctl("version", &version, &sz, NULL, 0);
+    init_unlock();
     atomic_store(&g_je_fork_registered, 1);
     if (pthread_atfork(ranges_lock_all, ranges_unlock_all, ranges_unlock_all) != 0)
         g_once_failed = 1;

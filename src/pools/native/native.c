@@ -1738,6 +1738,37 @@ static int class_for(const nv_pool_t *nv, size_t size, size_t align) {
     return c < nv->ncls ? (int)c : -1;
 }
 
+/* The word take_word would take from s (s->nfree > 0). */
+static uint32_t next_word(const nv_slab_t *s) {
+    uint32_t i = s->scan;
+    while (!s->bits[i]) i = i + 1 == s->nwords ? 0 : i + 1;
+    return i;
+}
+
+/* cl->cur would hand out a word it never used (its pages untouched): if one
+ * of the first few slabs of the partial list has a free word among those it
+ * used, that slab becomes the current one and cur goes back to the lists.
+ * First fit across the heap's slabs, as take_word within one: the producer
+ * of a producer/consumer pair, whose blocks come back through the remote
+ * queue after a delay, otherwise moves its whole working set into each new
+ * slab (a slab taken while the others were full, before the consumer's
+ * frees were drained) and keeps every page of both resident; so the new
+ * slab serves only the overflow. Called by cls_refill only (the stack is
+ * empty, cl->bits too). Returns the current slab. */
+#define NV_TOUCHED_LOOK 4
+static HM_NOINLINE nv_slab_t *cls_prefer_touched(nv_heap_t *h, nv_cls_t *cl, unsigned c) {
+    nv_slab_t *p = h->partial[c];
+    for (unsigned k = 0; p && k < NV_TOUCHED_LOOK; p = p->next, k++) {
+        if (!p->nfree || next_word(p) >= p->hw) continue;
+        cls_retire_cur(h, cl);
+        partial_unlink(cl, p);
+        cl->cur = p;
+        slab_state(p, 0, 1); /* cur_word is set by take_word */
+        break;
+    }
+    return cl->cur;
+}
+
 /* Refill cl->bits (bits is empty). */
 static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
     nv_pool_t *nv = h->nv;
@@ -1758,6 +1789,8 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
         return HM_SUCCESS; /* frees landed in the current word */
     nv_slab_t *s = cl->cur;
     if (s && s->nfree) {
+        /* take_word's next word is usually s->scan's: from s->hw on, never used. */
+        if (hm_unlikely(s->scan >= s->hw) && h->partial[c]) s = cls_prefer_touched(h, cl, c);
         take_word(h, cl, s);
         return HM_SUCCESS;
     }
