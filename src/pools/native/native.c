@@ -2165,8 +2165,18 @@ static HM_NOINLINE hm_result_t free_more_fast(nv_pool_t *nv, void *p, nv_heap_t 
     return free_more(nv, p, me, NV_FREE_FAST, other);
 }
 
-HM_INLINE hm_result_t free_impl(void *state, void *p, int mode, nv_other_fn other) {
+/* pf: NV_PF_ASK, the ops' copies (free_more out of line, one copy per
+ * mode); NV_PF_NEVER or NV_PF_HOST, the free entries' (NV_FREE_OP with
+ * free_more and free_general inlined: every exit but success is a tail
+ * call, so it needs no stack frame; prefetch fixed). */
+HM_INLINE hm_result_t free_impl(void *state, void *p, int mode, nv_other_fn other, int pf) {
     nv_pool_t *nv = state;
+#if defined(__x86_64__)
+    /* p stays where it came (rsi), which is where every tail call of an
+     * entry passes it: without this GCC 12 moves it to rdi and back (2 of
+     * the entry's fast-path instructions). Changes nothing else. */
+    if (pf != NV_PF_ASK) __asm__("" : "+S"(p));
+#endif
     uintptr_t tp = thread_tp();
     nv_heap_t *me = heap_own(nv);
     if (hm_likely(heap_is_mine(me, tp)) ||
@@ -2177,7 +2187,9 @@ HM_INLINE hm_result_t free_impl(void *state, void *p, int mode, nv_other_fn othe
          * which takes the lookup off the critical path of malloc/free
          * pairs. `last` stays set: the block is in the class word now, so
          * freeing it again finds its bit there (a double free), and every
-         * change of the word clears `last` (cls_refill, heap_tidy). */
+         * change of the word clears `last` (cls_refill, heap_tidy). p NULL
+         * matches only while `last` is 0, and then changes nothing
+         * (heap_forget_last). */
         if (me->last == (uintptr_t)p) {
             nv_cls_t *cl = me->last_cl;
             uint64_t bit = me->last_bit, b = cl_bits(cl);
@@ -2192,17 +2204,22 @@ HM_INLINE hm_result_t free_impl(void *state, void *p, int mode, nv_other_fn othe
     } else {
         me = &by_tp_nobody; /* free_general sorts it out */
     }
+    if (pf != NV_PF_ASK) { /* free_more inlined (NV_FREE_OP) */
+        uintptr_t roff = (uintptr_t)p - me->r_key;
+        if (roff < me->r_span) return free_cached_op(nv, p, me, roff);
+        return free_general(nv, p, me, NV_FREE_OP, NULL, pf);
+    }
     if (mode == NV_FREE_OP) return free_more_op(nv, p, me);
     if (mode == NV_FREE_QUIET) return free_more_quiet(nv, p, me);
     return free_more_fast(nv, p, me, other);
 }
 
 static hm_result_t nv_free(void *state, void *p) {
-    return free_impl(state, p, NV_FREE_OP, NULL);
+    return free_impl(state, p, NV_FREE_OP, NULL, NV_PF_ASK);
 }
 
 hm_result_t hm__native_free_owned(void *state, void *p) {
-    return free_impl(state, p, NV_FREE_QUIET, NULL);
+    return free_impl(state, p, NV_FREE_QUIET, NULL, NV_PF_ASK);
 }
 
 hm_result_t hm__native_alloc(void *state, size_t size, size_t align, void **out) {
@@ -2256,7 +2273,7 @@ static void *nv_malloc_fast(void *state, size_t size) {
 }
 
 hm_result_t hm__native_free(void *state, void *p, hm_result_t (*other)(void *)) {
-    return free_impl(state, p, NV_FREE_FAST, other);
+    return free_impl(state, p, NV_FREE_FAST, other, NV_PF_ASK);
 }
 
 /* ---- The front end's entries (hm_pool.malloc_entry, free_entry) ----
@@ -2296,48 +2313,13 @@ static void *nv_malloc_entry(hm_pool_t *pool, size_t size) {
     return malloc_fast_refill(h, cl);
 }
 
-/* free_impl's NV_FREE_OP case in one function (free_more and free_general
- * inlined: every exit but success is a tail call, so it needs no stack
- * frame), with pf fixed: p NULL matches me->last only while that is 0
- * (heap_forget_last: nothing changes), else the page map finds no slab and
- * free_slow returns HM_SUCCESS. */
-HM_INLINE hm_result_t free_entry_impl(hm_pool_t *pool, void *p, int pf) {
-    nv_pool_t *nv = pool->state;
-#if defined(__x86_64__)
-    /* p stays where it came (rsi), which is where every tail call below
-     * passes it: without this GCC 12 moves it to rdi and back (2 of the
-     * fast path's instructions). Changes nothing else. */
-    __asm__("" : "+S"(p));
-#endif
-    uintptr_t tp = thread_tp();
-    nv_heap_t *me = heap_own(nv);
-    if (hm_likely(heap_is_mine(me, tp)) ||
-        hm_likely(heap_is_mine(me = heap_by_tp(nv, tp), tp))) {
-        if (me->last == (uintptr_t)p) { /* as free_impl */
-            nv_cls_t *cl = me->last_cl;
-            uint64_t bit = me->last_bit, b = cl_bits(cl);
-            if (hm_unlikely(b & bit)) {
-                heap_forget_last(me);
-                return free_double_last(nv, p);
-            }
-            cl_set(cl, b | bit);
-            return HM_SUCCESS;
-        }
-    } else {
-        me = &by_tp_nobody;
-    }
-    uintptr_t roff = (uintptr_t)p - me->r_key; /* as free_more */
-    if (roff < me->r_span) return free_cached_op(nv, p, me, roff);
-    return free_general(nv, p, me, NV_FREE_OP, NULL, pf);
-}
-
 /* Host memory (nv_pool.prefetch): a stacked block is prefetched. */
 static hm_result_t nv_free_entry_host(hm_pool_t *pool, void *p) {
-    return free_entry_impl(pool, p, NV_PF_HOST);
+    return free_impl(pool->state, p, NV_FREE_OP, NULL, NV_PF_HOST);
 }
 /* Any other memory: never prefetched. */
 static hm_result_t nv_free_entry(hm_pool_t *pool, void *p) {
-    return free_entry_impl(pool, p, NV_PF_NEVER);
+    return free_impl(pool->state, p, NV_FREE_OP, NULL, NV_PF_NEVER);
 }
 
 static size_t nv_usable_size(void *state, const void *p) {
