@@ -19,8 +19,15 @@
 #define NV_BATCH_CAP 126         /* frees per batch: a large batch is 2 KiB */
 #define NV_BATCH_SMALL 14        /* entries of a small batch (256 bytes) */
 #define NV_FLUSH_EVERY 1024      /* remote frees between forced flushes */
-#define NV_STOCK_MAX 8           /* spare batches a heap keeps */
-#define NV_STOCK_MOVE 4          /* batches moved to/from the depot at once */
+/* Spare batches a heap keeps, and batches moved to/from the depot at once:
+ * every batch ever carved stays resident, and their number is about the
+ * most in flight plus this slack (the owner's stock below NV_STOCK_MAX, the
+ * freeing thread's last move, the depot): 4 and 2 keep a 1->1 pair's
+ * batches on one page of 256-byte ones (8 and 4: 16 or 17, two pages at
+ * times), for one more depot_lock round trip per 2 batches (252 frees)
+ * than per 4. */
+#define NV_STOCK_MAX 4
+#define NV_STOCK_MOVE 2
 #define NV_META_CHUNK ((size_t)64 << 10) /* mapping size for heaps and batches */
 #define NV_META_ALIGN 4096       /* a heap's start in the metadata (meta_carve) */
 #define NV_STACK_CAP 128         /* free-block stack slots per class (nv_sent_t; see nv_cls) */
