@@ -1769,6 +1769,45 @@ static HM_NOINLINE nv_slab_t *cls_prefer_touched(nv_heap_t *h, nv_cls_t *cl, uns
     return cl->cur;
 }
 
+/* cl->cur would hand out a word it never used (its pages untouched), and no
+ * slab of the heap's partial list has a used one free (cls_prefer_touched):
+ * a slab of the class's span that went back to the pool with pages still
+ * backed (hw > 0: not purged since) becomes the current one, and cur goes
+ * back to the lists. A producer whose consumers' frees come back in bursts
+ * empties its older slabs while a slab taken in the meantime is current; the
+ * first to empty becomes the current one (slab_transition), the others go
+ * back to the pool, and without this the slab taken in the meantime, popped
+ * from the partial list once that one is used up, would go on into its
+ * untouched words (a 1->3 fan-in had its four slabs' pages all resident,
+ * where three and a half at most were in use at once). Called only while
+ * the pool keeps something (nv_pool.kept, a hint read without the lock).
+ * Returns the current slab. */
+static HM_NOINLINE nv_slab_t *cls_prefer_retained(nv_pool_t *nv, nv_heap_t *h, nv_cls_t *cl,
+                                                  unsigned c) {
+    size_t span = nv->cls_span[c];
+    uint32_t words = cls_words(nv, c);
+    nv_slab_t *r = NULL;
+    hm__mutex_lock(&nv->lock);
+    for (nv_slab_t **sp = &nv->retained; *sp; sp = &(*sp)->next) {
+        if ((*sp)->span != span || (*sp)->wcap < words || !(*sp)->hw) continue;
+        r = *sp;
+        *sp = r->next;
+        atomic_fetch_sub_explicit(&nv->kept, span, memory_order_relaxed);
+        break;
+    }
+    hm__mutex_unlock(&nv->lock);
+    if (!r) return cl->cur;
+    if (!slab_carve(nv, r, h, c)) { /* out of host memory for a page-map leaf */
+        r->owner = NULL;
+        slab_unacquire(nv, r);
+        return cl->cur;
+    }
+    cls_retire_cur(h, cl);
+    cl->cur = r;
+    slab_state(r, 0, 1); /* cur_word is set by take_word */
+    return r;
+}
+
 /* Refill cl->bits (bits is empty). */
 static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
     nv_pool_t *nv = h->nv;
@@ -1790,7 +1829,11 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
     nv_slab_t *s = cl->cur;
     if (s && s->nfree) {
         /* take_word's next word is usually s->scan's: from s->hw on, never used. */
-        if (hm_unlikely(s->scan >= s->hw) && h->partial[c]) s = cls_prefer_touched(h, cl, c);
+        if (hm_unlikely(s->scan >= s->hw)) {
+            if (h->partial[c]) s = cls_prefer_touched(h, cl, c);
+            if (s->scan >= s->hw && s->hw && atomic_load_explicit(&nv->kept, memory_order_relaxed))
+                s = cls_prefer_retained(nv, h, cl, c);
+        }
         take_word(h, cl, s);
         return HM_SUCCESS;
     }
@@ -1810,6 +1853,9 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
     }
     cl->cur = s;
     slab_state(s, 0, 1);
+    if (hm_unlikely(s->scan >= s->hw) && s->hw &&
+        atomic_load_explicit(&nv->kept, memory_order_relaxed))
+        s = cls_prefer_retained(nv, h, cl, c);
     take_word(h, cl, s);
     return HM_SUCCESS;
 }
