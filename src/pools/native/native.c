@@ -66,7 +66,7 @@
  *   The owner splices its queue into a private one and drains it with the
  *   _nonblocking calls only, on its allocation slow path, one word's mask at
  *   a time. Drained batches are recycled through the heap's stock and a
- *   per-pool depot. Batches come in two sizes (nv_batch_t): frees into
+ *   per-pool depot. Batches come in three sizes (nv_batch_t): frees into
  *   consecutive blocks need few entries, and small batches keep the
  *   batches in flight in few pages.
  * - Memory use: heaps and batches live in the pool's own mappings
@@ -1167,7 +1167,13 @@ static void meta_fini(nv_pool_t *nv) {
 /* ------------------------------------------------------------------------ */
 /* Remote frees                                                             */
 
-/* An empty batch, large (big: 1) or small (0); NULL: out of host memory. */
+/* The size (index of nv_heap.stock) of a batch of cap entries, or of the
+ * smallest that holds n entries. */
+HM_INLINE unsigned batch_size_of(uint32_t n) {
+    return (unsigned)(n > NV_BATCH_SMALL) + (unsigned)(n > NV_BATCH_MID);
+}
+
+/* An empty batch of size big (batch_size_of); NULL: out of host memory. */
 static nv_batch_t *batch_get(nv_heap_t *h, unsigned big) {
     nv_batch_t *b = h->stock[big];
     if (!b) {
@@ -1183,7 +1189,7 @@ static nv_batch_t *batch_get(nv_heap_t *h, unsigned big) {
         if (!h->stock[big]) {
             /* Whole cache lines: the freeing thread writes it, the owner
              * reads it. */
-            uint32_t cap = big ? NV_BATCH_CAP : NV_BATCH_SMALL;
+            uint32_t cap = big == 0 ? NV_BATCH_SMALL : big == 1 ? NV_BATCH_MID : NV_BATCH_CAP;
             b = meta_alloc(nv, sizeof(*b) + cap * sizeof(nv_rent_t), META_BATCH);
             if (b) {
                 b->cap = cap;
@@ -1205,7 +1211,7 @@ static nv_batch_t *batch_get(nv_heap_t *h, unsigned big) {
 }
 
 static void batch_put(nv_heap_t *h, nv_batch_t *b) {
-    unsigned big = b->cap > NV_BATCH_SMALL;
+    unsigned big = batch_size_of(b->cap);
     b->link = h->stock[big];
     h->stock[big] = b;
     if (++h->nstock[big] < NV_STOCK_MAX) return;
@@ -1221,18 +1227,19 @@ static void batch_put(nv_heap_t *h, nv_batch_t *b) {
     hm__mutex_unlock(&nv->depot_lock);
 }
 
-/* o's batch, small, has no room for another entry: move its entries into a
- * large one (its cached entry settled by the caller). NULL: out of host
- * memory (o unchanged). */
+/* o's batch, small or middle, has no room for another entry: move its
+ * entries into one of the next size (its cached entry settled by the
+ * caller). NULL: out of host memory (o unchanged). */
 static nv_batch_t *batch_grow(nv_heap_t *h, nv_out_t *o) {
-    nv_batch_t *s = o->b, *b = batch_get(h, 1);
+    unsigned big = batch_size_of(o->b->cap) + 1;
+    nv_batch_t *s = o->b, *b = batch_get(h, big);
     if (!b) return NULL;
     memcpy(b->ent, s->ent, s->count * sizeof(nv_rent_t));
     b->count = s->count;
     b->nfrees = s->nfrees;
     batch_put(h, s);
     o->b = b;
-    h->big_batch = 1;
+    h->big_batch = big;
     return b;
 }
 
@@ -1252,8 +1259,8 @@ static void publish(nv_heap_t *h, nv_out_t *o) {
     nv_batch_t *b = o->b;
     nv_heap_t *dest = o->dest;
     o->b = NULL;
-    if (b->cap > NV_BATCH_SMALL && b->count <= NV_BATCH_SMALL)
-        h->big_batch = 0; /* a small one would have done */
+    unsigned need = batch_size_of(b->count);
+    if (need < batch_size_of(b->cap)) h->big_batch = need; /* a smaller one would have done */
     stat_add_u(&h->st_published, b->nfrees);
     if (h->nv->queue == HM_NATIVE_QUEUE_WFCQ) {
         NV_TSAN_RELEASE(b);
@@ -1325,8 +1332,9 @@ static hm_result_t remote_free(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
         if (hm_unlikely(e->mask & bit)) return remote_double_free(s, idx);
         e->mask |= bit;
     } else {
-        /* Only a small batch runs out of entries: a large one has room for
-         * every free, and is published when its frees reach batch_cap. */
+        /* Only a small or middle batch runs out of entries: a large one has
+         * room for every free, and is published when its frees reach
+         * batch_cap. */
         if (hm_unlikely(b->count == b->cap) && !(b = batch_grow(h, o))) goto oom;
         e = &b->ent[b->count++];
         e->wbase = wbase;

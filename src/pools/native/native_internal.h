@@ -18,6 +18,8 @@
 #define NV_OUT_SLOTS 8           /* outgoing remote-free batches per heap */
 #define NV_BATCH_CAP 126         /* frees per batch: a large batch is 2 KiB */
 #define NV_BATCH_SMALL 14        /* entries of a small batch (256 bytes) */
+#define NV_BATCH_MID 30          /* entries of a middle one (512 bytes) */
+#define NV_BATCH_SIZES 3         /* small, middle, large */
 #define NV_FLUSH_EVERY 1024      /* remote frees between forced flushes */
 /* Spare batches a heap keeps, and batches moved to/from the depot at once:
  * every batch ever carved stays resident, and their number is about the
@@ -180,11 +182,14 @@ typedef struct nv_rent {
 } nv_rent_t;
 
 /* A batch of remote frees: host memory, one queue node for up to
- * NV_BATCH_CAP frees. Two sizes: small (NV_BATCH_SMALL entries) and large
- * (NV_BATCH_CAP entries, so room for every free). A batch starts small
- * unless the heap's last batches outgrew that (nv_heap.big_batch); a small
- * one whose entries run out before its frees do is copied into a large one
- * (batch_grow). Frees into consecutive blocks share entries, so producer/
+ * NV_BATCH_CAP frees. Three sizes: small (NV_BATCH_SMALL entries), middle
+ * (NV_BATCH_MID) and large (NV_BATCH_CAP entries, so room for every free).
+ * A batch starts at the size the heap's last batches needed
+ * (nv_heap.big_batch); one whose entries run out before its frees do is
+ * copied into one of the next size (batch_grow). The middle size serves
+ * frees that scatter over a few more words than a small batch names (a
+ * producer handing out the partly refilled words of a fan-in: 15 to 21
+ * entries per 126 frees), at a quarter of a large one's memory. Frees into consecutive blocks share entries, so producer/
  * consumer pairs fill a batch's frees with a few entries, and the batches
  * in flight (up to a consumer's burst of frees) then take few pages.
  * Carved from the pool's metadata mappings (nv_pool.meta) and never freed
@@ -200,8 +205,9 @@ typedef struct nv_batch {
     nv_rent_t ent[];       /* cap entries */
 } nv_batch_t;
 _Static_assert(sizeof(nv_batch_t) + NV_BATCH_SMALL * sizeof(nv_rent_t) == 256 &&
+                   sizeof(nv_batch_t) + NV_BATCH_MID * sizeof(nv_rent_t) == 512 &&
                    sizeof(nv_batch_t) + NV_BATCH_CAP * sizeof(nv_rent_t) == 2048,
-               "batches of 256 bytes and 2 KiB: whole cache lines");
+               "batches of 256 and 512 bytes and 2 KiB: whole cache lines");
 
 /* An outgoing batch and where its words' entries are: ix[hash of an
  * entry's wbase] is that entry's index + 1 (0: none), so a remote free into
@@ -277,9 +283,9 @@ struct nv_heap {
     nv_batch_t *r_b;
     uint32_t r_base;
     uint32_t out_pending; /* remote frees since the last flush */
-    uint32_t big_batch;   /* start batches large (see nv_batch_t) */
-    uint32_t nstock[2];   /* spare batches: [0] small, [1] large */
-    nv_batch_t *stock[2];
+    uint32_t big_batch;   /* the size batches start at, 0..2 (see nv_batch_t) */
+    uint32_t nstock[NV_BATCH_SIZES]; /* spare batches per size: small, middle, large */
+    nv_batch_t *stock[NV_BATCH_SIZES];
     nv_out_t out[NV_OUT_SLOTS];
     struct __cds_wfcq_head priv_head; /* spliced from rq, owner only */
     struct cds_wfcq_tail priv_tail;
@@ -390,7 +396,7 @@ struct nv_pool {
     bool orphan_ready;     /* orphan set up (orphan_heap; orphan_lock) */
 
     pthread_mutex_t depot_lock; /* also the metadata mappings */
-    nv_batch_t *depot[2];       /* spare batches: [0] small, [1] large */
+    nv_batch_t *depot[NV_BATCH_SIZES]; /* spare batches per size (nv_heap.stock) */
     /* Metadata that lives as long as the pool (heaps, remote-free batches),
      * carved in order from mappings of its own (meta_alloc): a thread that
      * only frees remotely then never calls malloc (under glibc its first
