@@ -1239,7 +1239,7 @@ static nv_batch_t *batch_grow(nv_heap_t *h, nv_out_t *o) {
     b->nfrees = s->nfrees;
     batch_put(h, s);
     o->b = b;
-    h->big_batch = big;
+    h->batch_start = big;
     return b;
 }
 
@@ -1260,7 +1260,7 @@ static void publish(nv_heap_t *h, nv_out_t *o) {
     nv_heap_t *dest = o->dest;
     o->b = NULL;
     unsigned need = batch_size_of(b->count);
-    if (need < batch_size_of(b->cap)) h->big_batch = need; /* a smaller one would have done */
+    if (need < batch_size_of(b->cap)) h->batch_start = need; /* a smaller one would have done */
     stat_add_u(&h->st_published, b->nfrees);
     if (h->nv->queue == HM_NATIVE_QUEUE_WFCQ) {
         NV_TSAN_RELEASE(b);
@@ -1320,7 +1320,7 @@ static hm_result_t remote_free(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
     nv_out_t *o = out_pick(h, s->owner);
     nv_batch_t *b = o->b;
     if (!b) {
-        b = o->b = batch_get(h, h->big_batch);
+        b = o->b = batch_get(h, h->batch_start);
         if (hm_unlikely(!b)) goto oom;
         o->dest = s->owner;
     }
@@ -1817,6 +1817,14 @@ static HM_NOINLINE nv_slab_t *cls_prefer_retained(nv_pool_t *nv, nv_heap_t *h, n
 }
 
 /* Refill cl->bits (bits is empty). */
+/* Should the refill look for a retained slab (cls_prefer_retained) before
+ * s, the current slab, hands out a word it never used? Only if s has used
+ * some (a fresh slab's first word costs the same as a retained one's) and
+ * the pool keeps something (nv_pool.kept, a hint read without the lock). */
+HM_INLINE int retained_first(nv_pool_t *nv, const nv_slab_t *s) {
+    return s->scan >= s->hw && s->hw && atomic_load_explicit(&nv->kept, memory_order_relaxed);
+}
+
 static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
     nv_pool_t *nv = h->nv;
     nv_cls_t *cl = &h->cls[c];
@@ -1839,8 +1847,7 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
         /* take_word's next word is usually s->scan's: from s->hw on, never used. */
         if (hm_unlikely(s->scan >= s->hw)) {
             if (h->partial[c]) s = cls_prefer_touched(h, cl, c);
-            if (s->scan >= s->hw && s->hw && atomic_load_explicit(&nv->kept, memory_order_relaxed))
-                s = cls_prefer_retained(nv, h, cl, c);
+            if (retained_first(nv, s)) s = cls_prefer_retained(nv, h, cl, c);
         }
         take_word(h, cl, s);
         return HM_SUCCESS;
@@ -1861,9 +1868,7 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
     }
     cl->cur = s;
     slab_state(s, 0, 1);
-    if (hm_unlikely(s->scan >= s->hw) && s->hw &&
-        atomic_load_explicit(&nv->kept, memory_order_relaxed))
-        s = cls_prefer_retained(nv, h, cl, c);
+    if (hm_unlikely(retained_first(nv, s))) s = cls_prefer_retained(nv, h, cl, c);
     take_word(h, cl, s);
     return HM_SUCCESS;
 }

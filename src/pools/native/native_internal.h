@@ -185,7 +185,7 @@ typedef struct nv_rent {
  * NV_BATCH_CAP frees. Three sizes: small (NV_BATCH_SMALL entries), middle
  * (NV_BATCH_MID) and large (NV_BATCH_CAP entries, so room for every free).
  * A batch starts at the size the heap's last batches needed
- * (nv_heap.big_batch); one whose entries run out before its frees do is
+ * (nv_heap.batch_start); one whose entries run out before its frees do is
  * copied into one of the next size (batch_grow). The middle size serves
  * frees that scatter over a few more words than a small batch names (a
  * producer handing out the partly refilled words of a fan-in: 15 to 21
@@ -283,7 +283,7 @@ struct nv_heap {
     nv_batch_t *r_b;
     uint32_t r_base;
     uint32_t out_pending; /* remote frees since the last flush */
-    uint32_t big_batch;   /* the size batches start at, 0..2 (see nv_batch_t) */
+    uint32_t batch_start; /* the size batches start at, 0..2 (see nv_batch_t) */
     uint32_t nstock[NV_BATCH_SIZES]; /* spare batches per size: small, middle, large */
     nv_batch_t *stock[NV_BATCH_SIZES];
     nv_out_t out[NV_OUT_SLOTS];
