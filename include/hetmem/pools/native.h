@@ -70,7 +70,17 @@
  *
  * Statistics: bytes_requested counts blocks in a heap's per-class word of
  * free blocks as free, so it is exact whenever no thread is inside a call
- * (and approximate while one is). */
+ * (and approximate while one is).
+ *
+ * What the checks cost: every free is validated against host metadata
+ * (a pointer of the pool, the start of a block, not free already), never
+ * against the block itself. Allocators that keep their free lists in the
+ * blocks (tcmalloc, mimalloc) do none of that, and where the free is most of
+ * the work, small blocks (8-128 B), they are faster: bench/bench_native
+ * (2 CPUs) measures the native pool at 1.3-1.6x their time there and at
+ * about 1.0-1.25x the fastest's on mixes of larger blocks. It is faster
+ * than glibc on every mix, and 1.4 to 6 times faster than any of them
+ * when threads free each other's blocks. */
 #ifndef HETMEM_POOLS_NATIVE_H
 #define HETMEM_POOLS_NATIVE_H
 
