@@ -12,11 +12,13 @@ static hm_result_t make_provider(void *arg, hm_provider_t **out) {
     return hm_devdax_provider_create(dev, out);
 }
 
+/* arg NULL: the proxy pool; non-NULL: the native pool. */
 static hm_result_t make_pool(void *arg, hm_pool_t **out) {
     hm_provider_t *prov;
     hm_result_t r = make_provider(arg, &prov);
     if (r != HM_SUCCESS) return r;
-    r = hm_proxy_pool_create(prov, HM_POOL_FLAG_OWN_PROVIDER, out);
+    r = arg ? hm_native_pool_create(prov, NULL, HM_POOL_FLAG_OWN_PROVIDER, out)
+            : hm_proxy_pool_create(prov, HM_POOL_FLAG_OWN_PROVIDER, out);
     if (r != HM_SUCCESS) hm_provider_destroy(prov);
     return r;
 }
@@ -80,5 +82,6 @@ int main(void) {
                                  .capacity = total};
     hm_test_provider_suite("devdax", make_provider, NULL, &opts);
     hm_test_pool_suite("proxy/devdax", make_pool, NULL, &opts);
+    hm_test_pool_suite("native/devdax", make_pool, "native", &opts);
     return hm_test_finish();
 }
