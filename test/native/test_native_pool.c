@@ -785,6 +785,72 @@ static void test_batch_sizes(hm_native_remote_queue_t queue, const char *label) 
     CHECK_OK(hm_pool_destroy(pool));
 }
 
+/* The byte bound on unpublished remote frees (NV_FLUSH_BYTES): a thread
+ * frees N blocks of 32 KiB into the main thread's heap, fewer than a batch
+ * and far fewer than the count bound, and then stops calling the pool
+ * without exiting (it waits). Every 1 MiB of them (32 blocks) is published
+ * at once, so all N are, and the owner gets them back; with the count bound
+ * alone none would be until the thread called the pool again. */
+enum { FB_SIZE = 32 * 1024, FB_N = 64 };
+typedef struct flush_bytes_arg {
+    hm_pool_t *pool;
+    void **blk;
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    int freed, release;
+} flush_bytes_arg_t;
+
+static void *flush_bytes_thread(void *p) {
+    flush_bytes_arg_t *a = p;
+    for (int i = 0; i < FB_N; i++) CHECK_OK(hm_pool_free(a->pool, a->blk[i]));
+    pthread_mutex_lock(&a->lock);
+    a->freed = 1;
+    pthread_cond_broadcast(&a->cv);
+    while (!a->release) pthread_cond_wait(&a->cv, &a->lock);
+    pthread_mutex_unlock(&a->lock);
+    return NULL;
+}
+
+static void test_flush_bytes(hm_native_remote_queue_t queue, const char *label) {
+    hm_test_set_context(label);
+    hm_pool_t *pool = queue_pool(queue);
+    void *blk[FB_N];
+    for (int i = 0; i < FB_N; i++) REQUIRE(blk[i] = hm_pool_malloc(pool, FB_SIZE));
+    CHECK_EQ(hm_pool_malloc_usable_size(pool, blk[0]), FB_SIZE); /* one class */
+    flush_bytes_arg_t a = {.pool = pool, .blk = blk};
+    pthread_mutex_init(&a.lock, NULL);
+    pthread_cond_init(&a.cv, NULL);
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, flush_bytes_thread, &a) == 0);
+    pthread_mutex_lock(&a.lock);
+    while (!a.freed) pthread_cond_wait(&a.cv, &a.lock);
+    pthread_mutex_unlock(&a.lock);
+    /* The freeing thread is parked, its heap still bound. */
+    hm_pool_stats_t st;
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_MSG(st.remote_frees_published == FB_N, "%zu of %d remote frees published by a parked "
+              "thread, want all (1 MiB bound)", st.remote_frees_published, FB_N);
+    /* The owner gets them back: the next allocations of the class reuse
+     * the freed blocks (its slow path drains the queue). */
+    void *again[FB_N];
+    for (int i = 0; i < FB_N; i++) REQUIRE(again[i] = hm_pool_malloc(pool, FB_SIZE));
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.remote_frees_drained, (size_t)FB_N);
+    int reused = 0;
+    for (int i = 0; i < FB_N; i++)
+        for (int j = 0; j < FB_N; j++) reused += again[i] == blk[j];
+    CHECK_MSG(reused == FB_N, "%d of %d blocks reused", reused, FB_N);
+    pthread_mutex_lock(&a.lock);
+    a.release = 1;
+    pthread_cond_broadcast(&a.cv);
+    pthread_mutex_unlock(&a.lock);
+    pthread_join(t, NULL);
+    for (int i = 0; i < FB_N; i++) CHECK_OK(hm_pool_free(pool, again[i]));
+    pthread_cond_destroy(&a.cv);
+    pthread_mutex_destroy(&a.lock);
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
 /* Remote frees of mixed sizes, interleaved (class A, B, C, A, B, C...): each
  * word keeps one entry in the outgoing batch, found through nv_out.ix, so a
  * second free of a block whose word's entry is not the batch's last one is
@@ -1381,6 +1447,8 @@ int main(int argc, char **argv) {
         test_remote_double_free();
         test_batch_sizes(HM_NATIVE_QUEUE_WFCQ, "remote-free batch sizes (wfcq)");
         test_batch_sizes(HM_NATIVE_QUEUE_MUTEX, "remote-free batch sizes (mutex)");
+        test_flush_bytes(HM_NATIVE_QUEUE_WFCQ, "remote-free byte bound (wfcq)");
+        test_flush_bytes(HM_NATIVE_QUEUE_MUTEX, "remote-free byte bound (mutex)");
         test_batch_mixed_words(HM_NATIVE_QUEUE_WFCQ, "remote frees of mixed sizes (wfcq)");
         test_batch_mixed_words(HM_NATIVE_QUEUE_MUTEX, "remote frees of mixed sizes (mutex)");
         test_last_block_double_free();

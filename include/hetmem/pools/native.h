@@ -54,8 +54,10 @@
  * exchange); the owner reads the batch after an acquire, so everything the
  * freeing thread wrote to the block happens before the block's next owner
  * gets it. Remote frees are delayed at most until the freeing thread's batch
- * for that heap fills, the thread frees 1024 more blocks remotely, reaches an
- * allocation slow path, calls hm_pool_trim(), or exits.
+ * for that heap fills, the thread frees 1024 more blocks or 1 MiB more
+ * remotely, reaches an allocation slow path, calls hm_pool_trim(), or exits:
+ * a thread that stops calling the pool holds at most that much of other
+ * heaps' memory.
  *
  * Thread exit: the thread's heap in each pool is abandoned and later adopted
  * by a thread that starts using the pool; blocks freed into an abandoned heap

@@ -1243,13 +1243,18 @@ static nv_batch_t *batch_grow(nv_heap_t *h, nv_out_t *o) {
     return b;
 }
 
+/* What a remote free of a bsize-byte block counts towards NV_FLUSH_EVERY
+ * beyond 1: its size in KiB, rounded up, less 1 (0 up to 1 KiB, so the
+ * common case adds nothing: callers test bsize > 1024 first). */
+HM_INLINE uint32_t flush_extra(uint32_t bsize) { return ((bsize + 1023) >> 10) - 1; }
+
 /* Leave h's cached entry (nv_heap.r_key): the frees merged into it on the
  * fast path are counted into its batch and the flush bound. */
 HM_INLINE void out_settle(nv_heap_t *h) {
     if (!h->r_key) return;
     uint32_t used = h->r_base - h->r_left;
     h->r_b->nfrees += used;
-    h->out_pending += used;
+    h->out_pending += used; /* blocks up to 1 KiB: 1 each (remote_free) */
     h->r_key = 0;
     h->r_span = 0;
 }
@@ -1343,11 +1348,15 @@ static hm_result_t remote_free(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
     }
     b->nfrees++;
     h->out_pending++;
+    if (hm_unlikely(s->bsize > 1024)) h->out_pending += flush_extra(s->bsize);
     if (b->nfrees >= nv->batch_cap) {
         publish(h, o);
     } else if (h->out_pending >= NV_FLUSH_EVERY) {
         flush_all(h);
-    } else {
+    } else if (hm_likely(s->bsize <= 1024)) {
+        /* The entry becomes the cached one: its next frees count 1 each
+         * (out_settle). A larger block's frees each come here instead, to
+         * be counted in full. */
         uint32_t left = nv->batch_cap - b->nfrees, fl = NV_FLUSH_EVERY - h->out_pending;
         h->r_key = wbase;
         h->r_span = (uintptr_t)(s->nblocks - (idx - sub) < 64 ? s->nblocks - (idx - sub) : 64) *

@@ -20,7 +20,12 @@
 #define NV_BATCH_SMALL 14        /* entries of a small batch (256 bytes) */
 #define NV_BATCH_MID 30          /* entries of a middle one (512 bytes) */
 #define NV_BATCH_SIZES 3         /* small, middle, large */
-#define NV_FLUSH_EVERY 1024      /* remote frees between forced flushes */
+/* Remote frees between forced flushes, each counted in KiB rounded up
+ * (1 for a block up to 1 KiB; flush_extra): 1024 frees of small blocks,
+ * and at most 1 MiB of larger ones (up to 1 MiB each on device memory), is
+ * what a thread that stops calling the pool (blocked in MPI_Wait, say) can
+ * hold of other heaps' memory unpublished. */
+#define NV_FLUSH_EVERY 1024
 /* Spare batches a heap keeps, and batches moved to/from the depot at once:
  * every batch ever carved stays resident, and their number is about the
  * most in flight plus this slack (the owner's stock below NV_STOCK_MAX, the
@@ -272,8 +277,8 @@ struct nv_heap {
      * none): a remote free into the same word only sets its bit there,
      * while r_left > 1. r_left counts down from r_base the frees the batch
      * and the flush bound still allow; the frees merged so (r_base - r_left)
-     * are added to r_b->nfrees and out_pending when the entry is left
-     * (out_settle). */
+     * are added to r_b->nfrees and out_pending (a unit each: only a block up
+     * to 1 KiB gets a cached entry) when the entry is left (out_settle). */
     uintptr_t r_key;
     uintptr_t r_span;  /* bytes of the word's blocks (0: no entry) */
     uint64_t r_magic;  /* 32-bit magic from the slab's (cached_free) */
@@ -282,7 +287,7 @@ struct nv_heap {
     nv_rent_t *r_ent;
     nv_batch_t *r_b;
     uint32_t r_base;
-    uint32_t out_pending; /* remote frees since the last flush */
+    uint32_t out_pending; /* remote frees since the last flush, in units (NV_FLUSH_EVERY) */
     uint32_t batch_start; /* the size batches start at, 0..2 (see nv_batch_t) */
     uint32_t nstock[NV_BATCH_SIZES]; /* spare batches per size: small, middle, large */
     nv_batch_t *stock[NV_BATCH_SIZES];
