@@ -81,7 +81,7 @@
  * blocks (8-128 B), where the checks are most of the work, they are faster:
  * bench/bench_native (2 CPUs) measures the native pool at 1.3-1.6x their
  * time there (and at 1.3x tcmalloc's on malloc/free pairs of such blocks),
- * and at about 1.0-1.25x the fastest's on mixes of larger blocks. It is
+ * and at about 1.0-1.3x the fastest's on mixes of larger blocks. It is
  * faster than glibc on every mix, and 1.4 to 6 times faster than any of
  * them when threads free each other's blocks. */
 #ifndef HETMEM_POOLS_NATIVE_H
