@@ -197,6 +197,31 @@ void *hm_pool_calloc(hm_pool_t *pool, size_t num, size_t size) {
     return p;
 }
 
+static hm_result_t free_tracked(hm_pool_t *pool, void *ptr, const hm_tracker_entry_t *e);
+
+/* hm_pool_realloc of a block whose bytes are exported with handles
+ * outstanding: the pool's own realloc could free or reuse them, so the
+ * data moves to a new block and the old one's free is deferred like any
+ * free of it. */
+static HM_NOINLINE void *realloc_held(hm_pool_t *pool, void *ptr, size_t size,
+                                      const hm_tracker_entry_t *e) {
+    size_t old = pool->ops.usable_size ? pool->ops.usable_size(pool->state, ptr) : 0;
+    if (!old || !pool->cpu_accessible) {
+        HM_LOG_ERROR("hm_pool_realloc(%s): %p is exported with handles outstanding and "
+                     "cannot be moved here", pool->ops.name, ptr);
+        return fail_errno(HM_ERROR_BUSY);
+    }
+    void *out = NULL;
+    hm_result_t r = pool->ops.alloc(pool->state, size, 0, &out);
+    if (r != HM_SUCCESS) return fail_errno(r);
+    memcpy(out, ptr, old < size ? old : size);
+    r = free_tracked(pool, ptr, e);
+    if (r != HM_SUCCESS)
+        HM_LOG_WARN("hm_pool_realloc(%s): the free of the old block %p failed: %s",
+                    pool->ops.name, ptr, hm_result_string(r));
+    return out;
+}
+
 /* Is ptr one of this pool's? Tracked pools answer from the tracker; untracked
  * pools are trusted (documented trade-off of HM_POOL_FLAG_NO_TRACKING). */
 static inline int owns(hm_pool_t *pool, const void *ptr) {
@@ -220,6 +245,11 @@ void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size) {
     }
     void *out = NULL;
     hm_result_t r;
+    hm_tracker_entry_t e;
+    if (hm_unlikely(atomic_load_explicit(&pool->ipc, memory_order_relaxed) != NULL) &&
+        pool->tracked && hm__tracker_lookup(ptr, &e) && !(e.flags & HM_TRACK_IMPORTED) &&
+        hm__ipc_is_held(pool, ptr, &e))
+        return realloc_held(pool, ptr, size, &e);
     if (pool->ops.realloc) {
         r = pool->ops.realloc(pool->state, ptr, size, &out);
     } else if (pool->cpu_accessible && pool->ops.usable_size) {
@@ -243,19 +273,33 @@ void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size) {
     return out;
 }
 
+/* A free of ptr, in the pool's tracked range *e, once the front end knows
+ * it is not an opened mapping: deferred while the block holds an exported
+ * pointer with handles outstanding (ipc.h: the bytes are not handed out
+ * again before the last put), else the pool's free. */
+static hm_result_t free_tracked(hm_pool_t *pool, void *ptr, const hm_tracker_entry_t *e) {
+    if (hm_unlikely(atomic_load_explicit(&pool->ipc, memory_order_relaxed) != NULL)) {
+        bool done;
+        hm_result_t r = hm__ipc_free_held(pool, ptr, e, &done);
+        if (done) return r;
+    }
+    return pool->free(pool->state, ptr);
+}
+
 /* The entries (hm_pool.free_entry): pool is not NULL. free_checked: the
  * front end checks what ptr is (a tracked pool that does not validate
- * pointers, or a pool with IPC mappings). */
+ * pointers, or a pool with IPC state). */
 static HM_NOINLINE hm_result_t free_checked(hm_pool_t *pool, void *ptr) {
     if (hm_unlikely(!ptr)) return HM_SUCCESS;
-    if (hm_unlikely(!owns(pool, ptr))) {
+    if (hm_unlikely(!pool->tracked)) return pool->free(pool->state, ptr);
+    hm_tracker_entry_t e;
+    if (hm_unlikely(!hm__tracker_lookup(ptr, &e) || e.pool != pool)) {
         HM_LOG_ERROR("hm_pool_free(%s): %p does not belong to this pool (foreign pointer or "
                      "double free)", pool->ops.name, ptr);
         return HM_ERROR_INVALID_ARGUMENT;
     }
-    if (hm_unlikely(atomic_load_explicit(&pool->ipc, memory_order_relaxed) != NULL))
-        return hm_free(ptr); /* the pool has IPC mappings: check what ptr is */
-    return pool->free(pool->state, ptr);
+    if (hm_unlikely(e.flags & HM_TRACK_IMPORTED)) return hm__ipc_refuse_free(ptr);
+    return free_tracked(pool, ptr, &e);
 }
 
 /* The pool checks pointers itself (or is untracked) and holds no IPC
@@ -329,7 +373,7 @@ hm_result_t hm_free(void *ptr) {
         return HM_ERROR_INVALID_ARGUMENT;
     }
     if (hm_unlikely(e.flags & HM_TRACK_IMPORTED)) return hm__ipc_refuse_free(ptr);
-    return e.pool->ops.free(e.pool->state, ptr);
+    return free_tracked(e.pool, ptr, &e);
 }
 
 hm_pool_t *hm_pool_by_ptr(const void *ptr) {
@@ -398,7 +442,7 @@ hm_result_t hm_pool_provider_free(hm_pool_t *pool, void *ptr, size_t size) {
 
 hm_result_t hm_pool_provider_split(hm_pool_t *pool, void *ptr, size_t total, size_t first) {
     if (hm_unlikely(!pool)) return HM_ERROR_INVALID_ARGUMENT;
-    hm__ipc_range_release(pool, ptr);
+    if (hm_unlikely(hm__ipc_range_busy(pool, ptr))) return HM_ERROR_BUSY; /* exported */
     hm_result_t r = hm_provider_split(pool->provider, ptr, total, first);
     if (r != HM_SUCCESS || !pool->tracked) return r;
     r = hm__tracker_split((uintptr_t)ptr, total, first);
@@ -412,8 +456,8 @@ hm_result_t hm_pool_provider_split(hm_pool_t *pool, void *ptr, size_t total, siz
 
 hm_result_t hm_pool_provider_merge(hm_pool_t *pool, void *lo, void *hi, size_t total) {
     if (hm_unlikely(!pool)) return HM_ERROR_INVALID_ARGUMENT;
-    hm__ipc_range_release(pool, lo);
-    hm__ipc_range_release(pool, hi);
+    if (hm_unlikely(hm__ipc_range_busy(pool, lo) || hm__ipc_range_busy(pool, hi)))
+        return HM_ERROR_BUSY; /* exported */
     hm_result_t r = hm_provider_merge(pool->provider, lo, hi, total);
     if (r != HM_SUCCESS || !pool->tracked) return r;
     r = hm__tracker_merge((uintptr_t)lo, (uintptr_t)hi, total);

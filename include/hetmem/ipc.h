@@ -30,17 +30,24 @@
  *    (HM_IPC_EXPORT_CACHE_MAX, default 1024 allocations); unused entries are
  *    released when the allocation is freed or when the bound is hit.
  *  - Freeing an allocation while handles are outstanding (got, not put) is
- *    allowed and defined the same way for every provider with IPC: the
- *    importer's mapping stays valid until it closes it, and the exporter
- *    does not hand the same bytes out again until the last hm_ipc_put()
- *    (OS shared provider: the memfd range; file and devdax providers: the
- *    file / device range stays allocated, its free deferred to that put).
- *    Meanwhile the exporter must not touch the freed pointer; the importer
- *    may keep reading and writing its mapping. Splitting or merging an
- *    exported range is refused by the provider (HM_ERROR_BUSY; pools treat
- *    that as "not now"). After the last put the range is reused normally:
- *    a mapping still open in an importer then sees the new allocation's
- *    bytes (the medium is shared) — close before putting where that matters.
+ *    allowed and defined the same way for every pool over every provider
+ *    with IPC: the importer's mapping stays valid until it closes it, and
+ *    the exporter does not hand the same bytes out again until the last
+ *    hm_ipc_put(). hm_pool_free() / hm_free() of a block that holds an
+ *    exported pointer with handles outstanding returns HM_SUCCESS and the
+ *    pool gets the block back at that put (a second free of it meanwhile:
+ *    HM_ERROR_DOUBLE_FREE); hm_pool_realloc() of such a block moves the data
+ *    to a new block (HM_ERROR_BUSY where the CPU cannot copy it). Other
+ *    blocks of the same provider range are freed and reused at once. If
+ *    the pool itself returns an exported range (its destroy), the provider
+ *    keeps it (OS shared provider: the memfd range; file and devdax: the
+ *    file / device range) until that put. Meanwhile the exporter must not
+ *    touch the freed pointer; the importer may keep reading and writing its
+ *    mapping. Splitting or merging a provider range with handles
+ *    outstanding is refused (HM_ERROR_BUSY; pools treat that as "not now").
+ *    After the last put the bytes are reused normally: a mapping still open
+ *    in an importer then sees the new allocation's bytes (the medium is
+ *    shared) — close before putting where that matters.
  *  - Opened mappings are cached process-wide, keyed by (exporter, remote
  *    base, importing pool) and validated by the exporter's allocation id: a
  *    repeated open of the same allocation returns the same mapping and takes
@@ -65,14 +72,17 @@
  * Thread safety: every call is thread-safe. Destroying a pool must not race
  * with opens/closes through that same pool (as for every pool call); opens
  * through other pools proceed during the destroy.
- * Fork: a child drops the export cache (its handles would name the parent)
- * and keeps the opened mappings it inherited. The parent's outstanding
- * exports do not hold anything in the child: an allocation exported by the
- * parent can be freed, split and merged by the child as any other, and one
- * the parent freed while exported is given back to the child's provider
- * (the file and devdax providers; the OS provider's shared memory cannot
- * be allocated in a child at all). In the parent nothing changes: its
- * ranges stay held until its last put. */
+ * Fork: a child drops the export cache (its handles would name the parent:
+ * hm_ipc_put of one in the child is HM_ERROR_INVALID_HANDLE) and keeps the
+ * opened mappings it inherited. The parent's outstanding exports do not
+ * hold anything in the child: an allocation exported by the parent can be
+ * freed, split and merged by the child as any other; a block the parent
+ * freed while exported is freed into the child's pool at the child's next
+ * IPC call or free through a pool with IPC state, and a range the parent's
+ * provider held is given back to the child's provider (the file and devdax
+ * providers; the OS provider's shared memory cannot be allocated in a child
+ * at all). In the parent nothing changes: its blocks and ranges stay held
+ * until its last put. */
 #ifndef HETMEM_IPC_H
 #define HETMEM_IPC_H
 
@@ -105,7 +115,12 @@ HM_API hm_result_t hm_ipc_handle_length(const void *bytes, size_t avail, size_t 
 /* Export ptr (anywhere inside an allocation of a tracked pool whose provider
  * has HM_PROVIDER_CAP_IPC). *handle stays valid until hm_ipc_put(). */
 HM_API hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size);
-/* Give back a handle from hm_ipc_get(). Anything else: HM_ERROR_INVALID_HANDLE. */
+/* Give back one get of a handle from hm_ipc_get(). NULL:
+ * HM_ERROR_INVALID_ARGUMENT. Anything that is not an outstanding handle (one
+ * already put as many times as it was got, a copy of its bytes, corrupted
+ * bytes): HM_ERROR_INVALID_HANDLE, logged, nothing changed. The handle
+ * pointer is valid only until its last put: hetmem may then reuse its
+ * memory for another export's handle. */
 HM_API hm_result_t hm_ipc_put(hm_ipc_handle_t *handle);
 
 /* Map the memory a handle describes through `pool`'s provider (same provider

@@ -323,6 +323,12 @@ typedef struct xent {
     uint64_t id;
     int fd;
     bool live, put_done;
+    uint32_t refs;             /* gets not yet put, over all views */
+    /* Blocks the user freed while refs > 0 (hm__ipc_free_held): freed into
+     * the pool at the last put. Each holds an exported view's bytes, so
+     * the pool cannot hand them out again before then. */
+    void **dfr;
+    uint32_t ndfr, cdfr;
     xview_t *views;
     uint32_t payload_len;
     unsigned char payload[]; /* the provider's native handle, for put */
@@ -335,12 +341,6 @@ static arena_t view_arena = {.lock = PTHREAD_MUTEX_INITIALIZER,
                              .objsize = VIEW_SIZE,
                              .link_off = offsetof(xview_t, pnext)};
 
-/* Outstanding gets of x (sum over its views; gx.lock). */
-static uint32_t xrefs(const xent_t *x) {
-    uint32_t n = 0;
-    for (const xview_t *v = x->views; v; v = v->next) n += v->refs;
-    return n;
-}
 /* CLOCK: whether any view was used since the last visit; clears the bits. */
 static bool xused_clear(xent_t *x) {
     bool u = false;
@@ -372,6 +372,11 @@ struct hm_ipc_pool {
     uint64_t hits; /* pi->lock; folded into gc.hits at destroy */
     _Atomic int evictors;
     xent_t *xhead; /* this pool's export entries (gx.lock) */
+    /* This pool's live export entries with refs > 0: while 0 no free of
+     * the pool needs the export cache (changed under gx.lock, read
+     * relaxed by the front end; see hm__ipc_free_held). */
+    _Atomic size_t held;
+    _Atomic int flushers; /* puts freeing deferred blocks into the pool now */
     struct hm_ipc_pool *gprev, *gnext; /* pilist (fork handling, stats) */
 };
 typedef struct hm_ipc_pool hm_ipc_pool_t;
@@ -401,6 +406,15 @@ static struct {
     xview_t **vb; /* views of live entries by exported pointer: a repeated
                      get of a pointer needs no tracker lookup */
     size_t vcap, vn;
+    /* A forked child's deferred frees of the parent's exports (the child
+     * has no export to wait for): freed at its next IPC call or checked
+     * free (xdue_run). */
+    struct xdue {
+        hm_pool_t *pool;
+        void *ptr;
+    } *due;
+    size_t ndue, cdue;
+    _Atomic size_t due_count;
 } gx = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Per-thread cache of the mappings this thread opened last, for
@@ -472,14 +486,27 @@ static void ipc_atfork_release(int phase) {
 }
 static void ipc_atfork_parent(void) { ipc_atfork_release(1); }
 static void xent_free(xent_t *x);
+static void xdefer_orphan(xent_t *x);
 static void ipc_atfork_child(void) {
+    /* The locks prepare took: the forking thread, the child's only one,
+     * holds them (unlocked, not re-made: a re-made locked mutex is still
+     * "locked" to ThreadSanitizer). They are released before the export
+     * cache is dropped: dropping frees views into view_arena, whose lock
+     * is one of them. ident_lock was not taken in prepare: a thread that
+     * does not exist in the child may have held it. */
+    ipc_atfork_release(2);
+    pthread_mutex_init(&ident_lock, NULL);
     /* The export cache names the parent: drop it (no provider put: the
      * exports are the parent's). Opened mappings are inherited and stay.
      * The providers that hold exported ranges (file, devdax) forget the
-     * parent's exports the same way (hm__file_holds_atfork). */
+     * parent's exports the same way (hm__file_holds_atfork); frees the
+     * front end deferred for the parent's exports are the child's to do
+     * (xdefer_orphan). */
+    hm__mutex_lock(&gx.lock);
     for (size_t i = 0; i < gx.cap; i++) {
         for (xent_t *x = gx.b[i], *nx; x; x = nx) {
             nx = x->hnext;
+            xdefer_orphan(x);
             xent_free(x);
         }
         gx.b[i] = NULL;
@@ -488,19 +515,18 @@ static void ipc_atfork_child(void) {
     gx.vn = 0;
     for (xent_t *x = gx.orphans, *nx; x; x = nx) {
         nx = x->onext;
+        xdefer_orphan(x);
         xent_free(x);
     }
-    for (hm_ipc_pool_t *pi = pilist; pi; pi = pi->gnext) pi->xhead = NULL;
+    for (hm_ipc_pool_t *pi = pilist; pi; pi = pi->gnext) {
+        pi->xhead = NULL;
+        atomic_store_explicit(&pi->held, 0, memory_order_relaxed);
+    }
     gx.n = 0;
     gx.hand = NULL;
     gx.orphans = NULL;
     atomic_store(&gx.count, 0);
-    /* The locks prepare took: the forking thread, the child's only one,
-     * holds them (unlocked, not re-made: a re-made locked mutex is still
-     * "locked" to ThreadSanitizer). ident_lock was not taken in prepare: a
-     * thread that does not exist in the child may have held it. */
-    ipc_atfork_release(2);
-    pthread_mutex_init(&ident_lock, NULL);
+    hm__mutex_unlock(&gx.lock);
 }
 
 static void ipc_init_once(void) {
@@ -1292,7 +1318,171 @@ static void xent_free(xent_t *x) {
         nv = v->next;
         xview_free(v);
     }
+    free(x->dfr);
     free(x);
+}
+
+/* ---- holds: frees deferred while an export is outstanding (gx.lock) ---- */
+
+static void xdetach(xent_t *x);
+
+/* One more outstanding get of x. */
+static void xhold(xent_t *x) {
+    if (!x->refs++ && x->pi) atomic_fetch_add_explicit(&x->pi->held, 1, memory_order_relaxed);
+}
+
+/* Deferred frees taken out of an entry at its last put, done with no lock
+ * held (a pool's free may reach hm__ipc_range_release). */
+typedef struct xflush {
+    hm_ipc_pool_t *pi;
+    void **ptrs;
+    uint32_t n;
+} xflush_t;
+
+/* One outstanding get of x fewer; at the last, x's deferred frees move to
+ * *fl (pi->flushers keeps the pool's IPC state, and so the pool, alive
+ * until xflush_run). */
+static void xunhold(xent_t *x, xflush_t *fl) {
+    if (--x->refs) return;
+    if (!x->pi) return; /* pool destroyed: its deferred frees were dropped */
+    atomic_fetch_sub_explicit(&x->pi->held, 1, memory_order_relaxed);
+    if (!x->ndfr) return;
+    fl->pi = x->pi;
+    fl->ptrs = x->dfr;
+    fl->n = x->ndfr;
+    x->dfr = NULL;
+    x->ndfr = x->cdfr = 0;
+    atomic_fetch_add_explicit(&fl->pi->flushers, 1, memory_order_acquire);
+}
+
+static void xflush_run(xflush_t *fl) {
+    if (!fl->n) return;
+    hm_pool_t *pool = fl->pi->pool;
+    for (uint32_t i = 0; i < fl->n; i++) {
+        hm_result_t r = pool->ops.free(pool->state, fl->ptrs[i]);
+        if (r != HM_SUCCESS)
+            HM_LOG_WARN("IPC: pool '%s' refused the free of %p deferred until its last put: %s",
+                        pool->ops.name, fl->ptrs[i], hm_result_string(r));
+    }
+    free(fl->ptrs);
+    atomic_fetch_sub_explicit(&fl->pi->flushers, 1, memory_order_release);
+}
+
+/* Forked child: x's deferred frees become the child's to do. */
+static void xdefer_orphan(xent_t *x) {
+    for (uint32_t i = 0; i < x->ndfr && x->pi; i++) {
+        if (gx.ndue == gx.cdue) {
+            size_t c = gx.cdue ? 2 * gx.cdue : 16;
+            struct xdue *d = realloc(gx.due, c * sizeof(*d));
+            if (!d) {
+                HM_LOG_WARN("IPC: out of memory: %u blocks freed while the parent exported "
+                            "them stay allocated in this child", x->ndfr - i);
+                break;
+            }
+            gx.due = d;
+            gx.cdue = c;
+        }
+        gx.due[gx.ndue++] = (struct xdue){.pool = x->pi->pool, .ptr = x->dfr[i]};
+    }
+    atomic_store_explicit(&gx.due_count, gx.ndue, memory_order_relaxed);
+}
+
+/* Free the due blocks (any thread; no lock held by the caller). */
+static HM_NOINLINE void xdue_run(void) {
+    hm__mutex_lock(&gx.lock);
+    struct xdue *d = gx.due;
+    size_t n = gx.ndue;
+    gx.due = NULL;
+    gx.ndue = gx.cdue = 0;
+    atomic_store_explicit(&gx.due_count, 0, memory_order_relaxed);
+    hm__mutex_unlock(&gx.lock);
+    for (size_t i = 0; i < n; i++) {
+        hm_pool_t *pool = d[i].pool;
+        hm_result_t r = pool->ops.free(pool->state, d[i].ptr);
+        if (r != HM_SUCCESS)
+            HM_LOG_WARN("IPC: pool '%s' refused the free of %p (freed while the parent "
+                        "exported it): %s", pool->ops.name, d[i].ptr, hm_result_string(r));
+    }
+    free(d);
+}
+static inline void xdue_check(void) {
+    if (hm_unlikely(atomic_load_explicit(&gx.due_count, memory_order_relaxed))) xdue_run();
+}
+
+/* Does x have an outstanding view whose pointer lies in the block at p of
+ * usable size n (n == 0: the pool cannot tell its blocks: any p)? */
+static bool xholds(const xent_t *x, uintptr_t p, size_t n) {
+    for (const xview_t *v = x->views; v; v = v->next)
+        if (v->refs && (!n || v->ptr - p < n)) return true;
+    return false;
+}
+
+hm_result_t hm__ipc_free_held(hm_pool_t *pool, void *ptr, const hm_tracker_entry_t *e,
+                              bool *done) {
+    *done = false;
+    xdue_check();
+    hm_ipc_pool_t *pi = pool_ipc(pool);
+    if (!pi || !atomic_load_explicit(&pi->held, memory_order_relaxed)) return HM_SUCCESS;
+    /* The block's extent, where the pool can tell it: only a free of a
+     * block that holds an exported pointer waits. A pointer that is no
+     * block of the pool (0) goes on to the pool's free, which refuses it. */
+    size_t n = 0;
+    if (pool->ops.usable_size) {
+        n = pool->ops.usable_size(pool->state, ptr);
+        if (!n) return HM_SUCCESS;
+    }
+    hm_result_t r = HM_SUCCESS;
+    hm__mutex_lock(&gx.lock);
+    xent_t *x = xfind(e->base);
+    if (!x || !x->live || x->id != e->id || !x->refs || x->pi != pi ||
+        !xholds(x, (uintptr_t)ptr, n))
+        goto out; /* not held: the pool frees it now */
+    *done = true;
+    for (uint32_t i = 0; i < x->ndfr; i++)
+        if (x->dfr[i] == ptr) {
+            HM_LOG_ERROR("hm_pool_free(%s): %p was already freed (its free waits for the last "
+                         "hm_ipc_put of its export)", pool->ops.name, ptr);
+            r = HM_ERROR_DOUBLE_FREE;
+            goto out;
+        }
+    if (x->ndfr == x->cdfr) {
+        uint32_t c = x->cdfr ? 2 * x->cdfr : 4;
+        void **d = realloc(x->dfr, c * sizeof(*d));
+        if (!d) {
+            HM_LOG_ERROR("hm_pool_free(%s): out of host memory to defer the free of exported "
+                         "%p; it stays allocated", pool->ops.name, ptr);
+            r = HM_ERROR_OUT_OF_HOST_MEMORY;
+            goto out;
+        }
+        x->dfr = d;
+        x->cdfr = c;
+    }
+    x->dfr[x->ndfr++] = ptr;
+out:
+    hm__mutex_unlock(&gx.lock);
+    return r;
+}
+
+bool hm__ipc_is_held(hm_pool_t *pool, const void *ptr, const hm_tracker_entry_t *e) {
+    hm_ipc_pool_t *pi = pool_ipc(pool);
+    if (!pi || !atomic_load_explicit(&pi->held, memory_order_relaxed)) return false;
+    size_t n = pool->ops.usable_size ? pool->ops.usable_size(pool->state, ptr) : 0;
+    hm__mutex_lock(&gx.lock);
+    xent_t *x = xfind(e->base);
+    bool held = x && x->live && x->id == e->id && x->refs && x->pi == pi &&
+                xholds(x, (uintptr_t)ptr, n);
+    hm__mutex_unlock(&gx.lock);
+    return held;
+}
+
+bool hm__ipc_range_busy(hm_pool_t *pool, void *base) {
+    if (hm_likely(!atomic_load_explicit(&gx.count, memory_order_relaxed))) return false;
+    hm__mutex_lock(&gx.lock);
+    xent_t *x = xfind((uintptr_t)base);
+    bool busy = x && x->pi && x->pi->pool == pool && x->refs;
+    if (x && !busy && x->pi && x->pi->pool == pool) xdetach(x);
+    hm__mutex_unlock(&gx.lock);
+    return busy;
 }
 
 static void olist_unlink(xent_t *x) {
@@ -1393,7 +1583,7 @@ static void xdetach(xent_t *x) {
     }
     gx.n--;
     atomic_store_explicit(&gx.count, gx.n, memory_order_relaxed);
-    if (!xrefs(x)) {
+    if (!x->refs) {
         xprovider_put(x);
         xlist_unlink(&x->pi->xhead, x);
         xent_free(x);
@@ -1426,7 +1616,7 @@ static void xevict(void) {
     while (gx.n >= cfg.export_max && gx.hand && steps--) {
         xent_t *x = gx.hand;
         gx.hand = x->rnext;
-        if (xrefs(x)) continue;
+        if (x->refs) continue;
         if (xused_clear(x)) continue;
         xdetach(x);
     }
@@ -1525,10 +1715,12 @@ hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size) 
     /* Hit: this very pointer was exported and its allocation is still the
      * same (the pool front-end detaches an export, taking its views out of
      * gx.vb, before it frees, splits or merges the range). */
+    xdue_check();
     hm__mutex_lock(&gx.lock);
     xview_t *hv = vfind((uintptr_t)ptr);
     if (hm_likely(hv != NULL)) {
         hv->refs++;
+        xhold(hv->x);
         hv->used = 1;
         *handle = (hm_ipc_handle_t *)hv->wire;
         *size = hv->len;
@@ -1589,6 +1781,7 @@ hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size) 
         goto out;
     }
     v->refs++;
+    xhold(x);
     v->used = 1;
     *handle = (hm_ipc_handle_t *)v->wire;
     *size = v->len;
@@ -1615,6 +1808,7 @@ hm_result_t hm_ipc_put(hm_ipc_handle_t *handle) {
      * handle is found by identity among the views of the export its base
      * names, or of the detached ones (a copy of the bytes, or a corrupted
      * handle, is not one of them). */
+    xdue_check();
     xview_t *v = (xview_t *)(void *)((unsigned char *)handle - offsetof(xview_t, wire));
     hm__mutex_lock(&gx.lock);
     if (hm_unlikely(!arena_owns(&view_arena, v) || !v->x)) {
@@ -1627,17 +1821,20 @@ hm_result_t hm_ipc_put(hm_ipc_handle_t *handle) {
         hm__mutex_unlock(&gx.lock);
         HM_LOG_ERROR("hm_ipc_put(%p): not an outstanding handle from hm_ipc_get (put twice?)",
                      (void *)handle);
-        return v ? HM_ERROR_DOUBLE_FREE : HM_ERROR_INVALID_HANDLE;
+        return HM_ERROR_INVALID_HANDLE;
     }
     v->refs--;
     xent_t *x = v->x;
-    if (hm_unlikely(v->gone) && !v->refs && !xrefs(x)) { /* last user of a detached export */
+    xflush_t fl = {0};
+    xunhold(x, &fl);
+    if (hm_unlikely(v->gone) && !x->refs) { /* last user of a detached export */
         xprovider_put(x);
         olist_unlink(x);
         if (x->pi) xlist_unlink(&x->pi->xhead, x);
         xent_free(x);
     }
     hm__mutex_unlock(&gx.lock);
+    xflush_run(&fl);
     return HM_SUCCESS;
 }
 
@@ -1657,8 +1854,12 @@ static void exports_pool_destroy(hm_ipc_pool_t *pi) {
     hm__mutex_lock(&gx.lock);
     for (xent_t *x = pi->xhead, *nx; x; x = nx) {
         nx = x->lnext;
+        /* Blocks freed while exported: the pool's fini takes all its memory back. */
+        free(x->dfr);
+        x->dfr = NULL;
+        x->ndfr = x->cdfr = 0;
         if (x->live) {
-            bool used = xrefs(x) != 0;
+            bool used = x->refs != 0;
             xdetach(x); /* unused: freed here; used: now an orphan */
             if (!used) continue;
         }
@@ -1681,6 +1882,16 @@ void hm__ipc_pool_destroy(hm_pool_t *pool) {
     hm_ipc_pool_t *pi = pool_ipc(pool);
     if (!pi) return;
     exports_pool_destroy(pi);
+    /* A put in flight may still be freeing deferred blocks into the pool;
+     * a child's due frees into it are dropped (fini takes the memory). */
+    while (atomic_load_explicit(&pi->flushers, memory_order_acquire)) sched_yield();
+    hm__mutex_lock(&gx.lock);
+    size_t kept = 0;
+    for (size_t i = 0; i < gx.ndue; i++)
+        if (gx.due[i].pool != pool) gx.due[kept++] = gx.due[i];
+    gx.ndue = kept;
+    atomic_store_explicit(&gx.due_count, kept, memory_order_relaxed);
+    hm__mutex_unlock(&gx.lock);
 
     /* Take the mappings out of the pool's hashes DESTROY_BATCH at a time
      * (pi->lock held for that many unlinks; only an evictor that claimed one

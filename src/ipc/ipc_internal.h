@@ -5,6 +5,7 @@
 
 #include "internal.h"
 #include "ipc/wire.h"
+#include "tracker/tracker.h"
 
 struct hm_ipc_pool; /* per-pool IPC state, made at a pool's first export or open */
 
@@ -18,6 +19,22 @@ void hm__ipc_pool_destroy(hm_pool_t *pool);
  * drop an unused cached export of it (a used one is released at its last
  * put). One relaxed load when nothing is exported. */
 void hm__ipc_range_release(hm_pool_t *pool, void *base);
+
+/* The front end's free of ptr, in pool's tracked range *e (not an
+ * imported one), while the pool may hold exports: if the block at ptr holds
+ * an exported pointer with handles outstanding (got, not put), its free is
+ * deferred to the last hm_ipc_put() of that export (*done set; HM_SUCCESS,
+ * or HM_ERROR_DOUBLE_FREE for a block already deferred); otherwise *done
+ * is false and the caller frees it now. One relaxed load when the pool has
+ * no outstanding export. Also runs a forked child's deferred frees. */
+hm_result_t hm__ipc_free_held(hm_pool_t *pool, void *ptr, const hm_tracker_entry_t *e,
+                              bool *done);
+/* Whether hm__ipc_free_held would defer the free of ptr (realloc). */
+bool hm__ipc_is_held(hm_pool_t *pool, const void *ptr, const hm_tracker_entry_t *e);
+/* The pool is about to split or merge the provider range at base: true
+ * (the caller answers HM_ERROR_BUSY) while it has an outstanding export;
+ * otherwise an unused cached export of it is dropped. */
+bool hm__ipc_range_busy(hm_pool_t *pool, void *base);
 
 /* hm_free()/hm_pool_free() of an opened mapping: logs and returns
  * HM_ERROR_INVALID_ARGUMENT (use hm_ipc_close). */
