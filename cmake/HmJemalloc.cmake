@@ -23,6 +23,21 @@
 #       memory on its own (see the jemalloc pool header);
 #   --disable-cxx --disable-prof --disable-libdl --disable-shared
 #       no operator new/delete, no profiling, no dlsym;
+#   --with-lg-page=12 --with-lg-hugepage=21 --with-lg-vaddr=48
+#       the page size, huge page size and address width, which configure
+#       would otherwise read from the build machine (sysconf, /proc/meminfo
+#       and, on x86-64, cpuid: 48 bits on most CPUs, 57 on those that can
+#       run 5-level page tables). A build must not depend on the machine it
+#       runs on, and the address width decides the layout of jemalloc's
+#       extent map: one word per page, the extent descriptor's address with
+#       the size class in the bits above LG_VADDR (RTREE_LEAF_COMPACT,
+#       rtree.h), which je_fast.c reads directly; that layout exists only
+#       while 64 - LG_VADDR bits hold a size class (232 classes: LG_VADDR <=
+#       56), so with 57 je_fast.c stops at its #error. The width is
+#       HM_JEMALLOC_ADDR_BITS, read from src/addr_width.h (the one place
+#       that states it); jemalloc ignores a key's bits above it, so the
+#       pool's extent alloc hook refuses provider memory that reaches 2^48
+#       (that header lists every component's limit);
 #   --with-malloc-conf=narenas:1,dss:disabled,retain:false
 #       one automatic arena (only jemalloc's own metadata uses it); never
 #       sbrk(), which would move glibc's heap; no "retain": with retain,
@@ -71,12 +86,22 @@ set(HM_JEMALLOC_CACHE_DIR "${_hm_je_default_cache}" CACHE PATH
 set(_hm_je_version 5.3.0)
 set(_hm_je_sha256 2db82d1e7119df3e71b7640219b6dfe84789bc0537983c3b7ac4f7189aecfeaa)
 set(_hm_je_tarball_name jemalloc_${_hm_je_version}.orig.tar.bz2)
+# The address width (see above), from the one place that states it.
+set(_hm_je_width_hdr "${PROJECT_SOURCE_DIR}/src/addr_width.h")
+file(STRINGS "${_hm_je_width_hdr}" _hm_je_lg_vaddr REGEX "^#define HM_JEMALLOC_ADDR_BITS [0-9]+$")
+if(NOT _hm_je_lg_vaddr MATCHES "^#define HM_JEMALLOC_ADDR_BITS ([0-9]+)$")
+  message(FATAL_ERROR "HM_WITH_JEMALLOC: no '#define HM_JEMALLOC_ADDR_BITS <n>' in ${_hm_je_width_hdr}")
+endif()
+set(_hm_je_lg_vaddr "${CMAKE_MATCH_1}")
+set_property(DIRECTORY "${PROJECT_SOURCE_DIR}" APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+             "${_hm_je_width_hdr}")
 # Any change here changes the cache key, so a stale build is never reused.
 set(_hm_je_cflags "-O2 -g0 -fPIC -mtls-dialect=gnu2")
 set(_hm_je_configure_args
   --with-jemalloc-prefix=hm_je_ --with-private-namespace=hm_jei_ --without-export
   --disable-initial-exec-tls --disable-cxx --disable-prof --disable-fill --disable-libdl
   --disable-doc --disable-shared --enable-static --with-lg-page=12 --with-lg-hugepage=21
+  --with-lg-vaddr=${_hm_je_lg_vaddr}
   --with-malloc-conf=narenas:1,dss:disabled,retain:false
   --with-version=5.3.0-0-g54eaed1d8b56b1aa528be3bdd1877e59c56fa90c)
 # The only symbols the pool calls; everything else becomes local.
@@ -268,9 +293,18 @@ if(NOT _hm_je_int_version STREQUAL "5.3.0")
   message(FATAL_ERROR "HM_WITH_JEMALLOC: the cached jemalloc is ${_hm_je_int_version}; "
           "src/pools/jemalloc/je_fast.c uses jemalloc 5.3.0's internals and only those")
 endif()
+# The width the cached build really has (its generated header), checked
+# against the pin: a build from an older configuration, or a configure that
+# ignored the option, must not reach je_fast.c or the pool's check.
+file(STRINGS "${_hm_je_dir}/internal/gen/jemalloc/internal/jemalloc_internal_defs.h" _hm_je_got_vaddr
+     REGEX "^#define LG_VADDR ")
+if(NOT _hm_je_got_vaddr STREQUAL "#define LG_VADDR ${_hm_je_lg_vaddr}")
+  message(FATAL_ERROR "HM_WITH_JEMALLOC: the private jemalloc in ${_hm_je_dir} has '${_hm_je_got_vaddr}', "
+          "expected LG_VADDR ${_hm_je_lg_vaddr} (--with-lg-vaddr); remove that directory to rebuild it")
+endif()
 file(SHA256 "${_hm_je_fast_src}" _hm_je_fast_sum)
 file(SHA256 "${_hm_je_fast_hdr}" _hm_je_fast_hsum)
-string(SHA256 _hm_je_post "${_hm_je_archive};${_hm_je_keep};${_hm_je_redefine};${_hm_je_remove};${_hm_je_fast_sum};${_hm_je_fast_hsum}")
+string(SHA256 _hm_je_post "${_hm_je_archive};${_hm_je_lg_vaddr};${_hm_je_keep};${_hm_je_redefine};${_hm_je_remove};${_hm_je_fast_sum};${_hm_je_fast_hsum}")
 if(NOT EXISTS "${HM_JEMALLOC_OBJECT}" OR NOT EXISTS "${HM_JEMALLOC_OBJECT}.${_hm_je_post}"
    OR "${_hm_je_archive}" IS_NEWER_THAN "${HM_JEMALLOC_OBJECT}")
   find_program(_hm_objcopy NAMES objcopy REQUIRED)
@@ -284,6 +318,7 @@ if(NOT EXISTS "${HM_JEMALLOC_OBJECT}" OR NOT EXISTS "${HM_JEMALLOC_OBJECT}.${_hm
   _hm_je_run("compiling ${_hm_je_fast_src} against jemalloc ${_hm_je_version}'s internal headers"
              ${CMAKE_C_COMPILER} ${_hm_je_fast_flags} -I "${_hm_je_dir}/internal/gen"
              -I "${_hm_je_dir}/internal/src" -I "${PROJECT_SOURCE_DIR}/include"
+             -DHM_JEMALLOC_ADDR_BITS=${_hm_je_lg_vaddr}
              -c "${_hm_je_fast_src}"
              -o "${CMAKE_BINARY_DIR}/hm_jemalloc/je_fast.o")
   _hm_je_run("ld -r" ${_hm_ld} -r "${CMAKE_BINARY_DIR}/hm_jemalloc/je_fast.o"
@@ -304,3 +339,6 @@ if(NOT EXISTS "${HM_JEMALLOC_OBJECT}" OR NOT EXISTS "${HM_JEMALLOC_OBJECT}.${_hm
   file(WRITE "${HM_JEMALLOC_OBJECT}.${_hm_je_post}" "")
 endif()
 message(STATUS "HM_WITH_JEMALLOC: private jemalloc ${_hm_je_version} from ${_hm_je_dir}")
+message(STATUS "HM_WITH_JEMALLOC: built for ${_hm_je_lg_vaddr}-bit addresses (--with-lg-vaddr="
+        "${_hm_je_lg_vaddr}, not the build CPU's width: je_fast.c reads jemalloc's one-word extent "
+        "map, which needs <= 56); the jemalloc pool refuses memory at or above 2^${_hm_je_lg_vaddr}")

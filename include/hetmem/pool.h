@@ -94,7 +94,9 @@ HM_API hm_result_t hm_pool_create(const hm_pool_ops_t *ops, hm_provider_t *provi
  * concurrently with other calls on the same pool. */
 HM_API hm_result_t hm_pool_destroy(hm_pool_t *pool);
 
-/* The malloc family: NULL and errno (ENOMEM, EINVAL) on failure.
+/* The malloc family: NULL and errno (ENOMEM, EINVAL; ENOTSUP where the pool
+ * cannot use the memory, e.g. provider memory at addresses it does not
+ * cover) on failure.
  * hm_pool_malloc(pool, 0) returns NULL with errno EINVAL. */
 HM_API void *hm_pool_malloc(hm_pool_t *pool, size_t size);
 HM_API void *hm_pool_calloc(hm_pool_t *pool, size_t num, size_t size);

@@ -38,6 +38,7 @@
  * node, so the counter is written rarely.
  */
 #include "tracker/tracker.h"
+#include "addr_width.h"
 
 #include "platform/prim.h"
 
@@ -137,7 +138,7 @@ static void grace_period(void) {
 }
 
 /* ---- geometry ---- */
-#define VA_BITS 57
+#define VA_BITS HM_TRACKER_ADDR_BITS /* 57: root bits 39..56 */
 #define ROOT_BITS 18
 #define NODE_BITS 9
 #define NODE_SLOTS (1u << NODE_BITS)
@@ -145,6 +146,7 @@ static void grace_period(void) {
 #define LEAF_LEVEL 3
 #define GRANULE_SHIFT 12
 static const unsigned level_shift[4] = {39, 30, 21, 12};
+_Static_assert(VA_BITS == 39 + ROOT_BITS, "the root's slots span the covered address bits");
 
 enum { TAG_NODE = 0, TAG_REC = 1, TAG_LIST = 2, TAG_MASK = 3 };
 
@@ -927,8 +929,7 @@ static void op_report_conflicts(const op_t *op, const char *what, uintptr_t lo, 
 }
 
 static int range_ok(uintptr_t base, size_t size) {
-    return base != 0 && size != 0 && size <= ((uintptr_t)1 << VA_BITS) &&
-           base <= ((uintptr_t)1 << VA_BITS) - size;
+    return base != 0 && size != 0 && hm__range_below(base, size, VA_BITS);
 }
 
 /* ---- per-pool index ----
@@ -1021,6 +1022,14 @@ static rec_t *rec_new(hm_tracker_index_t *idx, hm_pool_t *pool, hm_provider_t *p
 hm_result_t hm__tracker_insert(hm_tracker_index_t *idx, hm_pool_t *pool, hm_provider_t *provider,
                                uintptr_t base, size_t size, uint32_t flags, uint64_t *id) {
     if (hm_unlikely(!idx || !range_ok(base, size))) {
+        uintptr_t end;
+        if (idx && base && size && !__builtin_add_overflow(base, size, &end)) {
+            /* A real range the tree cannot hold: it covers 57 bits (every
+             * user address of x86-64 with 5-level paging). */
+            HM_LOG_ERROR("tracker insert: [%#lx, +%zu) reaches beyond the %d-bit address space "
+                         "the tracker covers", (unsigned long)base, size, VA_BITS);
+            return HM_ERROR_NOT_SUPPORTED;
+        }
         HM_LOG_ERROR("tracker insert: invalid %s [%#lx, +%zu)", idx ? "range" : "index (NULL)",
                      (unsigned long)base, size);
         return HM_ERROR_INVALID_ARGUMENT;

@@ -117,7 +117,9 @@ void hm__tracker_index_stats(hm_tracker_index_t *idx, size_t *count, size_t *byt
 void hm__tracker_index_fini(hm_tracker_index_t *idx);
 
 /* Record [base, base+size) for pool/provider. Overlap with a live range:
- * HM_ERROR_INVALID_ARGUMENT (logged). Out of metadata: OUT_OF_HOST_MEMORY.
+ * HM_ERROR_INVALID_ARGUMENT (logged). A range that reaches 2^57
+ * (HM_TRACKER_ADDR_BITS, addr_width.h): HM_ERROR_NOT_SUPPORTED (logged);
+ * lookups of such addresses find nothing. Out of metadata: OUT_OF_HOST_MEMORY.
  * *id (may be NULL) receives the new unique allocation id. */
 hm_result_t hm__tracker_insert(hm_tracker_index_t *idx, hm_pool_t *pool, hm_provider_t *provider,
                                uintptr_t base, size_t size, uint32_t flags, uint64_t *id);

@@ -312,8 +312,13 @@ static void test_bad_arguments(void) {
     CHECK_RES(hm__tracker_insert(&x, NULL, NULL, 0x10000, 0, 0, &id), HM_ERROR_INVALID_ARGUMENT);
     CHECK_RES(hm__tracker_insert(&x, NULL, NULL, UINTPTR_MAX - 10, 100, 0, &id),
               HM_ERROR_INVALID_ARGUMENT);
+    /* beyond the 57 bits the tree covers: refused, not wrapped */
     CHECK_RES(hm__tracker_insert(&x, NULL, NULL, (uintptr_t)1 << 57, 1, 0, &id),
-              HM_ERROR_INVALID_ARGUMENT);
+              HM_ERROR_NOT_SUPPORTED);
+    CHECK_RES(hm__tracker_insert(&x, NULL, NULL, ((uintptr_t)1 << 57) - 4096, 8192, 0, &id),
+              HM_ERROR_NOT_SUPPORTED);
+    CHECK_RES(hm__tracker_insert(&x, NULL, NULL, (uintptr_t)1 << 60, 4096, 0, &id),
+              HM_ERROR_NOT_SUPPORTED);
     /* the very top of the 57-bit space is fine */
     CHECK_OK(hm__tracker_insert(&x, NULL, NULL, ((uintptr_t)1 << 57) - 4096, 4096, 0, &id));
     CHECK(hm__tracker_lookup((const void *)(((uintptr_t)1 << 57) - 1), NULL));

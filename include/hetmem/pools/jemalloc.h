@@ -36,6 +36,11 @@
  * resizes in place or fails with HM_ERROR_NOT_SUPPORTED, leaving the block as
  * it was); the extent alloc hook refuses a request for zeroed device memory.
  *
+ * Addresses: the private jemalloc is built for 48-bit addresses (its extent
+ * map ignores higher bits). The extent alloc hook gives provider memory that
+ * reaches 2^48 back to the provider and fails, so the request fails with
+ * HM_ERROR_NOT_SUPPORTED (ENOTSUP), logged once per pool.
+ *
  * Providers: any. The alloc hook takes ranges from the provider exactly as
  * jemalloc asks for them (no "retain": see cmake/HmJemalloc.cmake); jemalloc
  * splits and coalesces its extents inside a range without the provider (a

@@ -24,6 +24,11 @@
  * When the provider cannot give a whole slab (bounded capacity), a small
  * request is served as a large one (page-granular) instead.
  *
+ * Addresses: the pool's page map covers addresses below 2^48. Provider
+ * memory that reaches 2^48 (a caller's buffer there, on a kernel with 5-level
+ * page tables) is given back to the provider and the request fails with
+ * HM_ERROR_NOT_SUPPORTED (ENOTSUP) and one error log line, whatever its size.
+ *
  * Giving memory back: a slab whose blocks are all free is returned to the
  * pool; the pool keeps up to retained_bytes of such slabs and cached large
  * ranges, and frees the rest to the provider. hm_pool_trim() frees all it can:

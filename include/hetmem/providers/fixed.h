@@ -6,7 +6,9 @@
  * returns to the provider and neighbours coalesce), split and merge. Memory
  * never goes back to the OS (no purge). The buffer is never freed or
  * unmapped by hetmem; the caller keeps it alive until the provider is
- * destroyed. */
+ * destroyed. The buffer may lie at any address: a pool that cannot use
+ * memory that high refuses it when it gets it (the native and jemalloc pools
+ * below 2^48, every tracked pool below 2^57; HM_ERROR_NOT_SUPPORTED). */
 #ifndef HETMEM_PROVIDERS_FIXED_H
 #define HETMEM_PROVIDERS_FIXED_H
 

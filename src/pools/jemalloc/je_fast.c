@@ -171,6 +171,11 @@ __attribute__((visibility("hidden"))) void hm__je_fast_tcache_refresh(hm_je_key_
 #ifndef RTREE_LEAF_COMPACT
 #error "je_fast.c reads jemalloc's extent map as one word per page (RTREE_LEAF_COMPACT)"
 #endif
+/* The width the pool's extent alloc hook enforces (src/addr_width.h, passed
+ * by cmake/HmJemalloc.cmake, which also configures jemalloc with it). */
+#if !defined(HM_JEMALLOC_ADDR_BITS) || LG_VADDR != HM_JEMALLOC_ADDR_BITS
+#error "je_fast.c: the private jemalloc's LG_VADDR is not HM_JEMALLOC_ADDR_BITS (src/addr_width.h)"
+#endif
 
 /* ---- region starts ----
  * A slab of a small size class holds nregs regions of `size` bytes from the slab's

@@ -19,6 +19,7 @@
  *   coalesced only within one arena (through the merge hook), and decayed
  *   extents go to the dalloc hook; refused ones are purged and kept. */
 #include "pool_internal.h"
+#include "addr_width.h"
 #include "je_fast.h"
 
 #include <hetmem/pools/jemalloc.h>
@@ -69,6 +70,7 @@ typedef struct jpool {
     pthread_mutex_t range_lock;
     struct prange **range_tab; /* range_nb buckets, a power of two */
     size_t range_nb, range_n;
+    _Atomic bool high_logged; /* the alloc hook refused memory above its width */
 } jpool_t;
 
 struct tc_node {
@@ -104,6 +106,18 @@ static int g_once_failed;
  * This file is compiled with -mtls-dialect=gnu2 (TLS descriptors: a static
  * offset when the library is loaded at start-up). */
 static __thread bool tl_exiting;
+/* Set by the extent alloc hook when it refuses provider memory above
+ * HM_JEMALLOC_ADDR_BITS, or the front-end refuses it (the tracker's width).
+ * jemalloc calls the alloc hook only inside an allocating call, on its
+ * thread: the slow paths clear it before mallocx/rallocx, and one that
+ * returns NULL reports HM_ERROR_NOT_SUPPORTED rather than OUT_OF_MEMORY when
+ * it is set (hook_result). */
+static __thread bool tl_hook_refused;
+
+/* The result of a mallocx/rallocx that returned NULL. */
+static hm_result_t hook_result(void) {
+    return tl_hook_refused ? HM_ERROR_NOT_SUPPORTED : HM_ERROR_OUT_OF_MEMORY;
+}
 
 /* ---- fork ----
  * Lock order: g_lock, then jemalloc's locks (tcache.destroy runs under
@@ -455,6 +469,21 @@ static void range_release_all(jpool_t *jp) {
 
 static inline jpool_t *jp_of(extent_hooks_t *h) { return hm_container_of(h, jpool_t, hooks); }
 
+/* Provider memory that reaches 2^HM_JEMALLOC_ADDR_BITS (addr_width.h): the
+ * private jemalloc is built with that LG_VADDR and ignores a key's higher
+ * bits, so an extent there would alias one below in its extent map. Given
+ * back; logged once per pool (jemalloc may ask again at every allocation). */
+static HM_NOINLINE void *refuse_high(jpool_t *jp, void *p, size_t size) {
+    bool freed = hm_pool_provider_free(jp->pool, p, size) == HM_SUCCESS;
+    if (!atomic_exchange_explicit(&jp->high_logged, true, memory_order_relaxed))
+        HM_LOG_ERROR("jemalloc pool '%s': provider memory [%p, +%zu) reaches beyond the %d-bit "
+                     "addresses of jemalloc's extent map; refused%s",
+                     hm_pool_name(jp->pool), p, size, HM_JEMALLOC_ADDR_BITS,
+                     freed ? "" : " (the provider cannot take it back: unused until destroy)");
+    tl_hook_refused = true;
+    return NULL;
+}
+
 static void *h_alloc(extent_hooks_t *h, void *new_addr, size_t size, size_t alignment, bool *zero,
                      bool *commit, unsigned arena_ind) {
     (void)arena_ind;
@@ -464,9 +493,13 @@ static void *h_alloc(extent_hooks_t *h, void *new_addr, size_t size, size_t alig
     if (new_addr) return NULL;
     if (*zero && !jp->cpu) return NULL; /* cannot zero device memory */
     void *p = NULL;
-    if (hm_pool_provider_alloc(jp->pool, size, alignment > JE_PAGE ? alignment : 0, &p) !=
-        HM_SUCCESS)
+    hm_result_t r = hm_pool_provider_alloc(jp->pool, size, alignment > JE_PAGE ? alignment : 0, &p);
+    if (r != HM_SUCCESS) {
+        if (r == HM_ERROR_NOT_SUPPORTED) tl_hook_refused = true; /* e.g. beyond the tracker */
         return NULL;
+    }
+    if (hm_unlikely(!hm__range_below((uintptr_t)p, size, HM_JEMALLOC_ADDR_BITS)))
+        return refuse_high(jp, p, size);
     if (!range_add(jp, p, size)) {
         if (hm_pool_provider_free(jp->pool, p, size) != HM_SUCCESS)
             HM_LOG_WARN("jemalloc pool '%s': [%p, +%zu) kept after running out of host memory",
@@ -798,9 +831,10 @@ hm_result_t hm__je_alloc_slow(void *state, size_t size, size_t alignment, void *
         if (hm_unlikely(alignment > ((size_t)1 << 62))) return HM_ERROR_OUT_OF_MEMORY;
         flags |= MALLOCX_ALIGN(alignment);
     }
+    tl_hook_refused = false;
     void *p = hm_je_mallocx(size, flags);
     tcache_refresh(jp);
-    if (hm_unlikely(!p)) return HM_ERROR_OUT_OF_MEMORY;
+    if (hm_unlikely(!p)) return hook_result();
     *ptr = p;
     return HM_SUCCESS;
 }
@@ -834,8 +868,9 @@ static hm_result_t jp_calloc(void *state, size_t size, void **ptr) {
                      hm_pool_name(jp->pool));
         return HM_ERROR_NOT_SUPPORTED;
     }
+    tl_hook_refused = false;
     void *p = hm_je_mallocx(size, flags_of(jp) | MALLOCX_ZERO);
-    if (!p) return HM_ERROR_OUT_OF_MEMORY;
+    if (!p) return hook_result();
     *ptr = p;
     return HM_SUCCESS;
 }
@@ -855,8 +890,9 @@ static hm_result_t jp_realloc(void *state, void *ptr, size_t size, void **out) {
         return HM_ERROR_NOT_SUPPORTED;
     }
     if (size > ((size_t)1 << 62)) return HM_ERROR_OUT_OF_MEMORY;
+    tl_hook_refused = false;
     void *p = hm_je_rallocx(ptr, size, flags);
-    if (!p) return HM_ERROR_OUT_OF_MEMORY;
+    if (!p) return hook_result();
     *out = p;
     return HM_SUCCESS;
 }

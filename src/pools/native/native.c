@@ -483,6 +483,36 @@ static void purge_range(nv_pool_t *nv, uintptr_t base, size_t size) {
         hm_pool_provider_purge(nv->pool, (void *)base, size, nv->can_purge_force);
 }
 
+/* Provider memory [p, +size) that provider_take refuses: given back. */
+static HM_NOINLINE hm_result_t refuse_range(nv_pool_t *nv, void *p, size_t size) {
+    if (!p) { /* a provider bug; 0 also marks "none" in the pool (nv_heap.r_key) */
+        HM_LOG_ERROR("native pool: the provider returned address 0 for %zu bytes", size);
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    HM_LOG_ERROR("native pool: provider memory [%p, +%zu) reaches beyond the %d-bit addresses "
+                 "its page map covers; refused", p, size, HM_NATIVE_ADDR_BITS);
+    if (hm_pool_provider_free(nv->pool, p, size) != HM_SUCCESS)
+        HM_LOG_WARN("native pool: the provider cannot take [%p, +%zu) back; it stays unused "
+                    "until the pool is destroyed", p, size);
+    return HM_ERROR_NOT_SUPPORTED;
+}
+
+/* Memory from the provider, for a slab or a large block: [*out, +size),
+ * below 2^HM_NATIVE_ADDR_BITS (addr_width.h), which the page map covers
+ * (map_init). A range that reaches beyond would index past the map's root
+ * (map_set), so it goes back to the provider and the call fails; large
+ * blocks, kept in lmap rather than the map, are refused alike, so that what
+ * the pool accepts does not depend on the size. */
+HM_INLINE hm_result_t provider_take(nv_pool_t *nv, size_t size, size_t align, void **out) {
+    void *p = NULL;
+    hm_result_t r = hm_pool_provider_alloc(nv->pool, size, align, &p);
+    if (r != HM_SUCCESS) return r;
+    if (hm_unlikely(!p || !hm__range_below((uintptr_t)p, size, HM_NATIVE_ADDR_BITS)))
+        return refuse_range(nv, p, size);
+    *out = p;
+    return HM_SUCCESS;
+}
+
 static hm_result_t large_alloc(nv_pool_t *nv, size_t size, size_t align, void **out) {
     size_t rsize = size <= nv->large_threshold ? scale_round(size) : size;
     if (rsize) rsize = hm_align_up(rsize, nv->page);
@@ -511,7 +541,7 @@ static hm_result_t large_alloc(nv_pool_t *nv, size_t size, size_t align, void **
     }
     if (!base) {
         void *p = NULL;
-        hm_result_t r = hm_pool_provider_alloc(nv->pool, rsize, align > nv->page ? align : 0, &p);
+        hm_result_t r = provider_take(nv, rsize, align > nv->page ? align : 0, &p);
         if (r != HM_SUCCESS) return r;
         base = (uintptr_t)p;
         atomic_fetch_add_explicit(&nv->held, rsize, memory_order_relaxed);
@@ -729,7 +759,7 @@ static hm_result_t slab_acquire(nv_pool_t *nv, nv_heap_t *h, unsigned c, nv_slab
     }
     if (!s) {
         void *p = NULL;
-        hm_result_t r = hm_pool_provider_alloc(nv->pool, span, nv->slab_size, &p);
+        hm_result_t r = provider_take(nv, span, nv->slab_size, &p);
         if (r != HM_SUCCESS) return r;
         s = desc_new(words);
         if (!s) {
@@ -737,15 +767,8 @@ static hm_result_t slab_acquire(nv_pool_t *nv, nv_heap_t *h, unsigned c, nv_slab
                 HM_LOG_WARN("native pool: out of host memory; %zu bytes at %p lost", span, p);
             return HM_ERROR_OUT_OF_HOST_MEMORY;
         }
-        s->base = (uintptr_t)p;
+        s->base = (uintptr_t)p; /* never 0 (provider_take; see nv_heap.r_key) */
         s->span = span;
-        if (!s->base || s->base >> NV_ADDR_BITS) { /* 0: see nv_heap.r_key */
-            HM_LOG_ERROR("native pool: provider address %p is beyond the page map's %d bits", p,
-                         NV_ADDR_BITS);
-            hm_pool_provider_free(nv->pool, p, span);
-            free(s);
-            return HM_ERROR_NOT_SUPPORTED;
-        }
         atomic_fetch_add_explicit(&nv->held, span, memory_order_relaxed);
         atomic_fetch_add_explicit(&nv->nranges, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&nv->nslabs, 1, memory_order_relaxed);

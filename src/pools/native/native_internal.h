@@ -4,6 +4,7 @@
 #define HM_NATIVE_INTERNAL_H
 
 #include "internal.h"
+#include "addr_width.h"
 
 #include <hetmem/pools/native.h>
 #include <urcu/wfcqueue.h>
@@ -14,7 +15,7 @@
 #define NV_SLAB_MAX ((size_t)64 << 20)
 #define NV_CLASS_LIMIT_MAX ((size_t)1 << 20)
 #define NV_MIN_BLOCKS 8          /* a slab holds at least this many blocks */
-#define NV_ADDR_BITS 48          /* addresses the page map covers */
+#define NV_ADDR_BITS HM_NATIVE_ADDR_BITS /* addresses the page map covers (48) */
 #define NV_OUT_SLOTS 8           /* outgoing remote-free batches per heap */
 #define NV_BATCH_CAP 126         /* frees per batch: a large batch is 2 KiB */
 #define NV_BATCH_SMALL 14        /* entries of a small batch (256 bytes) */
