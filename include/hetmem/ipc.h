@@ -5,8 +5,20 @@
  * a versioned, little-endian header (magic, version, provider family,
  * exporter identity = pid + per-process random nonce + process start time,
  * the exporter's allocation id, base, size, the pointer's offset in the
- * allocation, the provider's payload) protected by a CRC32C. The importer
- * validates all of it before anything is mapped.
+ * allocation, the address of the exporter's own copy of the handle, the
+ * provider's payload) protected by a CRC32C. Before anything is mapped the
+ * importer checks the format and checksum, and then, at a cache miss,
+ * compares the whole handle with the exporter's own copy, read from the
+ * exporter's memory (process_vm_readv: the same permission pidfd_getfd
+ * needs): equal bytes prove every field genuine, the nonce included, and
+ * the export still cached by the exporter. Where that read is refused
+ * (ptrace denied: the channel transport's case) the importer verifies the
+ * format, that the pid names a live process started at the handle's start
+ * time (descriptor handles), and what the provider checks of its payload
+ * and descriptor; the nonce and the other fields are then taken as given.
+ * A repeated open that hits the cache compares the handle with the
+ * validated one in every field but the offset (any offset inside the
+ * allocation) and the origin.
  *
  *   exporter                                importer
  *   hm_ipc_get(ptr, &h, &len)    --bytes-->  hm_ipc_open(pool, h, len, &p)
@@ -127,13 +139,17 @@ HM_API hm_result_t hm_ipc_put(hm_ipc_handle_t *handle);
  * family, HM_PROVIDER_CAP_IPC). *ptr = the exporter's ptr translated.
  * Errors (nothing is mapped, nothing leaks):
  *   HM_ERROR_INVALID_HANDLE  truncated, corrupt (checksum), malformed, forged
+ *                            (not the exporter's copy: a changed nonce,
+ *                            descriptor number, kind, size, payload ...)
  *   HM_ERROR_NOT_SUPPORTED   another format version; provider family or
  *                            payload the pool's provider cannot open; no
  *                            pidfd_getfd on this kernel
  *   HM_ERROR_INVALID_ARGUMENT  a handle made by this very process (use the
  *                            pointer itself), NULL arguments
  *   HM_ERROR_STALE_HANDLE    the exporter is dead (or its pid was reused),
- *                            or the memory is gone
+ *                            or the memory is gone: the exporter no longer
+ *                            caches the export (its last put, then a free
+ *                            or the cache bound)
  *   HM_ERROR_PERMISSION      the exporter's descriptor cannot be fetched
  *                            (use the channel) */
 HM_API hm_result_t hm_ipc_open(hm_pool_t *pool, const hm_ipc_handle_t *handle, size_t size,

@@ -203,10 +203,11 @@ typedef struct imp {
     uint16_t len;           /* total bytes of the handle */
     uint8_t kf;             /* kind | flags << 2 (kind <= 3, flags <= 1) */
     _Atomic uint8_t used;   /* CLOCK reference bit, atomic, no lock (set on a hit) */
-    /* The offset (< 2^32; IMP_NO_MEMO: none) and checksum of the last handle
-     * whose checksum a hit verified: a handle equal to it in every other
-     * field and carrying both is byte-identical to it, so valid without
-     * recomputing its checksum. pi->lock. */
+    /* The offset (< 2^32; IMP_NO_MEMO: none) and the checksum folded with
+     * the origin (memo_key) of the last handle whose checksum a hit
+     * verified: a handle equal to it in every other field and carrying
+     * all three is byte-identical to it, so valid without recomputing its
+     * checksum. pi->lock. */
     uint32_t memo_crc, memo_off;
     unsigned char pay[IMP_PAY_INLINE]; /* the payload's first bytes (OS: all 48) */
     /* line 2, cold: slow paths only */
@@ -594,14 +595,25 @@ static void imp_free(imp_t *e) {
 
 /* Whether the caller's handle bytes b (size bytes, unvalidated) hit e,
  * whose key (pid, nonce, base) they are already known to carry: every field
- * equal to e's validated handle's, the reserved bytes zero, the offset
- * inside the allocation and the checksum right (recomputed unless offset
+ * equal to e's validated handle's but the offset and the origin (both
+ * differ between the handles of one allocation; the allocation itself was
+ * verified against the exporter's copy at the miss), the reserved bytes
+ * zero, the origin not 0, the offset inside the allocation and the checksum
+ * right (recomputed unless offset
  * and checksum are those of the last handle verified here: then the bytes
  * are that handle's) — exactly what the decoder checks followed by
  * imp_same(): a handle that differs from the validated
  * one in anything but its offset (another allocation at that address, a
  * forgery with a recomputed checksum) goes the slow path. *offset: the
  * handle's offset. pi->lock held. */
+/* The checksum folded with the origin, which the hit does not compare
+ * with the entry's: an odd multiplier's high half changes with every
+ * single-bit change of the origin, so a corrupted origin under the
+ * memoised checksum is not taken for the memoised bytes. */
+static inline uint32_t memo_key(uint32_t crc, uint64_t origin) {
+    return crc ^ (uint32_t)((origin * 0x9e3779b97f4a7c15ull) >> 32);
+}
+
 static inline bool imp_hit(imp_t *e, const unsigned char *b, size_t size, uint64_t *offset) {
     uint32_t len = e->len, plen = len - HM_IPC_HEADER_SIZE;
     if (hm_unlikely(size < len)) return false;
@@ -614,8 +626,8 @@ static inline bool imp_hit(imp_t *e, const unsigned char *b, size_t size, uint64
                  (hm__wire_peek64(b, HM__WIRE_OFF_START) ^ e->start) |
                  (hm__wire_peek64(b, HM__WIRE_OFF_ALLOC_ID) ^ e->alloc_id) |
                  (hm__wire_peek64(b, HM__WIRE_OFF_SIZE) ^ e->size) |
-                 hm__wire_peek64(b, HM__WIRE_OFF_RESERVED) |
-                 hm__wire_peek32(b, HM__WIRE_OFF_RESERVED + 8);
+                 hm__wire_peek32(b, HM__WIRE_OFF_RESERVED) |
+                 (hm__wire_peek64(b, HM__WIRE_OFF_ORIGIN) == 0);
     uint64_t off = hm__wire_peek64(b, HM__WIRE_OFF_OFFSET);
     if (hm_unlikely(d != 0 || off >= e->size)) return false;
     uint32_t inl = plen < IMP_PAY_INLINE ? plen : IMP_PAY_INLINE;
@@ -623,11 +635,12 @@ static inline bool imp_hit(imp_t *e, const unsigned char *b, size_t size, uint64
     if (plen > inl && memcmp(b + HM_IPC_HEADER_SIZE + inl, e->pay_rest, plen - inl) != 0)
         return false;
     uint32_t crc = hm__wire_peek32(b, HM__WIRE_CRC_OFF);
-    if (off != e->memo_off || crc != e->memo_crc) { /* not the last verified bytes */
+    uint32_t key = memo_key(crc, hm__wire_peek64(b, HM__WIRE_OFF_ORIGIN));
+    if (off != e->memo_off || key != e->memo_crc) { /* not the last verified bytes */
         if (hm_unlikely(hm__wire_checksum(b, plen) != crc)) return false;
         if (off < IMP_NO_MEMO) {
             e->memo_off = (uint32_t)off;
-            e->memo_crc = crc;
+            e->memo_crc = key;
         }
     }
     *offset = off;
@@ -1013,6 +1026,60 @@ static inline bool take_ref(imp_t *e, uint32_t *gen) {
     return true;
 }
 
+/* A handle that misses the cache against the exporter's own copy of it
+ * (at w->origin in the exporter: the bytes hm_ipc_get returned there),
+ * read from the exporter's memory: equal bytes prove every field and the
+ * payload genuine and the export still held by the exporter's cache. The
+ * read needs what pidfd_getfd needs (same user, ptrace access); where it is
+ * refused the handle is used as validated by the decoder, the identity
+ * check (pid + start time, on the descriptor path) and the provider (logged
+ * once). */
+static hm_result_t open_verify(const hm_wire_t *w) {
+    static _Atomic int unverified_logged;
+    const unsigned char *b = w->payload - HM_IPC_HEADER_SIZE;
+    unsigned char theirs[HM_IPC_HEADER_SIZE + HM_IPC_PAYLOAD_MAX];
+    hm_result_t r = hm__prim_process_read((pid_t)w->pid, w->origin, theirs, w->total_size);
+    int64_t e = r != HM_SUCCESS ? hm_last_native_error(NULL) : 0;
+    if (r == HM_SUCCESS && memcmp(theirs, b, w->total_size) == 0) return HM_SUCCESS;
+    if (e == EPERM || e == EACCES || e == ENOSYS) {
+        if (!atomic_exchange_explicit(&unverified_logged, 1, memory_order_relaxed))
+            HM_LOG_INFO("hm_ipc_open: cannot read the exporter's copy of a handle (errno "
+                        "%lld); handles are checked by their fields only", (long long)e);
+        return HM_SUCCESS;
+    }
+    /* Not the exporter's bytes. Whose fault, most exactly: */
+    uint64_t start = 0;
+    if (e == ESRCH || hm__prim_process_start_time((pid_t)w->pid, &start) != HM_SUCCESS ||
+        start != w->start_time) {
+        HM_LOG_ERROR("hm_ipc_open: the exporter (pid %llu) is not running any more",
+                     (unsigned long long)w->pid);
+        return HM_ERROR_STALE_HANDLE;
+    }
+    if (r != HM_SUCCESS) {
+        HM_LOG_ERROR("hm_ipc_open: the exporter (pid %llu) has no handle at 0x%llx (errno "
+                     "%lld): forged", (unsigned long long)w->pid,
+                     (unsigned long long)w->origin, (long long)e);
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    if (memcmp(theirs + HM__WIRE_OFF_PID, b + HM__WIRE_OFF_PID, 24) != 0) {
+        HM_LOG_ERROR("hm_ipc_open: the handle's exporter identity (pid %llu, nonce 0x%llx) is "
+                     "not the exporter's: forged", (unsigned long long)w->pid,
+                     (unsigned long long)w->nonce);
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    /* The exporter's copy is released (its magic cleared) or the slot now
+     * holds another export's handle (allocation ids are never reused): the
+     * export is gone. The same export with other bytes: forged. */
+    if (hm__wire_peek32(theirs, 0) != HM__WIRE_MAGIC ||
+        hm__wire_peek64(theirs, HM__WIRE_OFF_ALLOC_ID) != w->alloc_id) {
+        HM_LOG_ERROR("hm_ipc_open: the exporter (pid %llu) no longer holds this handle (put "
+                     "and released)", (unsigned long long)w->pid);
+        return HM_ERROR_STALE_HANDLE;
+    }
+    HM_LOG_ERROR("hm_ipc_open: the handle differs from the exporter's copy of it: forged");
+    return HM_ERROR_INVALID_HANDLE;
+}
+
 static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, const hm_wire_t *w,
                                          uint64_t kh, int fd_in, void **ptr) {
     hm_provider_t *prov = pool->provider;
@@ -1020,8 +1087,9 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
         HM_LOG_ERROR("hm_ipc_open: %p is not a live pool", (void *)pool);
         return HM_ERROR_INVALID_ARGUMENT;
     }
+    hm_result_t r = open_verify(w);
+    if (r != HM_SUCCESS) return r;
     int fd = -1, own_fd = -1;
-    hm_result_t r;
     if (w->flags & HM__WIRE_HAS_FD) {
         if (fd_in >= 0) {
             fd = fd_in;
@@ -1306,6 +1374,8 @@ static xent_t *xfind(uintptr_t base) {
 }
 
 static void xview_free(xview_t *v) {
+    /* An importer that reads this copy (open_verify) sees it released. */
+    memset(v->wire, 0, sizeof(uint32_t));
     if (v->in_arena) {
         v->x = NULL; /* a put naming this slot is refused from now on */
         arena_free(&view_arena, v);
@@ -1693,6 +1763,7 @@ static xview_t *xview_make(xent_t *x, uint64_t offset, const ident_t *me) {
         .base = x->base,
         .size = x->size,
         .offset = offset,
+        .origin = (uint64_t)(uintptr_t)v->wire,
     };
     memcpy(v->wire + HM_IPC_HEADER_SIZE, x->payload, x->payload_len);
     hm__wire_encode(&w, v->wire);
@@ -1767,8 +1838,10 @@ hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size) 
     if (hm_unlikely(!x)) {
         r = xcreate(&te, pi, &x);
         if (r != HM_SUCCESS) goto out;
-        if (x->fd >= 0 && atomic_load_explicit(&ptrace_epoch, memory_order_relaxed) !=
-                              hm__prim_fork_epoch() + 1) {
+        /* Importers read the exporter's copy of a handle (open_verify) and
+         * fetch its descriptor: both need ptrace access to this process. */
+        if (atomic_load_explicit(&ptrace_epoch, memory_order_relaxed) !=
+            hm__prim_fork_epoch() + 1) {
             hm__ipc_allow_ptrace();
             atomic_store_explicit(&ptrace_epoch, hm__prim_fork_epoch() + 1,
                                   memory_order_relaxed);

@@ -115,6 +115,7 @@ void hm__wire_encode(const hm_wire_t *w, unsigned char *out) {
     put64(out + 64, w->base);
     put64(out + 72, w->size);
     put64(out + 80, w->offset);
+    put64(out + 88, w->origin);
     put32(out + HM__WIRE_CRC_OFF, wire_crc(out, w->payload_len));
 }
 
@@ -176,10 +177,11 @@ hm_result_t hm__wire_decode(const void *bytes, size_t len, hm_wire_t *w) {
     w->base = get64(b + 64);
     w->size = get64(b + 72);
     w->offset = get64(b + 80);
+    w->origin = get64(b + 88);
     w->payload = b + HM_IPC_HEADER_SIZE;
     const char *why = NULL;
     int reserved = 0;
-    for (unsigned i = 88; i < HM__WIRE_CRC_OFF; i++) reserved |= b[i];
+    for (unsigned i = HM__WIRE_OFF_RESERVED; i < HM__WIRE_CRC_OFF; i++) reserved |= b[i];
     if (reserved) why = "reserved bytes are not zero";
     else if (w->flags & ~(uint32_t)HM__WIRE_HAS_FD) why = "unknown flags";
     else if (!w->family) why = "no provider family";
@@ -191,6 +193,7 @@ hm_result_t hm__wire_decode(const void *bytes, size_t len, hm_wire_t *w) {
     else if (!w->base || !w->size) why = "zero base or size";
     else if (w->base > UINT64_MAX - w->size || w->size > (SIZE_MAX >> 1)) why = "base + size overflows";
     else if (w->offset >= w->size) why = "offset beyond the allocation";
+    else if (!w->origin) why = "zero origin";
     if (why) {
         HM_LOG_WARN("IPC handle rejected: %s", why);
         return HM_ERROR_INVALID_HANDLE;

@@ -20,14 +20,18 @@
  *    64   8  base           exporter's address of the allocation (!= 0)
  *    72   8  size           allocation size (> 0, base + size no overflow)
  *    80   8  offset         exported pointer - base (< size)
- *    88  12  reserved       0
+ *    88   8  origin         exporter's address of its own copy of this
+ *                           handle (the bytes hm_ipc_get returned; != 0)
+ *    96   4  reserved       0
  *   100   4  crc32c         over bytes [0, 100) and the payload
  *   104   .. payload        the provider's native handle
  *
- * The checksum catches corruption and truncation, not forgery: a forged
- * handle with a valid checksum is still stopped by the identity check
- * (pidfd + start time), the provider's own payload validation, and the fd's
- * size check in the provider. */
+ * The checksum catches corruption and truncation, not forgery. A forged
+ * handle with a valid checksum is stopped by the importer's comparison
+ * with the exporter's own copy at `origin` (read from the exporter's
+ * memory: ipc.c, open_verify), which covers every field and the payload;
+ * where the importer may not read it, by the identity check (pid + start
+ * time), the provider's payload validation and the fd's size check. */
 #ifndef HM_IPC_WIRE_H
 #define HM_IPC_WIRE_H
 
@@ -36,7 +40,7 @@
 #include <string.h>
 
 #define HM__WIRE_MAGIC 0x50494d48u
-#define HM__WIRE_VERSION 1u
+#define HM__WIRE_VERSION 2u
 #define HM__WIRE_CRC_OFF 100u
 
 enum { HM__WIRE_HAS_FD = 1u << 0 };
@@ -53,7 +57,8 @@ enum {
     HM__WIRE_OFF_BASE = 64,
     HM__WIRE_OFF_SIZE = 72,
     HM__WIRE_OFF_OFFSET = 80,
-    HM__WIRE_OFF_RESERVED = 88, /* 12 bytes */
+    HM__WIRE_OFF_ORIGIN = 88,
+    HM__WIRE_OFF_RESERVED = 96, /* 4 bytes */
 };
 
 /* The little-endian 64-bit field at off (no validation: a cache key, or a
@@ -91,6 +96,7 @@ typedef struct hm_wire {
     int32_t fd;
     uint64_t pid, nonce, start_time;
     uint64_t alloc_id, base, size, offset;
+    uint64_t origin;
     const unsigned char *payload;
     uint32_t total_size;
 } hm_wire_t;

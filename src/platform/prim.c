@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -378,6 +379,18 @@ hm_result_t hm__prim_pidfd_getfd(int pidfd, int target_fd, int *fd) {
     long r = syscall(SYS_pidfd_getfd, (long)pidfd, (long)target_fd, 0L);
     if (r < 0) return hm__errno_result(errno, "pidfd_getfd(%d, %d)", pidfd, target_fd);
     *fd = (int)r;
+    return HM_SUCCESS;
+}
+
+hm_result_t hm__prim_process_read(pid_t pid, uint64_t addr, void *buf, size_t len) {
+    struct iovec local = {.iov_base = buf, .iov_len = len};
+    struct iovec remote = {.iov_base = (void *)(uintptr_t)addr, .iov_len = len};
+    ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (n < 0) return hm__errno_result(errno, "process_vm_readv(%ld, 0x%llx, %zu)", (long)pid,
+                                       (unsigned long long)addr, len);
+    if ((size_t)n != len)
+        return hm__errno_result(EFAULT, "process_vm_readv(%ld, 0x%llx, %zu): %zd bytes",
+                                (long)pid, (unsigned long long)addr, len, n);
     return HM_SUCCESS;
 }
 

@@ -130,6 +130,10 @@ hm_result_t hm__prim_pidfd_getfd(int pidfd, int target_fd, int *fd);
  * field 22): with the pid, it names one process for the life of the
  * system. pid 0 means this process. */
 hm_result_t hm__prim_process_start_time(pid_t pid, uint64_t *ticks);
+/* process_vm_readv: len bytes at addr in process pid into buf. Needs what
+ * pidfd_getfd needs (same user, ptrace access mode attach). A read shorter
+ * than len is EFAULT (recorded as the native error, as every failure). */
+hm_result_t hm__prim_process_read(pid_t pid, uint64_t addr, void *buf, size_t len);
 /* len random bytes from the kernel (getrandom, /dev/urandom fallback). */
 hm_result_t hm__prim_random(void *buf, size_t len);
 /* A per-process random 64-bit nonce, drawn once (and again in a forked

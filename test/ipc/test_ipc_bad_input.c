@@ -202,12 +202,14 @@ int main(void) {
     hm_ipc_cache_stats_t st0;
     CHECK_OK(hm_ipc_get_cache_stats(&st0));
     /* Wrong version, wrong provider family (checksums made valid). */
-    forged("version 2", 4, 2, 2, HM_ERROR_NOT_SUPPORTED);
+    forged("version 1", 4, 2, 1, HM_ERROR_NOT_SUPPORTED);
+    forged("version 3", 4, 2, 3, HM_ERROR_NOT_SUPPORTED);
     forged("file family", 12, 4, HM_PROVIDER_FAMILY_FILE, HM_ERROR_NOT_SUPPORTED);
     forged("user family", 12, 4, HM_PROVIDER_FAMILY_USER + 7, HM_ERROR_NOT_SUPPORTED);
     /* Forged fields. */
     forged("unknown flag", 16, 4, 3, HM_ERROR_INVALID_HANDLE);
-    forged("reserved byte", 90, 1, 1, HM_ERROR_INVALID_HANDLE);
+    forged("reserved byte", 97, 1, 1, HM_ERROR_INVALID_HANDLE);
+    forged("zero origin", 88, 8, 0, HM_ERROR_INVALID_HANDLE);
     forged("offset past the end", 80, 8, 65536, HM_ERROR_INVALID_HANDLE);
     forged("zero size", 72, 8, 0, HM_ERROR_INVALID_HANDLE);
     forged("wrapping base", 64, 8, UINT64_MAX - 4096, HM_ERROR_INVALID_HANDLE);
@@ -221,15 +223,13 @@ int main(void) {
     forged("payload magic", HM_IPC_HEADER_SIZE, 4, 0x12345678, HM_ERROR_INVALID_HANDLE);
     if (pidfd_ok) {
         /* Descriptor numbers that name something else in the exporter. */
-        forged("fd = the exporter's stdin", 28, 4, 0, HM_ERROR_STALE_HANDLE); /* too short */
-        forged("fd = a closed number", 28, 4, 999, HM_ERROR_STALE_HANDLE);
+        forged("fd = the exporter's stdin", 28, 4, 0, HM_ERROR_INVALID_HANDLE);
+        forged("fd = a closed number", 28, 4, 999, HM_ERROR_INVALID_HANDLE);
         forged("size beyond the export", 72, 8, 1u << 20, HM_ERROR_INVALID_HANDLE);
+        /* Valid but for the kind: not the exporter's handle (its copy says
+         * otherwise), never a hit. */
+        forged("another memory kind", 24, 4, HM_MEMORY_SHARED, HM_ERROR_INVALID_HANDLE);
         /* The payload's last byte (the OS payload's page size, high byte). */
-        /* Valid but for the kind: it opens (the provider maps the same
-         * memfd range) as a different handle, never as a hit, and replaces
-         * the unused cached entry; the genuine handle then replaces it back. */
-        forged("another memory kind", 24, 4, HM_MEMORY_SHARED, HM_SUCCESS);
-        CHECK_EQ(try_open(good, good_len), HM_SUCCESS);
         forged("payload's last byte", (unsigned)good_len - 1, 1, 0x40, HM_ERROR_INVALID_HANDLE);
     }
     {
@@ -239,6 +239,49 @@ int main(void) {
                   (unsigned long long)(st1.hits - st0.hits));
     }
     CHECK_EQ(count_maps(), maps0);
+    /* Every byte of the handle but the checksum, changed with the checksum
+     * made valid (two values each), opened through a pool that has never
+     * opened the genuine handle (so every open is a miss, compared with the
+     * exporter's own copy): each is refused and leaves nothing mapped or
+     * cached. Through the pool that caches the genuine mapping, a change of
+     * the offset (within the allocation) or of the origin names the same
+     * allocation and hits; every other change is refused. */
+    if (pidfd_ok) {
+        hm_pool_t *fresh = shared_pool_make();
+        REQUIRE(fresh != NULL);
+        int opened = 0, hit_bad = 0;
+        size_t ent1 = cache_entries();
+        int maps1 = count_maps();
+        for (size_t i = 0; i < good_len; i++) {
+            if (i >= HM__WIRE_CRC_OFF && i < HM__WIRE_CRC_OFF + 4) continue;
+            for (int k = 0; k < 2; k++) {
+                unsigned char b[sizeof(good)];
+                memcpy(b, good, good_len);
+                b[i] ^= k ? 0x80 : 0x01;
+                fix_crc(b, good_len);
+                void *q = NULL;
+                hm_result_t r = hm_ipc_open(fresh, (const hm_ipc_handle_t *)b, good_len, &q);
+                if (r == HM_SUCCESS) {
+                    opened++;
+                    printf("byte %zu ^ 0x%02x opened\n", i, k ? 0x80 : 0x01);
+                    hm_ipc_close(q);
+                }
+                int ignored_on_hit = (i >= HM__WIRE_OFF_OFFSET && i < HM__WIRE_OFF_OFFSET + 8) ||
+                                     (i >= HM__WIRE_OFF_ORIGIN && i < HM__WIRE_OFF_ORIGIN + 8);
+                q = NULL;
+                r = hm_ipc_open(pool, (const hm_ipc_handle_t *)b, good_len, &q);
+                if (r == HM_SUCCESS) {
+                    hit_bad += !ignored_on_hit;
+                    hm_ipc_close(q);
+                }
+            }
+        }
+        CHECK_MSG(opened == 0, "%d forged handles opened on a miss", opened);
+        CHECK_MSG(hit_bad == 0, "%d forged handles opened through the cached mapping", hit_bad);
+        CHECK_EQ(cache_entries(), ent1);
+        CHECK_EQ(count_maps(), maps1);
+        CHECK_OK(hm_pool_destroy(fresh));
+    }
     /* Wrong provider: a private OS pool cannot open, a fixed-family handle
      * would not match either. */
     {

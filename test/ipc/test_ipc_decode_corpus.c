@@ -27,6 +27,7 @@ static size_t make_valid(unsigned char *b) {
         .size = 1 + next() % (1u << 30),
     };
     w.offset = next() % w.size;
+    w.origin = (next() & 0x7ffffffffff8ull) | 8;
     if (next() & 1) {
         w.flags = HM__WIRE_HAS_FD;
         w.fd = (int32_t)(next() % 1024);
