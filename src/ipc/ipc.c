@@ -20,6 +20,17 @@
  * hit; the provider's ipc.get/put run under it so that a pool destroy can
  * never race a put into a destroyed provider).
  *
+ * HOLDS. An entry counts its outstanding gets (refs); its pool counts its
+ * entries with refs > 0 (pi->held). While that count is not 0, the front
+ * end's free of a block of the pool asks hm__ipc_free_held: a block whose
+ * extent (the pool's usable_size) holds an outstanding view's pointer is
+ * not freed but listed in the entry (dfr), and the last put frees the list
+ * into the pool with no lock held (pi->flushers keeps the pool alive until
+ * then: its destroy waits). Splitting or merging a range with refs > 0 is
+ * refused (hm__ipc_range_busy). A forked child moves the parent's lists to
+ * gx.due, freed at its next IPC call or checked free. refs, dfr, held's
+ * changes and due are guarded by gx.lock; held is read without it.
+ *
  * OPENED-HANDLE CACHE (consumer side). One entry per opened mapping:
  *   key   (exporter pid, exporter nonce, remote base) in the importing
  *         pool's key index (open addressing, 16-byte slots holding the
