@@ -16,9 +16,12 @@
  * after fork). Bounded by HM_IPC_EXPORT_CACHE_MAX entries; CLOCK eviction
  * of unused entries. An entry whose allocation is freed
  * (hm__ipc_range_release) is released at once if unused, else at its last
- * put. All of it is guarded by gx.lock (short sections, no system call on a
- * hit; the provider's ipc.get/put run under it so that a pool destroy can
- * never race a put into a destroyed provider).
+ * put. An entry whose provider put fails is kept, without views, as an
+ * orphan (put_retry) and put again after the next put that provider accepts
+ * and at its pool's destroy: the provider holds the range for the export
+ * until then, not for good. All of it is guarded by gx.lock (short
+ * sections, no system call on a hit; the provider's ipc.get/put run under it
+ * so that a pool destroy can never race a put into a destroyed provider).
  *
  * OPENED-HANDLE CACHE (consumer side). One entry per opened mapping:
  *   key   (exporter pid, exporter nonce, remote base) in the importing
@@ -323,6 +326,7 @@ typedef struct xent {
     uint64_t id;
     int fd;
     bool live, put_done;
+    bool put_retry; /* the provider refused the put: an orphan without views, put again later */
     xview_t *views;
     uint32_t payload_len;
     unsigned char payload[]; /* the provider's native handle, for put */
@@ -401,6 +405,8 @@ static struct {
     xview_t **vb; /* views of live entries by exported pointer: a repeated
                      get of a pointer needs no tracker lookup */
     size_t vcap, vn;
+    size_t nretry;                 /* put_retry orphans */
+    struct hm_ipc_pool *destroying; /* whose exports exports_pool_destroy is releasing */
 } gx = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Per-thread cache of the mappings this thread opened last, for
@@ -494,6 +500,7 @@ static void ipc_atfork_child(void) {
     gx.n = 0;
     gx.hand = NULL;
     gx.orphans = NULL;
+    gx.nretry = 0;
     atomic_store(&gx.count, 0);
     /* The locks prepare took: the forking thread, the child's only one,
      * holds them (unlocked, not re-made: a re-made locked mutex is still
@@ -1321,13 +1328,58 @@ static void xlist_push(xent_t **head, xent_t *x) {
     *head = x;
 }
 
-static void xprovider_put(xent_t *x) {
-    if (x->put_done) return;
-    x->put_done = true;
+/* Give x's provider export back, once. false: the provider refused (logged,
+ * with `then`: what becomes of the export); it still holds the range. */
+static bool xprovider_put(xent_t *x, const char *then) {
+    if (x->put_done) return true;
     hm_result_t r = x->prov->ops.ipc.put(x->prov->state, x->payload);
-    if (r != HM_SUCCESS)
-        HM_LOG_WARN("IPC: provider '%s' put of the export at %p failed: %s", x->prov->info.name,
-                    (void *)x->base, hm_result_string(r));
+    if (r != HM_SUCCESS) {
+        HM_LOG_WARN("IPC: provider '%s' put of the export at %p failed: %s; %s",
+                    x->prov->info.name, (void *)x->base, hm_result_string(r), then);
+        return false;
+    }
+    x->put_done = true;
+    return true;
+}
+
+static bool in_orphans(const xent_t *x) { return x->oprev || gx.orphans == x; }
+
+/* Put again what prov refused before (put_retry orphans), now that it
+ * accepted a put; a pool's destroy does its own. gx.lock held. */
+static void xretry(hm_provider_t *prov) {
+    for (xent_t *o = gx.orphans, *no; o && gx.nretry; o = no) {
+        no = o->onext;
+        if (!o->put_retry || o->prov != prov || o->pi == gx.destroying ||
+            !xprovider_put(o, "tried again later"))
+            continue;
+        olist_unlink(o);
+        xlist_unlink(&o->pi->xhead, o);
+        gx.nretry--;
+        xent_free(o);
+    }
+}
+
+/* x is out of the hash and the ring and has no user left: its provider
+ * export goes back and x is freed. If the provider refuses the put, x stays
+ * on its pool's list as an orphan without views (put_retry), put again by
+ * xretry or the pool's destroy. gx.lock held. */
+static void xrelease(xent_t *x) {
+    hm_provider_t *prov = x->prov;
+    if (xprovider_put(x, "tried again at a later put or the pool destroy")) {
+        if (in_orphans(x)) olist_unlink(x);
+        if (x->pi) xlist_unlink(&x->pi->xhead, x);
+        xent_free(x);
+        if (gx.nretry) xretry(prov);
+        return;
+    }
+    for (xview_t *v = x->views, *nv; v; v = nv) { /* no handle names them any more */
+        nv = v->next;
+        xview_free(v);
+    }
+    x->views = NULL;
+    if (!in_orphans(x)) olist_push(x);
+    if (!x->put_retry) gx.nretry++;
+    x->put_retry = true;
 }
 
 /* ---- views by exported pointer (gx.lock held) ---- */
@@ -1393,13 +1445,8 @@ static void xdetach(xent_t *x) {
     }
     gx.n--;
     atomic_store_explicit(&gx.count, gx.n, memory_order_relaxed);
-    if (!xrefs(x)) {
-        xprovider_put(x);
-        xlist_unlink(&x->pi->xhead, x);
-        xent_free(x);
-    } else {
-        olist_push(x);
-    }
+    if (!xrefs(x)) xrelease(x);
+    else olist_push(x);
 }
 
 static hm_result_t xgrow(void) {
@@ -1631,12 +1678,7 @@ hm_result_t hm_ipc_put(hm_ipc_handle_t *handle) {
     }
     v->refs--;
     xent_t *x = v->x;
-    if (hm_unlikely(v->gone) && !v->refs && !xrefs(x)) { /* last user of a detached export */
-        xprovider_put(x);
-        olist_unlink(x);
-        if (x->pi) xlist_unlink(&x->pi->xhead, x);
-        xent_free(x);
-    }
+    if (hm_unlikely(v->gone) && !v->refs && !xrefs(x)) xrelease(x); /* last user, detached */
     hm__mutex_unlock(&gx.lock);
     return HM_SUCCESS;
 }
@@ -1655,21 +1697,32 @@ void hm__ipc_range_release(hm_pool_t *pool, void *base) {
 static void exports_pool_destroy(hm_ipc_pool_t *pi) {
     size_t outstanding = 0;
     hm__mutex_lock(&gx.lock);
+    gx.destroying = pi; /* xretry leaves this list to us: we walk it */
+    /* Live entries: unused ones are released (or stay, put_retry, where the
+     * provider refuses), used ones become orphans. */
     for (xent_t *x = pi->xhead, *nx; x; x = nx) {
         nx = x->lnext;
-        if (x->live) {
-            bool used = xrefs(x) != 0;
-            xdetach(x); /* unused: freed here; used: now an orphan */
-            if (!used) continue;
-        }
-        /* Used: the provider export goes now (the provider may be destroyed
-         * with the pool); the handle memory goes at the last put. */
-        outstanding++;
-        xprovider_put(x);
+        if (x->live) xdetach(x);
+    }
+    /* The rest are orphans, used or put_retry: their provider exports go now
+     * (the provider may be destroyed with the pool; a refusal now is final),
+     * a used one's handle memory at its last put. */
+    for (xent_t *x = pi->xhead, *nx; x; x = nx) {
+        nx = x->lnext;
+        bool used = xrefs(x) != 0;
+        outstanding += used;
+        (void)xprovider_put(x, "the provider keeps the range");
+        x->put_done = true;
         x->pi = NULL;
         x->lprev = x->lnext = NULL;
+        if (!used) {
+            olist_unlink(x);
+            gx.nretry -= x->put_retry;
+            xent_free(x);
+        }
     }
     pi->xhead = NULL;
+    gx.destroying = NULL;
     hm__mutex_unlock(&gx.lock);
     if (outstanding)
         HM_LOG_WARN("pool '%s' destroyed with %zu exported allocations whose handles were not "
