@@ -78,6 +78,13 @@
  *  (`dead`). A destroy waits for the pool's in-flight evictors
  *  (pi->evictors) before freeing the pool's IPC state.
  *
+ *  A mapping whose provider close fails (eviction, a stale entry's last
+ *  close, a destroy) has left the cache and the tracker: it is kept on its
+ *  pool's `unclosed` list and closed again at the pool's next close of a
+ *  mapping and at its destroy (once more there, then left mapped, logged).
+ *  A failed close_many is not retried: which of its mappings it closed is
+ *  not known.
+ *
  *  Stale entries (a newer allocation at the same remote base opened
  *  successfully) leave the key hash then (later opens miss) and are closed
  *  when their last user closes them — never while in use (UMF replaces them
@@ -376,6 +383,8 @@ struct hm_ipc_pool {
     uint64_t hits; /* pi->lock; folded into gc.hits at destroy */
     _Atomic int evictors;
     xent_t *xhead; /* this pool's export entries (gx.lock) */
+    struct unclosed { uintptr_t local; size_t size; } *unclosed; /* pi->lock */
+    size_t nunclosed, capunclosed;
     struct hm_ipc_pool *gprev, *gnext; /* pilist (fork handling, stats) */
 };
 typedef struct hm_ipc_pool hm_ipc_pool_t;
@@ -817,16 +826,72 @@ static inline bool over_bound(void) {
            (mb && atomic_load_explicit(&gc.a_bytes, memory_order_relaxed) > mb);
 }
 
+/* The provider's close of a mapping out of the cache and the tracker; a
+ * failure is logged with `then`, what becomes of the mapping. */
+static bool provider_close(hm_pool_t *pool, uintptr_t local, size_t size, const char *then) {
+    hm_provider_t *prov = pool->provider;
+    hm_result_t r = prov->ops.ipc.close(prov->state, (void *)local, size);
+    if (r != HM_SUCCESS)
+        HM_LOG_ERROR("IPC: provider '%s' failed to close [%p, +%zu): %s; %s", prov->info.name,
+                     (void *)local, size, hm_result_string(r), then);
+    return r == HM_SUCCESS;
+}
+
+/* Onto pool's unclosed list (without memory for it: left mapped, logged). */
+static void keep_unclosed(hm_pool_t *pool, uintptr_t local, size_t size) {
+    hm_ipc_pool_t *pi = pool_ipc(pool);
+    hm__mutex_lock(&pi->lock);
+    if (pi->nunclosed == pi->capunclosed) {
+        size_t cap = pi->capunclosed ? 2 * pi->capunclosed : 8;
+        struct unclosed *u = realloc(pi->unclosed, cap * sizeof(*u));
+        if (u) {
+            pi->unclosed = u;
+            pi->capunclosed = cap;
+        }
+    }
+    bool kept = pi->nunclosed < pi->capunclosed;
+    if (kept) pi->unclosed[pi->nunclosed++] = (struct unclosed){local, size};
+    hm__mutex_unlock(&pi->lock);
+    if (!kept)
+        HM_LOG_ERROR("IPC: no memory to remember [%p, +%zu) for another close: left mapped",
+                     (void *)local, size);
+}
+
+/* Close again what failed to close before, now that a close succeeded. */
+static void reclose(hm_pool_t *pool) {
+    hm_ipc_pool_t *pi = pool_ipc(pool);
+    hm__mutex_lock(&pi->lock);
+    struct unclosed *u = pi->unclosed;
+    size_t n = pi->nunclosed;
+    pi->unclosed = NULL;
+    pi->nunclosed = pi->capunclosed = 0;
+    hm__mutex_unlock(&pi->lock);
+    for (size_t i = 0; i < n; i++)
+        if (!provider_close(pool, u[i].local, u[i].size, "closed again later"))
+            keep_unclosed(pool, u[i].local, u[i].size);
+    free(u);
+}
+
+/* Unmap a mapping out of the cache and the tracker (no lock held); where the
+ * provider fails to, it is closed again later (keep_unclosed). */
+static void close_or_keep(hm_pool_t *pool, uintptr_t local, size_t size) {
+    if (!provider_close(pool, local, size, "closed again at the pool's next close or destroy")) {
+        keep_unclosed(pool, local, size);
+        return;
+    }
+    hm_ipc_pool_t *pi = pool_ipc(pool);
+    hm__mutex_lock(&pi->lock);
+    bool more = pi->nunclosed != 0;
+    hm__mutex_unlock(&pi->lock);
+    if (more) reclose(pool);
+}
+
 /* Forget the tracker record and unmap (no lock held). */
 static void close_mapping(hm_pool_t *pool, uintptr_t local, size_t size) {
     if (hm__tracker_remove(local, size) != HM_SUCCESS)
         HM_LOG_ERROR("IPC: the opened mapping [%p, +%zu) was not tracked any more", (void *)local,
                      size);
-    hm_provider_t *prov = pool->provider;
-    hm_result_t r = prov->ops.ipc.close(prov->state, (void *)local, size);
-    if (r != HM_SUCCESS)
-        HM_LOG_ERROR("IPC: provider '%s' failed to close [%p, +%zu): %s", prov->info.name,
-                     (void *)local, size, hm_result_string(r));
+    close_or_keep(pool, local, size);
 }
 
 /* Mappings a pool's destroy closes together through the provider's
@@ -1088,7 +1153,7 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
 fail_track:
     imp_free(e);
 fail_entry:
-    (void)prov->ops.ipc.close(prov->state, local, (size_t)w->size);
+    close_or_keep(pool, (uintptr_t)local, (size_t)w->size);
     return r;
 }
 
@@ -1788,6 +1853,10 @@ void hm__ipc_pool_destroy(hm_pool_t *pool) {
                     "closed them", pool->ops.name, open_count, n);
     /* An evictor may still hold a claim on one of ours. */
     while (atomic_load_explicit(&pi->evictors, memory_order_acquire)) sched_yield();
+    /* Mappings whose close failed before (in this destroy too): the last try. */
+    for (size_t i = 0; i < pi->nunclosed; i++)
+        (void)provider_close(pool, pi->unclosed[i].local, pi->unclosed[i].size, "left mapped");
+    free(pi->unclosed);
 
     hm__mutex_lock(&pilist_lock);
     atomic_fetch_add_explicit(&gc.hits, pi->hits, memory_order_relaxed);
