@@ -16,9 +16,12 @@
  * after fork). Bounded by HM_IPC_EXPORT_CACHE_MAX entries; CLOCK eviction
  * of unused entries. An entry whose allocation is freed
  * (hm__ipc_range_release) is released at once if unused, else at its last
- * put. All of it is guarded by gx.lock (short sections, no system call on a
- * hit; the provider's ipc.get/put run under it so that a pool destroy can
- * never race a put into a destroyed provider).
+ * put. An entry whose provider put fails is kept, without views, as an
+ * orphan (put_retry) and put again after the next put that provider accepts
+ * and at its pool's destroy: the provider holds the range for the export
+ * until then, not for good. All of it is guarded by gx.lock (short
+ * sections, no system call on a hit; the provider's ipc.get/put run under it
+ * so that a pool destroy can never race a put into a destroyed provider).
  *
  * HOLDS. An entry counts its outstanding gets (refs); its pool counts its
  * entries with refs > 0 (pi->held). While that count is not 0, the front
@@ -85,6 +88,13 @@
  *  closer meanwhile, the last of the two to let go recycles the memory
  *  (`dead`). A destroy waits for the pool's in-flight evictors
  *  (pi->evictors) before freeing the pool's IPC state.
+ *
+ *  A mapping whose provider close fails (eviction, a stale entry's last
+ *  close, a destroy) has left the cache and the tracker: it is kept on its
+ *  pool's `unclosed` list and closed again at the pool's next close of a
+ *  mapping and at its destroy (once more there, then left mapped, logged).
+ *  A failed close_many is not retried: which of its mappings it closed is
+ *  not known.
  *
  *  Stale entries (a newer allocation at the same remote base opened
  *  successfully) leave the key hash then (later opens miss) and are closed
@@ -341,6 +351,7 @@ typedef struct xent {
      * the pool cannot hand them out again before then. */
     void **dfr;
     uint32_t ndfr, cdfr;
+    bool put_retry; /* the provider refused the put: an orphan without views, put again later */
     xview_t *views;
     uint32_t payload_len;
     unsigned char payload[]; /* the provider's native handle, for put */
@@ -389,6 +400,8 @@ struct hm_ipc_pool {
      * relaxed by the front end; see hm__ipc_free_held). */
     _Atomic size_t held;
     _Atomic int flushers; /* puts freeing deferred blocks into the pool now */
+    struct unclosed { uintptr_t local; size_t size; } *unclosed; /* pi->lock */
+    size_t nunclosed, capunclosed;
     struct hm_ipc_pool *gprev, *gnext; /* pilist (fork handling, stats) */
 };
 typedef struct hm_ipc_pool hm_ipc_pool_t;
@@ -427,6 +440,8 @@ static struct {
     } *due;
     size_t ndue, cdue;
     _Atomic size_t due_count;
+    size_t nretry;                 /* put_retry orphans */
+    struct hm_ipc_pool *destroying; /* whose exports exports_pool_destroy is releasing */
 } gx = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Per-thread cache of the mappings this thread opened last, for
@@ -537,6 +552,7 @@ static void ipc_atfork_child(void) {
     gx.n = 0;
     gx.hand = NULL;
     gx.orphans = NULL;
+    gx.nretry = 0;
     atomic_store(&gx.count, 0);
     hm__mutex_unlock(&gx.lock);
 }
@@ -860,16 +876,72 @@ static inline bool over_bound(void) {
            (mb && atomic_load_explicit(&gc.a_bytes, memory_order_relaxed) > mb);
 }
 
+/* The provider's close of a mapping out of the cache and the tracker; a
+ * failure is logged with `then`, what becomes of the mapping. */
+static bool provider_close(hm_pool_t *pool, uintptr_t local, size_t size, const char *then) {
+    hm_provider_t *prov = pool->provider;
+    hm_result_t r = prov->ops.ipc.close(prov->state, (void *)local, size);
+    if (r != HM_SUCCESS)
+        HM_LOG_ERROR("IPC: provider '%s' failed to close [%p, +%zu): %s; %s", prov->info.name,
+                     (void *)local, size, hm_result_string(r), then);
+    return r == HM_SUCCESS;
+}
+
+/* Onto pool's unclosed list (without memory for it: left mapped, logged). */
+static void keep_unclosed(hm_pool_t *pool, uintptr_t local, size_t size) {
+    hm_ipc_pool_t *pi = pool_ipc(pool);
+    hm__mutex_lock(&pi->lock);
+    if (pi->nunclosed == pi->capunclosed) {
+        size_t cap = pi->capunclosed ? 2 * pi->capunclosed : 8;
+        struct unclosed *u = realloc(pi->unclosed, cap * sizeof(*u));
+        if (u) {
+            pi->unclosed = u;
+            pi->capunclosed = cap;
+        }
+    }
+    bool kept = pi->nunclosed < pi->capunclosed;
+    if (kept) pi->unclosed[pi->nunclosed++] = (struct unclosed){local, size};
+    hm__mutex_unlock(&pi->lock);
+    if (!kept)
+        HM_LOG_ERROR("IPC: no memory to remember [%p, +%zu) for another close: left mapped",
+                     (void *)local, size);
+}
+
+/* Close again what failed to close before, now that a close succeeded. */
+static void reclose(hm_pool_t *pool) {
+    hm_ipc_pool_t *pi = pool_ipc(pool);
+    hm__mutex_lock(&pi->lock);
+    struct unclosed *u = pi->unclosed;
+    size_t n = pi->nunclosed;
+    pi->unclosed = NULL;
+    pi->nunclosed = pi->capunclosed = 0;
+    hm__mutex_unlock(&pi->lock);
+    for (size_t i = 0; i < n; i++)
+        if (!provider_close(pool, u[i].local, u[i].size, "closed again later"))
+            keep_unclosed(pool, u[i].local, u[i].size);
+    free(u);
+}
+
+/* Unmap a mapping out of the cache and the tracker (no lock held); where the
+ * provider fails to, it is closed again later (keep_unclosed). */
+static void close_or_keep(hm_pool_t *pool, uintptr_t local, size_t size) {
+    if (!provider_close(pool, local, size, "closed again at the pool's next close or destroy")) {
+        keep_unclosed(pool, local, size);
+        return;
+    }
+    hm_ipc_pool_t *pi = pool_ipc(pool);
+    hm__mutex_lock(&pi->lock);
+    bool more = pi->nunclosed != 0;
+    hm__mutex_unlock(&pi->lock);
+    if (more) reclose(pool);
+}
+
 /* Forget the tracker record and unmap (no lock held). */
 static void close_mapping(hm_pool_t *pool, uintptr_t local, size_t size) {
     if (hm__tracker_remove(local, size) != HM_SUCCESS)
         HM_LOG_ERROR("IPC: the opened mapping [%p, +%zu) was not tracked any more", (void *)local,
                      size);
-    hm_provider_t *prov = pool->provider;
-    hm_result_t r = prov->ops.ipc.close(prov->state, (void *)local, size);
-    if (r != HM_SUCCESS)
-        HM_LOG_ERROR("IPC: provider '%s' failed to close [%p, +%zu): %s", prov->info.name,
-                     (void *)local, size, hm_result_string(r));
+    close_or_keep(pool, local, size);
 }
 
 /* Mappings a pool's destroy closes together through the provider's
@@ -1186,7 +1258,7 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
 fail_track:
     imp_free(e);
 fail_entry:
-    (void)prov->ops.ipc.close(prov->state, local, (size_t)w->size);
+    close_or_keep(pool, (uintptr_t)local, (size_t)w->size);
     return r;
 }
 
@@ -1592,13 +1664,58 @@ static void xlist_push(xent_t **head, xent_t *x) {
     *head = x;
 }
 
-static void xprovider_put(xent_t *x) {
-    if (x->put_done) return;
-    x->put_done = true;
+/* Give x's provider export back, once. false: the provider refused (logged,
+ * with `then`: what becomes of the export); it still holds the range. */
+static bool xprovider_put(xent_t *x, const char *then) {
+    if (x->put_done) return true;
     hm_result_t r = x->prov->ops.ipc.put(x->prov->state, x->payload);
-    if (r != HM_SUCCESS)
-        HM_LOG_WARN("IPC: provider '%s' put of the export at %p failed: %s", x->prov->info.name,
-                    (void *)x->base, hm_result_string(r));
+    if (r != HM_SUCCESS) {
+        HM_LOG_WARN("IPC: provider '%s' put of the export at %p failed: %s; %s",
+                    x->prov->info.name, (void *)x->base, hm_result_string(r), then);
+        return false;
+    }
+    x->put_done = true;
+    return true;
+}
+
+static bool in_orphans(const xent_t *x) { return x->oprev || gx.orphans == x; }
+
+/* Put again what prov refused before (put_retry orphans), now that it
+ * accepted a put; a pool's destroy does its own. gx.lock held. */
+static void xretry(hm_provider_t *prov) {
+    for (xent_t *o = gx.orphans, *no; o && gx.nretry; o = no) {
+        no = o->onext;
+        if (!o->put_retry || o->prov != prov || o->pi == gx.destroying ||
+            !xprovider_put(o, "tried again later"))
+            continue;
+        olist_unlink(o);
+        xlist_unlink(&o->pi->xhead, o);
+        gx.nretry--;
+        xent_free(o);
+    }
+}
+
+/* x is out of the hash and the ring and has no user left: its provider
+ * export goes back and x is freed. If the provider refuses the put, x stays
+ * on its pool's list as an orphan without views (put_retry), put again by
+ * xretry or the pool's destroy. gx.lock held. */
+static void xrelease(xent_t *x) {
+    hm_provider_t *prov = x->prov;
+    if (xprovider_put(x, "tried again at a later put or the pool destroy")) {
+        if (in_orphans(x)) olist_unlink(x);
+        if (x->pi) xlist_unlink(&x->pi->xhead, x);
+        xent_free(x);
+        if (gx.nretry) xretry(prov);
+        return;
+    }
+    for (xview_t *v = x->views, *nv; v; v = nv) { /* no handle names them any more */
+        nv = v->next;
+        xview_free(v);
+    }
+    x->views = NULL;
+    if (!in_orphans(x)) olist_push(x);
+    if (!x->put_retry) gx.nretry++;
+    x->put_retry = true;
 }
 
 /* ---- views by exported pointer (gx.lock held) ---- */
@@ -1664,13 +1781,8 @@ static void xdetach(xent_t *x) {
     }
     gx.n--;
     atomic_store_explicit(&gx.count, gx.n, memory_order_relaxed);
-    if (!x->refs) {
-        xprovider_put(x);
-        xlist_unlink(&x->pi->xhead, x);
-        xent_free(x);
-    } else {
-        olist_push(x);
-    }
+    if (!x->refs) xrelease(x);
+    else olist_push(x);
 }
 
 static hm_result_t xgrow(void) {
@@ -1911,12 +2023,7 @@ hm_result_t hm_ipc_put(hm_ipc_handle_t *handle) {
     xent_t *x = v->x;
     xflush_t fl = {0};
     xunhold(x, &fl);
-    if (hm_unlikely(v->gone) && !x->refs) { /* last user of a detached export */
-        xprovider_put(x);
-        olist_unlink(x);
-        if (x->pi) xlist_unlink(&x->pi->xhead, x);
-        xent_free(x);
-    }
+    if (hm_unlikely(v->gone) && !x->refs) xrelease(x); /* last user, detached */
     hm__mutex_unlock(&gx.lock);
     xflush_run(&fl);
     return HM_SUCCESS;
@@ -1936,25 +2043,36 @@ void hm__ipc_range_release(hm_pool_t *pool, void *base) {
 static void exports_pool_destroy(hm_ipc_pool_t *pi) {
     size_t outstanding = 0;
     hm__mutex_lock(&gx.lock);
+    gx.destroying = pi; /* xretry leaves this list to us: we walk it */
+    /* Live entries: unused ones are released (or stay, put_retry, where the
+     * provider refuses), used ones become orphans. */
     for (xent_t *x = pi->xhead, *nx; x; x = nx) {
         nx = x->lnext;
         /* Blocks freed while exported: the pool's fini takes all its memory back. */
         free(x->dfr);
         x->dfr = NULL;
         x->ndfr = x->cdfr = 0;
-        if (x->live) {
-            bool used = x->refs != 0;
-            xdetach(x); /* unused: freed here; used: now an orphan */
-            if (!used) continue;
-        }
-        /* Used: the provider export goes now (the provider may be destroyed
-         * with the pool); the handle memory goes at the last put. */
-        outstanding++;
-        xprovider_put(x);
+        if (x->live) xdetach(x);
+    }
+    /* The rest are orphans, used or put_retry: their provider exports go now
+     * (the provider may be destroyed with the pool; a refusal now is final),
+     * a used one's handle memory at its last put. */
+    for (xent_t *x = pi->xhead, *nx; x; x = nx) {
+        nx = x->lnext;
+        bool used = x->refs != 0;
+        outstanding += used;
+        (void)xprovider_put(x, "the provider keeps the range");
+        x->put_done = true;
         x->pi = NULL;
         x->lprev = x->lnext = NULL;
+        if (!used) {
+            olist_unlink(x);
+            gx.nretry -= x->put_retry;
+            xent_free(x);
+        }
     }
     pi->xhead = NULL;
+    gx.destroying = NULL;
     hm__mutex_unlock(&gx.lock);
     if (outstanding)
         HM_LOG_WARN("pool '%s' destroyed with %zu exported allocations whose handles were not "
@@ -2030,6 +2148,10 @@ void hm__ipc_pool_destroy(hm_pool_t *pool) {
                     "closed them", pool->ops.name, open_count, n);
     /* An evictor may still hold a claim on one of ours. */
     while (atomic_load_explicit(&pi->evictors, memory_order_acquire)) sched_yield();
+    /* Mappings whose close failed before (in this destroy too): the last try. */
+    for (size_t i = 0; i < pi->nunclosed; i++)
+        (void)provider_close(pool, pi->unclosed[i].local, pi->unclosed[i].size, "left mapped");
+    free(pi->unclosed);
 
     hm__mutex_lock(&pilist_lock);
     atomic_fetch_add_explicit(&gc.hits, pi->hits, memory_order_relaxed);

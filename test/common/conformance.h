@@ -47,7 +47,8 @@ hm_result_t hm_test_fixed_provider(void *buffer, size_t size, hm_memory_kind_t k
                                    hm_provider_t **out);
 
 /* The fault-injecting pass-through provider (fault_provider.c): wraps another
- * provider; fails the Nth call of a kind with a chosen result; counts calls. */
+ * provider and forwards every op; fails the Nth call of an op with a chosen
+ * result; counts calls; tracks what the inner provider holds. */
 typedef enum hm_fault_op {
     HM_FAULT_ALLOC = 0,
     HM_FAULT_FREE,
@@ -59,6 +60,8 @@ typedef enum hm_fault_op {
     HM_FAULT_IPC_PUT,
     HM_FAULT_IPC_OPEN,
     HM_FAULT_IPC_CLOSE,
+    HM_FAULT_IPC_CLOSE_MANY,  /* an injected failure closes nothing */
+    HM_FAULT_IPC_HANDLE_SIZE, /* an injected failure answers HM_IPC_PAYLOAD_MAX + 1 */
     HM_FAULT_OP_COUNT
 } hm_fault_op_t;
 
@@ -71,23 +74,40 @@ typedef struct hm_fault_params {
     const char *name;
 } hm_fault_params_t;
 
+/* Every op, close_many included (forwarded, or close() each where the inner
+ * provider has none). */
 const hm_provider_ops_t *hm_fault_provider_ops(void);
-/* The same, with no free op: the provider cannot take memory back. */
+/* The same with no free, split or merge: the provider cannot take memory back. */
 const hm_provider_ops_t *hm_fault_provider_nofree_ops(void);
-/* Calls seen so far of one kind (failed ones included), and live allocations
- * (allocs minus frees) — for leak checks. -1 if fault is not a fault provider. */
+/* The table that matches inner's optional IPC op: close_many only where
+ * inner has one (so the IPC layer takes the path it takes for inner);
+ * nofree: as hm_fault_provider_nofree_ops(). */
+const hm_provider_ops_t *hm_fault_provider_ops_for(const hm_provider_t *inner, int nofree);
+/* Calls seen so far of one kind (failed ones included), the calls of it that
+ * succeeded, and live allocations (allocs minus frees) — for leak checks.
+ * -1 if fault is not a fault provider. */
 long hm_fault_provider_calls(hm_provider_t *fault, hm_fault_op_t op);
+long hm_fault_provider_succeeded(hm_provider_t *fault, hm_fault_op_t op);
 long hm_fault_provider_live(hm_provider_t *fault);
 /* Bytes in live allocations (sizes as asked). */
 size_t hm_fault_provider_live_bytes(hm_provider_t *fault);
-/* Calls on ranges that were not live allocations (free/purge/split/merge of
- * an unknown range or with a different size): each is logged to stderr,
- * refused with HM_ERROR_INVALID_ARGUMENT and counted here. */
+/* Exports the inner provider holds (ipc.get successes minus ipc.put
+ * successes) and mappings it has open (ipc.open successes not yet closed by
+ * close or close_many). */
+long hm_fault_provider_exports(hm_provider_t *fault);
+long hm_fault_provider_mappings(hm_provider_t *fault);
+/* Calls on ranges that were not live allocations (free/purge/split/merge/
+ * ipc.get of an unknown range or with a different size; close/close_many of
+ * a mapping ipc.open did not make): each is logged to stderr, refused with
+ * HM_ERROR_INVALID_ARGUMENT and counted here. */
 long hm_fault_provider_misuse(hm_provider_t *fault);
 /* Injected failures so far (all ops). */
 long hm_fault_provider_injected(hm_provider_t *fault);
-/* Re-arm: fail the nth call from now of op (0 = never, -1 = every call). */
+/* Re-arm: fail the nth call from now of op (0 = never, -1 = every call)
+ * with the params' fail_with, or with `result` (not HM_SUCCESS). */
 void hm_fault_provider_arm(hm_provider_t *fault, hm_fault_op_t op, long nth);
+void hm_fault_provider_arm_with(hm_provider_t *fault, hm_fault_op_t op, long nth,
+                                hm_result_t result);
 /* Disarm every op. */
 void hm_fault_provider_disarm(hm_provider_t *fault);
 

@@ -1,21 +1,30 @@
 /* hetmem tests — the fault-injecting pass-through provider.
  * SPDX-License-Identifier: MIT
  *
- * Wraps another provider (through its public front-end) and, per op:
- *   - counts every call (injected failures included);
+ * Wraps another provider and forwards every op of the ops table: alloc,
+ * free, both purges, split and merge through the inner provider's public
+ * front-end; the ipc sub-table (handle_size, get, put, open, close,
+ * close_many) straight to the inner ops, as the IPC layer calls them. Per op
+ * (hm_fault_op_t; init, fini and get_info run once, at create and destroy):
+ *   - counts every call (injected failures included) and every call that
+ *     succeeded;
  *   - fails the Nth call from arming (or every call) with a chosen result,
  *     without reaching the inner provider;
  *   - tracks the live allocations it handed out, exactly: free, purge, split
  *     and merge of a range that is not live are refused with
  *     HM_ERROR_INVALID_ARGUMENT, logged to stderr and counted as misuse, so a
- *     pool that frees the wrong size or twice is caught here.
+ *     pool that frees the wrong size or twice is caught here;
+ *   - tracks the mappings ipc.open made the same way (a close or close_many
+ *     of one it did not make is misuse) and the exports ipc.get made that
+ *     ipc.put has not given back, so a leak check can ask what the inner
+ *     provider still holds.
  * The idea follows jemalloc's test extent hooks (test/include/test/extent_hooks.h),
  * which count calls and can be told to fail; nothing is copied.
  *
- * Concurrency: counters are atomics; the live-range table is under one mutex
- * (a test tool, not a hot path). An inner free runs after its range left the
- * table and the range is put back if the free fails, so an address the inner
- * provider hands out again is never in the table twice. */
+ * Concurrency: counters are atomics; the live-range and mapping tables are
+ * under one mutex (a test tool, not a hot path). An inner free or close runs
+ * after its range left the table and the range is put back if it fails, so
+ * an address the inner provider hands out again is never in a table twice. */
 #include "conformance.h"
 
 #include <pthread.h>
@@ -33,16 +42,21 @@ typedef struct frange {
 typedef struct fault {
     hm_provider_t *inner;
     int own_inner;
-    hm_result_t fail_with;
     const char *name;
+    hm_result_t fail_default; /* params' fail_with (0: HM_ERROR_OUT_OF_MEMORY) */
     _Atomic long calls[HM_FAULT_OP_COUNT];
+    _Atomic long succeeded[HM_FAULT_OP_COUNT];
     _Atomic long fail_at[HM_FAULT_OP_COUNT]; /* absolute call number; 0 never; -1 every */
+    _Atomic int fail_with[HM_FAULT_OP_COUNT]; /* hm_result_t of an injected failure */
     _Atomic long injected;
     _Atomic long misuse;
-    pthread_mutex_t lock; /* guards buckets, live, live_bytes */
-    frange_t *buckets[NBUCKETS];
+    _Atomic long exports; /* ipc.get successes minus ipc.put successes */
+    pthread_mutex_t lock; /* guards buckets, live, live_bytes, mapped, mappings */
+    frange_t *buckets[NBUCKETS]; /* live allocations */
     long live;
     size_t live_bytes;
+    frange_t *mapped[NBUCKETS]; /* mappings ipc.open made, not yet closed */
+    long mappings;
 } fault_t;
 
 static void lock(fault_t *f) {
@@ -52,7 +66,7 @@ static void unlock(fault_t *f) {
     if (pthread_mutex_unlock(&f->lock) != 0) abort();
 }
 
-/* Count the call; 1 if this one is to fail. */
+/* Count the call; 1 if this one is to fail (with injected(f, op)). */
 static int inject(fault_t *f, hm_fault_op_t op) {
     long n = atomic_fetch_add(&f->calls[op], 1) + 1;
     long at = atomic_load(&f->fail_at[op]);
@@ -63,11 +77,25 @@ static int inject(fault_t *f, hm_fault_op_t op) {
     return 0;
 }
 
-static void misuse(fault_t *f, const char *what, const void *ptr, size_t size) {
+static hm_result_t injected(fault_t *f, hm_fault_op_t op) {
+    return (hm_result_t)atomic_load(&f->fail_with[op]);
+}
+
+/* Count a success of op; pass the result through. */
+static hm_result_t done(fault_t *f, hm_fault_op_t op, hm_result_t r) {
+    if (r == HM_SUCCESS) atomic_fetch_add(&f->succeeded[op], 1);
+    return r;
+}
+
+static void misuse_of(fault_t *f, const char *what, const void *ptr, size_t size,
+                      const char *is_not) {
     atomic_fetch_add(&f->misuse, 1);
-    fprintf(stderr, "fault provider '%s': %s of [%p, +%zu), which is not a live allocation\n",
-            f->name, what, ptr, size);
+    fprintf(stderr, "fault provider '%s': %s of [%p, +%zu), which is not %s\n", f->name, what,
+            ptr, size, is_not);
     fflush(stderr);
+}
+static void misuse(fault_t *f, const char *what, const void *ptr, size_t size) {
+    misuse_of(f, what, ptr, size, "a live allocation");
 }
 
 /* ---- the live-range table (callers hold f->lock) ---- */
@@ -77,11 +105,12 @@ static unsigned bucket_of(uintptr_t base) {
     return (unsigned)(h >> 52) & (NBUCKETS - 1);
 }
 
-static frange_t **find_slot(fault_t *f, uintptr_t base) {
-    frange_t **pp = &f->buckets[bucket_of(base)];
+static frange_t **find_in(frange_t **table, uintptr_t base) {
+    frange_t **pp = &table[bucket_of(base)];
     while (*pp && (*pp)->base != base) pp = &(*pp)->next;
     return pp;
 }
+static frange_t **find_slot(fault_t *f, uintptr_t base) { return find_in(f->buckets, base); }
 
 static void table_insert(fault_t *f, frange_t *r) {
     unsigned b = bucket_of(r->base);
@@ -129,23 +158,31 @@ static hm_result_t fault_init(const void *params, void **state) {
     }
     f->inner = fp->inner;
     f->own_inner = fp->own_inner;
-    f->fail_with = fp->fail_with ? fp->fail_with : HM_ERROR_OUT_OF_MEMORY;
     f->name = fp->name ? fp->name : "fault";
-    for (int i = 0; i < HM_FAULT_OP_COUNT; i++) atomic_init(&f->fail_at[i], fp->fail_nth[i]);
+    f->fail_default = fp->fail_with ? fp->fail_with : HM_ERROR_OUT_OF_MEMORY;
+    for (int i = 0; i < HM_FAULT_OP_COUNT; i++) {
+        atomic_init(&f->fail_at[i], fp->fail_nth[i]);
+        atomic_init(&f->fail_with[i], (int)f->fail_default);
+    }
     *state = f;
     return HM_SUCCESS;
 }
 
-static void fault_fini(void *state) {
-    fault_t *f = state;
+static void table_free(frange_t **table) {
     for (unsigned b = 0; b < NBUCKETS; b++) {
-        frange_t *e = f->buckets[b];
+        frange_t *e = table[b];
         while (e) {
             frange_t *n = e->next;
             free(e);
             e = n;
         }
     }
+}
+
+static void fault_fini(void *state) {
+    fault_t *f = state;
+    table_free(f->buckets);
+    table_free(f->mapped);
     if (f->own_inner) {
         hm_result_t r = hm_provider_destroy(f->inner);
         if (r != HM_SUCCESS)
@@ -164,7 +201,7 @@ static void fault_get_info(void *state, hm_provider_info_t *info) {
 
 static hm_result_t fault_alloc(void *state, size_t size, size_t alignment, void **ptr) {
     fault_t *f = state;
-    if (inject(f, HM_FAULT_ALLOC)) return f->fail_with;
+    if (inject(f, HM_FAULT_ALLOC)) return injected(f, HM_FAULT_ALLOC);
     frange_t *r = malloc(sizeof(*r));
     if (!r) return HM_ERROR_OUT_OF_HOST_MEMORY;
     hm_result_t res = hm_provider_alloc(f->inner, size, alignment, ptr);
@@ -182,12 +219,12 @@ static hm_result_t fault_alloc(void *state, size_t size, size_t alignment, void 
         misuse(f, "alloc (address already live)", *ptr, size);
         free(r);
     }
-    return HM_SUCCESS;
+    return done(f, HM_FAULT_ALLOC, HM_SUCCESS);
 }
 
 static hm_result_t fault_free(void *state, void *ptr, size_t size) {
     fault_t *f = state;
-    if (inject(f, HM_FAULT_FREE)) return f->fail_with;
+    if (inject(f, HM_FAULT_FREE)) return injected(f, HM_FAULT_FREE);
     lock(f);
     frange_t **pp = find_slot(f, (uintptr_t)ptr);
     frange_t *r = (*pp && (*pp)->size == size) ? table_unlink(f, pp) : NULL;
@@ -204,11 +241,12 @@ static hm_result_t fault_free(void *state, void *ptr, size_t size) {
         return res;
     }
     free(r);
-    return HM_SUCCESS;
+    return done(f, HM_FAULT_FREE, HM_SUCCESS);
 }
 
 static hm_result_t purge(fault_t *f, void *ptr, size_t size, int force) {
-    if (inject(f, force ? HM_FAULT_PURGE_FORCE : HM_FAULT_PURGE_LAZY)) return f->fail_with;
+    hm_fault_op_t op = force ? HM_FAULT_PURGE_FORCE : HM_FAULT_PURGE_LAZY;
+    if (inject(f, op)) return injected(f, op);
     lock(f);
     int ok = table_contains(f, (uintptr_t)ptr, size);
     unlock(f);
@@ -216,8 +254,8 @@ static hm_result_t purge(fault_t *f, void *ptr, size_t size, int force) {
         misuse(f, force ? "purge_force" : "purge_lazy", ptr, size);
         return HM_ERROR_INVALID_ARGUMENT;
     }
-    return force ? hm_provider_purge_force(f->inner, ptr, size)
-                 : hm_provider_purge_lazy(f->inner, ptr, size);
+    return done(f, op, force ? hm_provider_purge_force(f->inner, ptr, size)
+                                 : hm_provider_purge_lazy(f->inner, ptr, size));
 }
 
 static hm_result_t fault_purge_lazy(void *state, void *ptr, size_t size) {
@@ -229,7 +267,7 @@ static hm_result_t fault_purge_force(void *state, void *ptr, size_t size) {
 
 static hm_result_t fault_split(void *state, void *ptr, size_t total, size_t first) {
     fault_t *f = state;
-    if (inject(f, HM_FAULT_SPLIT)) return f->fail_with;
+    if (inject(f, HM_FAULT_SPLIT)) return injected(f, HM_FAULT_SPLIT);
     frange_t *hi = malloc(sizeof(*hi));
     if (!hi) return HM_ERROR_OUT_OF_HOST_MEMORY;
     /* Hold the lock across the inner call: the range must not be freed or
@@ -255,12 +293,12 @@ static hm_result_t fault_split(void *state, void *ptr, size_t total, size_t firs
     }
     unlock(f);
     free(hi);
-    return res;
+    return done(f, HM_FAULT_SPLIT, res);
 }
 
 static hm_result_t fault_merge(void *state, void *lo, void *hi, size_t total) {
     fault_t *f = state;
-    if (inject(f, HM_FAULT_MERGE)) return f->fail_with;
+    if (inject(f, HM_FAULT_MERGE)) return injected(f, HM_FAULT_MERGE);
     size_t lo_size = (size_t)((uintptr_t)hi - (uintptr_t)lo);
     lock(f);
     frange_t **plo = find_slot(f, (uintptr_t)lo);
@@ -281,51 +319,189 @@ static hm_result_t fault_merge(void *state, void *lo, void *hi, size_t total) {
     }
     unlock(f);
     free(gone);
-    return res;
+    return done(f, HM_FAULT_MERGE, res);
 }
 
-/* IPC: straight to the inner provider's ops (the IPC layer calls ops, not a
- * front-end), with counting and injection. */
-static const hm_provider_ops_t *inner_ops(fault_t *f) { return hm_provider_get_ops(f->inner); }
+/* ---- IPC: straight to the inner provider's ops (the IPC layer calls ops,
+ * not a front-end), counted and injectable ---- */
 
+static const hm_provider_ops_t *inner_ops(fault_t *f) { return hm_provider_get_ops(f->inner); }
+static void *inner_state(fault_t *f) { return hm_provider_get_state(f->inner); }
+
+/* An injected failure answers a payload size no handle may carry
+ * (HM_IPC_PAYLOAD_MAX + 1): the op has no result code, and a size smaller
+ * than what get() writes would be the wrapper's own buffer overflow, not a
+ * fault of the provider. */
 static size_t fault_ipc_handle_size(void *state) {
     fault_t *f = state;
+    if (inject(f, HM_FAULT_IPC_HANDLE_SIZE)) return (size_t)HM_IPC_PAYLOAD_MAX + 1;
     const hm_provider_ops_t *o = inner_ops(f);
-    return o && o->ipc.handle_size ? o->ipc.handle_size(hm_provider_get_state(f->inner)) : 0;
+    if (!o || !o->ipc.handle_size) return 0;
+    (void)done(f, HM_FAULT_IPC_HANDLE_SIZE, HM_SUCCESS);
+    return o->ipc.handle_size(inner_state(f));
 }
 
 static hm_result_t fault_ipc_get(void *state, void *ptr, size_t size, void *payload, int *fd) {
     fault_t *f = state;
-    if (inject(f, HM_FAULT_IPC_GET)) return f->fail_with;
+    if (inject(f, HM_FAULT_IPC_GET)) return injected(f, HM_FAULT_IPC_GET);
+    lock(f);
+    int ok = table_contains(f, (uintptr_t)ptr, size);
+    unlock(f);
+    if (!ok) { /* exporting memory that is not a live allocation */
+        misuse(f, "ipc.get", ptr, size);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
     const hm_provider_ops_t *o = inner_ops(f);
     if (!o || !o->ipc.get) return HM_ERROR_NOT_SUPPORTED;
-    return o->ipc.get(hm_provider_get_state(f->inner), ptr, size, payload, fd);
+    hm_result_t r = o->ipc.get(inner_state(f), ptr, size, payload, fd);
+    if (r == HM_SUCCESS) atomic_fetch_add(&f->exports, 1);
+    return done(f, HM_FAULT_IPC_GET, r);
 }
 
 static hm_result_t fault_ipc_put(void *state, void *payload) {
     fault_t *f = state;
-    if (inject(f, HM_FAULT_IPC_PUT)) return f->fail_with;
+    if (inject(f, HM_FAULT_IPC_PUT)) return injected(f, HM_FAULT_IPC_PUT);
     const hm_provider_ops_t *o = inner_ops(f);
     if (!o || !o->ipc.put) return HM_ERROR_NOT_SUPPORTED;
-    return o->ipc.put(hm_provider_get_state(f->inner), payload);
+    hm_result_t r = o->ipc.put(inner_state(f), payload);
+    if (r == HM_SUCCESS) atomic_fetch_sub(&f->exports, 1);
+    return done(f, HM_FAULT_IPC_PUT, r);
 }
 
 static hm_result_t fault_ipc_open(void *state, const void *payload, int fd, size_t size,
                                   void **ptr) {
     fault_t *f = state;
-    if (inject(f, HM_FAULT_IPC_OPEN)) return f->fail_with;
+    if (inject(f, HM_FAULT_IPC_OPEN)) return injected(f, HM_FAULT_IPC_OPEN);
     const hm_provider_ops_t *o = inner_ops(f);
     if (!o || !o->ipc.open) return HM_ERROR_NOT_SUPPORTED;
-    return o->ipc.open(hm_provider_get_state(f->inner), payload, fd, size, ptr);
+    frange_t *m = malloc(sizeof(*m));
+    if (!m) return HM_ERROR_OUT_OF_HOST_MEMORY;
+    hm_result_t r = o->ipc.open(inner_state(f), payload, fd, size, ptr);
+    if (r != HM_SUCCESS || !*ptr) {
+        free(m);
+        return r;
+    }
+    m->base = (uintptr_t)*ptr;
+    m->size = size;
+    lock(f);
+    frange_t **pp = find_in(f->mapped, m->base);
+    int dup = *pp != NULL;
+    if (!dup) {
+        m->next = NULL;
+        *pp = m;
+        f->mappings++;
+    }
+    unlock(f);
+    if (dup) {
+        misuse(f, "ipc.open (address already mapped)", *ptr, size);
+        free(m);
+    }
+    return done(f, HM_FAULT_IPC_OPEN, HM_SUCCESS);
+}
+
+/* Take the record of the mapping ipc.open made at ptr with this size, or
+ * NULL (misuse, logged). */
+static frange_t *mapping_take(fault_t *f, void *ptr, size_t size, const char *what) {
+    lock(f);
+    frange_t **pp = find_in(f->mapped, (uintptr_t)ptr);
+    frange_t *m = *pp && (*pp)->size == size ? *pp : NULL;
+    if (m) {
+        *pp = m->next;
+        m->next = NULL;
+        f->mappings--;
+    }
+    unlock(f);
+    if (!m) misuse_of(f, what, ptr, size, "a mapping ipc.open made (of that size)");
+    return m;
+}
+
+static void mapping_put_back(fault_t *f, frange_t *m) {
+    lock(f);
+    frange_t **pp = find_in(f->mapped, m->base);
+    m->next = *pp;
+    *pp = m;
+    f->mappings++;
+    unlock(f);
 }
 
 static hm_result_t fault_ipc_close(void *state, void *ptr, size_t size) {
     fault_t *f = state;
-    if (inject(f, HM_FAULT_IPC_CLOSE)) return f->fail_with;
+    if (inject(f, HM_FAULT_IPC_CLOSE)) return injected(f, HM_FAULT_IPC_CLOSE);
     const hm_provider_ops_t *o = inner_ops(f);
     if (!o || !o->ipc.close) return HM_ERROR_NOT_SUPPORTED;
-    return o->ipc.close(hm_provider_get_state(f->inner), ptr, size);
+    frange_t *m = mapping_take(f, ptr, size, "ipc.close");
+    if (!m) return HM_ERROR_INVALID_ARGUMENT;
+    hm_result_t r = o->ipc.close(inner_state(f), ptr, size);
+    if (r != HM_SUCCESS) { /* still mapped: keep the record */
+        mapping_put_back(f, m);
+        return r;
+    }
+    free(m);
+    return done(f, HM_FAULT_IPC_CLOSE, HM_SUCCESS);
 }
+
+/* The inner provider's close_many where it has one, else close() each (what
+ * the IPC layer does without close_many). An injected failure closes
+ * nothing. Mappings it did not make are misuse and are not passed on; the
+ * rest is, and the first error is returned. After a failed inner
+ * close_many the records of all its mappings go (the contract: it closes
+ * every one it can). */
+static hm_result_t fault_ipc_close_many(void *state, void *const *ptrs, const size_t *sizes,
+                                        size_t n) {
+    fault_t *f = state;
+    if (inject(f, HM_FAULT_IPC_CLOSE_MANY)) return injected(f, HM_FAULT_IPC_CLOSE_MANY);
+    const hm_provider_ops_t *o = inner_ops(f);
+    if (!o || !o->ipc.close) return HM_ERROR_NOT_SUPPORTED;
+    void **p = malloc((n ? n : 1) * sizeof(*p));
+    size_t *z = malloc((n ? n : 1) * sizeof(*z));
+    frange_t **m = malloc((n ? n : 1) * sizeof(*m));
+    if (!p || !z || !m) {
+        free(p);
+        free(z);
+        free(m);
+        return HM_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    hm_result_t res = HM_SUCCESS;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        frange_t *r = mapping_take(f, ptrs[i], sizes[i], "ipc.close_many");
+        if (!r) {
+            if (res == HM_SUCCESS) res = HM_ERROR_INVALID_ARGUMENT;
+            continue;
+        }
+        p[k] = ptrs[i];
+        z[k] = sizes[i];
+        m[k++] = r;
+    }
+    if (o->ipc.close_many) {
+        hm_result_t r = k ? o->ipc.close_many(inner_state(f), p, z, k) : HM_SUCCESS;
+        if (res == HM_SUCCESS) res = r;
+        for (size_t i = 0; i < k; i++) free(m[i]);
+    } else {
+        for (size_t i = 0; i < k; i++) {
+            hm_result_t r = o->ipc.close(inner_state(f), p[i], z[i]);
+            if (r != HM_SUCCESS) mapping_put_back(f, m[i]);
+            else free(m[i]);
+            if (res == HM_SUCCESS) res = r;
+        }
+    }
+    free(p);
+    free(z);
+    free(m);
+    return done(f, HM_FAULT_IPC_CLOSE_MANY, res);
+}
+
+/* The tables: every op, or without free (a provider that cannot take memory
+ * back, like some device media), each with or without close_many (the IPC
+ * layer closes one by one without it, as for the file and devdax
+ * providers). The wrapper without free has no split and merge either: the
+ * pools' suites run it as the case of a provider that can neither give
+ * memory back nor re-cut its ranges. */
+#define FAULT_IPC(close_many_op)                                                              \
+    {                                                                                        \
+        .handle_size = fault_ipc_handle_size, .get = fault_ipc_get, .put = fault_ipc_put,    \
+        .open = fault_ipc_open, .close = fault_ipc_close, .close_many = close_many_op,       \
+    }
 
 static const hm_provider_ops_t fault_ops = {
     .version = HM_PROVIDER_OPS_VERSION,
@@ -339,18 +515,24 @@ static const hm_provider_ops_t fault_ops = {
     .purge_force = fault_purge_force,
     .split = fault_split,
     .merge = fault_merge,
-    .ipc =
-        {
-            .handle_size = fault_ipc_handle_size,
-            .get = fault_ipc_get,
-            .put = fault_ipc_put,
-            .open = fault_ipc_open,
-            .close = fault_ipc_close,
-        },
+    .ipc = FAULT_IPC(fault_ipc_close_many),
 };
 
-/* The same wrapper without free: a provider that cannot take memory back,
- * like file or devdax media that cannot release ranges. */
+static const hm_provider_ops_t fault_ops_close_each = {
+    .version = HM_PROVIDER_OPS_VERSION,
+    .name = "fault",
+    .init = fault_init,
+    .fini = fault_fini,
+    .get_info = fault_get_info,
+    .alloc = fault_alloc,
+    .free = fault_free,
+    .purge_lazy = fault_purge_lazy,
+    .purge_force = fault_purge_force,
+    .split = fault_split,
+    .merge = fault_merge,
+    .ipc = FAULT_IPC(NULL),
+};
+
 static const hm_provider_ops_t fault_nofree_ops = {
     .version = HM_PROVIDER_OPS_VERSION,
     .name = "fault-nofree",
@@ -360,10 +542,30 @@ static const hm_provider_ops_t fault_nofree_ops = {
     .alloc = fault_alloc,
     .purge_lazy = fault_purge_lazy,
     .purge_force = fault_purge_force,
+    .ipc = FAULT_IPC(fault_ipc_close_many),
+};
+
+static const hm_provider_ops_t fault_nofree_ops_close_each = {
+    .version = HM_PROVIDER_OPS_VERSION,
+    .name = "fault-nofree",
+    .init = fault_init,
+    .fini = fault_fini,
+    .get_info = fault_get_info,
+    .alloc = fault_alloc,
+    .purge_lazy = fault_purge_lazy,
+    .purge_force = fault_purge_force,
+    .ipc = FAULT_IPC(NULL),
 };
 
 const hm_provider_ops_t *hm_fault_provider_ops(void) { return &fault_ops; }
 const hm_provider_ops_t *hm_fault_provider_nofree_ops(void) { return &fault_nofree_ops; }
+
+const hm_provider_ops_t *hm_fault_provider_ops_for(const hm_provider_t *inner, int nofree) {
+    const hm_provider_ops_t *o = hm_provider_get_ops(inner);
+    int each = !o || !o->ipc.close_many;
+    if (nofree) return each ? &fault_nofree_ops_close_each : &fault_nofree_ops;
+    return each ? &fault_ops_close_each : &fault_ops;
+}
 
 /* The front-end keeps a copy of the ops table, so recognise ours by an op. */
 static fault_t *fault_of(hm_provider_t *p) {
@@ -372,10 +574,18 @@ static fault_t *fault_of(hm_provider_t *p) {
     return hm_provider_get_state(p);
 }
 
+static int op_ok(hm_fault_op_t op) { return (int)op >= 0 && op < HM_FAULT_OP_COUNT; }
+
 long hm_fault_provider_calls(hm_provider_t *p, hm_fault_op_t op) {
     fault_t *f = fault_of(p);
-    if (!f || (int)op < 0 || op >= HM_FAULT_OP_COUNT) return -1;
+    if (!f || !op_ok(op)) return -1;
     return atomic_load(&f->calls[op]);
+}
+
+long hm_fault_provider_succeeded(hm_provider_t *p, hm_fault_op_t op) {
+    fault_t *f = fault_of(p);
+    if (!f || !op_ok(op)) return -1;
+    return atomic_load(&f->succeeded[op]);
 }
 
 long hm_fault_provider_live(hm_provider_t *p) {
@@ -396,6 +606,20 @@ size_t hm_fault_provider_live_bytes(hm_provider_t *p) {
     return n;
 }
 
+long hm_fault_provider_exports(hm_provider_t *p) {
+    fault_t *f = fault_of(p);
+    return f ? atomic_load(&f->exports) : -1;
+}
+
+long hm_fault_provider_mappings(hm_provider_t *p) {
+    fault_t *f = fault_of(p);
+    if (!f) return -1;
+    lock(f);
+    long n = f->mappings;
+    unlock(f);
+    return n;
+}
+
 long hm_fault_provider_misuse(hm_provider_t *p) {
     fault_t *f = fault_of(p);
     return f ? atomic_load(&f->misuse) : -1;
@@ -406,14 +630,21 @@ long hm_fault_provider_injected(hm_provider_t *p) {
     return f ? atomic_load(&f->injected) : -1;
 }
 
-void hm_fault_provider_arm(hm_provider_t *p, hm_fault_op_t op, long nth) {
+void hm_fault_provider_arm_with(hm_provider_t *p, hm_fault_op_t op, long nth, hm_result_t result) {
     fault_t *f = fault_of(p);
-    if (!f || (int)op < 0 || op >= HM_FAULT_OP_COUNT || nth < -1) {
-        fprintf(stderr, "hm_fault_provider_arm: bad arguments (op %d, nth %ld)\n", (int)op, nth);
+    if (!f || !op_ok(op) || nth < -1 || result == HM_SUCCESS) {
+        fprintf(stderr, "hm_fault_provider_arm: bad arguments (op %d, nth %ld, result %d)\n",
+                (int)op, nth, (int)result);
         return;
     }
+    atomic_store(&f->fail_with[op], (int)result);
     long at = nth <= 0 ? nth : atomic_load(&f->calls[op]) + nth;
     atomic_store(&f->fail_at[op], at);
+}
+
+void hm_fault_provider_arm(hm_provider_t *p, hm_fault_op_t op, long nth) {
+    fault_t *f = fault_of(p);
+    hm_fault_provider_arm_with(p, op, nth, f ? f->fail_default : HM_ERROR_OUT_OF_MEMORY);
 }
 
 void hm_fault_provider_disarm(hm_provider_t *p) {

@@ -1,10 +1,13 @@
 /* hetmem tests — the fault-injecting provider itself: it passes the provider
  * suite around the OS and fixed providers, counts calls, fails exactly the
- * call it was told to, and tracks live allocations. SPDX-License-Identifier: MIT */
+ * call it was told to, tracks live allocations, and forwards the ipc
+ * sub-table with the same counting, injection and tracking of exports and
+ * mappings. SPDX-License-Identifier: MIT */
 #include "conformance.h"
 
 #include <pthread.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define MIB ((size_t)1 << 20)
 #define FIXED_SIZE (64 * MIB)
@@ -169,6 +172,126 @@ static void test_counting_and_injection(void) {
     CHECK_OK(hm_provider_destroy(f)); /* and os with it */
 }
 
+/* The ipc ops, called as the IPC layer calls them, over the OS provider in
+ * shared mode (its ipc.open maps any memfd, this process's own included). */
+static void test_ipc_ops(void) {
+    hm_test_set_context("fault ipc ops");
+    hm_provider_t *os, *f;
+    REQUIRE_OK(hm_test_os_provider(HM_OS_SHARED, HM_OS_PROT_READ | HM_OS_PROT_WRITE, &os));
+    CHECK(hm_fault_provider_ops_for(os, 0) == hm_fault_provider_ops()); /* os has close_many */
+    CHECK(hm_fault_provider_ops_for(os, 1) == hm_fault_provider_nofree_ops());
+    hm_fault_params_t fp = {.inner = os, .own_inner = 1, .fail_with = HM_ERROR_DRIVER};
+    REQUIRE_OK(hm_provider_create(hm_fault_provider_ops(), &fp, &f));
+    CHECK(hm_provider_caps(f) & HM_PROVIDER_CAP_IPC);
+    const hm_provider_ops_t *o = hm_provider_get_ops(f);
+    void *st = hm_provider_get_state(f);
+    REQUIRE(o->ipc.close_many != NULL);
+
+    size_t plen = o->ipc.handle_size(st);
+    CHECK(plen > 0 && plen <= HM_IPC_PAYLOAD_MAX);
+    hm_fault_provider_arm(f, HM_FAULT_IPC_HANDLE_SIZE, 1);
+    CHECK(o->ipc.handle_size(st) > HM_IPC_PAYLOAD_MAX); /* the injected answer */
+    CHECK_EQ(o->ipc.handle_size(st), plen);
+    CHECK_EQ(hm_fault_provider_calls(f, HM_FAULT_IPC_HANDLE_SIZE), 3);
+    CHECK_EQ(hm_fault_provider_succeeded(f, HM_FAULT_IPC_HANDLE_SIZE), 2);
+
+    void *a, *b;
+    REQUIRE_OK(hm_provider_alloc(f, 8192, 0, &a));
+    REQUIRE_OK(hm_provider_alloc(f, 4096, 0, &b));
+    unsigned char pa[HM_IPC_PAYLOAD_MAX], pb[HM_IPC_PAYLOAD_MAX];
+    int fa = -1, fb = -1;
+    hm_fault_provider_arm_with(f, HM_FAULT_IPC_GET, 2, HM_ERROR_PERMISSION);
+    CHECK_OK(o->ipc.get(st, a, 8192, pa, &fa));
+    CHECK_RES(o->ipc.get(st, b, 4096, pb, &fb), HM_ERROR_PERMISSION); /* the 2nd, chosen result */
+    CHECK_EQ(hm_fault_provider_exports(f), 1);
+    CHECK_OK(o->ipc.get(st, b, 4096, pb, &fb));
+    CHECK_EQ(hm_fault_provider_exports(f), 2);
+    CHECK(fa >= 0 && fb >= 0);
+    /* Exporting what is not a live allocation: misuse, not forwarded. */
+    int fx = -1;
+    CHECK_RES(o->ipc.get(st, (char *)a + 4096 * 1000, 4096, pb, &fx), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_EQ(hm_fault_provider_misuse(f), 1);
+
+    void *ma = NULL, *mb = NULL, *mc = NULL;
+    hm_fault_provider_arm(f, HM_FAULT_IPC_OPEN, 1); /* the params' result */
+    CHECK_RES(o->ipc.open(st, pa, fa, 8192, &ma), HM_ERROR_DRIVER);
+    CHECK_EQ(hm_fault_provider_mappings(f), 0);
+    REQUIRE_OK(o->ipc.open(st, pa, fa, 8192, &ma));
+    REQUIRE_OK(o->ipc.open(st, pb, fb, 4096, &mb));
+    REQUIRE_OK(o->ipc.open(st, pa, fa, 8192, &mc));
+    CHECK_EQ(hm_fault_provider_mappings(f), 3);
+    memset(a, 0x3c, 8192);
+    CHECK(((unsigned char *)ma)[8191] == 0x3c && ((unsigned char *)mc)[0] == 0x3c);
+
+    hm_fault_provider_arm(f, HM_FAULT_IPC_CLOSE, 1);
+    CHECK_RES(o->ipc.close(st, mb, 4096), HM_ERROR_DRIVER);
+    CHECK_EQ(hm_fault_provider_mappings(f), 3); /* still mapped */
+    CHECK_RES(o->ipc.close(st, mb, 8192), HM_ERROR_INVALID_ARGUMENT); /* wrong size: misuse */
+    CHECK_EQ(hm_fault_provider_misuse(f), 2);
+    CHECK_OK(o->ipc.close(st, mb, 4096));
+    CHECK_RES(o->ipc.close(st, mb, 4096), HM_ERROR_INVALID_ARGUMENT); /* closed twice */
+    CHECK_EQ(hm_fault_provider_misuse(f), 3);
+    CHECK_EQ(hm_fault_provider_mappings(f), 2);
+
+    void *const many[2] = {ma, mc};
+    const size_t sizes[2] = {8192, 8192};
+    hm_fault_provider_arm(f, HM_FAULT_IPC_CLOSE_MANY, 1);
+    CHECK_RES(o->ipc.close_many(st, many, sizes, 2), HM_ERROR_DRIVER); /* closes nothing */
+    CHECK_EQ(hm_fault_provider_mappings(f), 2);
+    CHECK_EQ(((unsigned char *)mc)[100], 0x3c);
+    CHECK_OK(o->ipc.close_many(st, many, sizes, 2));
+    CHECK_EQ(hm_fault_provider_mappings(f), 0);
+    CHECK_EQ(hm_fault_provider_calls(f, HM_FAULT_IPC_CLOSE_MANY), 2);
+    CHECK_EQ(hm_fault_provider_succeeded(f, HM_FAULT_IPC_CLOSE_MANY), 1);
+
+    hm_fault_provider_arm(f, HM_FAULT_IPC_PUT, -1);
+    CHECK_RES(o->ipc.put(st, pa), HM_ERROR_DRIVER);
+    CHECK_RES(o->ipc.put(st, pb), HM_ERROR_DRIVER);
+    hm_fault_provider_disarm(f);
+    CHECK_EQ(hm_fault_provider_exports(f), 2);
+    CHECK_OK(o->ipc.put(st, pa));
+    CHECK_OK(o->ipc.put(st, pb));
+    CHECK_EQ(hm_fault_provider_exports(f), 0);
+    CHECK_EQ(hm_fault_provider_calls(f, HM_FAULT_IPC_PUT), 4);
+    CHECK_EQ(hm_fault_provider_succeeded(f, HM_FAULT_IPC_PUT), 2);
+    CHECK_OK(hm_provider_free(f, a, 8192));
+    CHECK_OK(hm_provider_free(f, b, 4096));
+    CHECK_EQ(hm_fault_provider_live(f), 0);
+    CHECK_EQ(hm_fault_provider_injected(f), 7);
+    CHECK_OK(hm_provider_destroy(f));
+
+    /* Without close_many in the inner provider (file): the matching table
+     * has none either, so the IPC layer closes one by one as for the file
+     * provider itself; hm_fault_provider_ops() forwards close_many as
+     * close() of each. */
+    char dir[] = "/tmp/hm-fault-ipc-XXXXXX", path[64];
+    REQUIRE(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/f", dir);
+    hm_provider_t *file;
+    REQUIRE_OK(hm_file_provider_create(path, &file));
+    const hm_provider_ops_t *each = hm_fault_provider_ops_for(file, 0);
+    CHECK(each != hm_fault_provider_ops() && each->ipc.close_many == NULL && each->free);
+    CHECK(hm_fault_provider_ops_for(file, 1)->free == NULL);
+    fp.inner = file;
+    REQUIRE_OK(hm_provider_create(hm_fault_provider_ops(), &fp, &f));
+    o = hm_provider_get_ops(f);
+    st = hm_provider_get_state(f);
+    REQUIRE_OK(hm_provider_alloc(f, 4096, 0, &a));
+    REQUIRE_OK(o->ipc.get(st, a, 4096, pa, &fa));
+    REQUIRE_OK(o->ipc.open(st, pa, fa, 4096, &ma));
+    REQUIRE_OK(o->ipc.open(st, pa, fa, 4096, &mb));
+    void *const two[2] = {ma, mb};
+    const size_t four[2] = {4096, 4096};
+    CHECK_OK(o->ipc.close_many(st, two, four, 2));
+    CHECK_EQ(hm_fault_provider_mappings(f), 0);
+    CHECK_OK(o->ipc.put(st, pa));
+    CHECK_OK(hm_provider_free(f, a, 4096));
+    CHECK_EQ(hm_fault_provider_misuse(f), 0);
+    CHECK_OK(hm_provider_destroy(f));
+    unlink(path);
+    rmdir(dir);
+}
+
 /* Counters stay exact under concurrent calls. */
 typedef struct targ {
     hm_provider_t *f;
@@ -208,6 +331,7 @@ static void test_concurrent_counts(void) {
 int main(void) {
     test_params();
     test_counting_and_injection();
+    test_ipc_ops();
     test_concurrent_counts();
     hm_test_set_context(NULL);
 
