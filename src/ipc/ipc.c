@@ -326,12 +326,17 @@ typedef struct xview {
     uint32_t len;        /* of wire */
     uint8_t used;        /* CLOCK reference bit (for the entry) */
     uint8_t gone;        /* its entry is detached: release at the last put */
-    uint8_t in_arena;
+    uint8_t in_arena;    /* 1: view_arena, 2: view_arena_big */
     struct xview *next;  /* the entry's views */
     struct xent *x;      /* NULL while free (arena) */
     unsigned char wire[]; /* the handle given to the user */
 } xview_t;
 #define VIEW_SIZE 256 /* arena slot: handles up to 208 bytes (OS: 152) */
+/* The other arena's slot: any handle (file and devdax: 664 bytes). Every
+ * view lives in one of the two arenas, whose memory is never unmapped, so
+ * hm_ipc_put of a stale or foreign pointer never reads freed memory. */
+#define VIEW_BIG_SIZE \
+    ((offsetof(xview_t, wire) + HM_IPC_HEADER_SIZE + HM_IPC_PAYLOAD_MAX + 63) & ~(size_t)63)
 
 typedef struct xent {
     struct xent *hnext;        /* gx hash (live entries) */
@@ -363,6 +368,9 @@ static arena_t imp_arena = {.lock = PTHREAD_MUTEX_INITIALIZER,
 static arena_t view_arena = {.lock = PTHREAD_MUTEX_INITIALIZER,
                              .objsize = VIEW_SIZE,
                              .link_off = offsetof(xview_t, pnext)};
+static arena_t view_arena_big = {.lock = PTHREAD_MUTEX_INITIALIZER,
+                                 .objsize = VIEW_BIG_SIZE,
+                                 .link_off = offsetof(xview_t, pnext)};
 
 /* CLOCK: whether any view was used since the last visit; clears the bits. */
 static bool xused_clear(xent_t *x) {
@@ -498,11 +506,13 @@ static void ipc_atfork_prepare(void) {
     hm__file_holds_atfork(0); /* after gx.lock: ipc.put takes them in that order */
     hm__mutex_lock(&imp_arena.lock);
     hm__mutex_lock(&view_arena.lock);
+    hm__mutex_lock(&view_arena_big.lock);
     hm__ipc_pidfd_cache_atfork(0);
 }
 /* Release what prepare took, in reverse (phase: 1 parent, 2 child). */
 static void ipc_atfork_release(int phase) {
     hm__ipc_pidfd_cache_atfork(phase);
+    hm__mutex_unlock(&view_arena_big.lock);
     hm__mutex_unlock(&view_arena.lock);
     hm__mutex_unlock(&imp_arena.lock);
     hm__file_holds_atfork(phase);
@@ -1459,12 +1469,8 @@ static xent_t *xfind(uintptr_t base) {
 static void xview_free(xview_t *v) {
     /* An importer that reads this copy (open_verify) sees it released. */
     memset(v->wire, 0, sizeof(uint32_t));
-    if (v->in_arena) {
-        v->x = NULL; /* a put naming this slot is refused from now on */
-        arena_free(&view_arena, v);
-    } else {
-        free(v);
-    }
+    v->x = NULL; /* a put naming this slot is refused from now on */
+    arena_free(v->in_arena == 2 ? &view_arena_big : &view_arena, v);
 }
 static void xent_free(xent_t *x) {
     for (xview_t *v = x->views, *nv; v; v = nv) {
@@ -1866,12 +1872,10 @@ static hm_result_t xcreate(const hm_tracker_entry_t *te, hm_ipc_pool_t *pi, xent
 static xview_t *xview_make(xent_t *x, uint64_t offset, const ident_t *me) {
     uint32_t len = HM_IPC_HEADER_SIZE + x->payload_len;
     xview_t *v = NULL;
-    if (sizeof(*v) + len <= VIEW_SIZE && (v = arena_alloc(&view_arena))) {
-        memset(v, 0, VIEW_SIZE);
-        v->in_arena = 1;
-    } else if (!(v = calloc(1, sizeof(*v) + len))) {
-        return NULL;
-    }
+    bool small = sizeof(*v) + len <= VIEW_SIZE;
+    if (!(v = arena_alloc(small ? &view_arena : &view_arena_big))) return NULL;
+    memset(v, 0, small ? VIEW_SIZE : VIEW_BIG_SIZE);
+    v->in_arena = small ? 1 : 2;
     v->len = len;
     hm_wire_t w = {
         .family = (uint32_t)x->prov->info.family,
@@ -1986,34 +1990,21 @@ out:
     return r;
 }
 
-/* The view whose wire is `handle` in x, or NULL. */
-static xview_t *xview_of(xent_t *x, const void *handle) {
-    for (xview_t *v = x ? x->views : NULL; v; v = v->next)
-        if ((const void *)v->wire == handle) return v;
-    return NULL;
-}
-
 hm_result_t hm_ipc_put(hm_ipc_handle_t *handle) {
     if (hm_unlikely(!handle)) {
         HM_LOG_ERROR("hm_ipc_put(NULL)");
         return HM_ERROR_INVALID_ARGUMENT;
     }
-    /* No decode: only a pointer hm_ipc_get returned is accepted. A view in
-     * the arena is recognised by its address (a slot of the view arena
-     * holding a view: one line, already hot after the get); any other
-     * handle is found by identity among the views of the export its base
-     * names, or of the detached ones (a copy of the bytes, or a corrupted
-     * handle, is not one of them). */
+    /* No decode: only a pointer hm_ipc_get returned is accepted, that is a
+     * slot of a view arena (recognised by its address, with no read of the
+     * caller's bytes) holding a view with gets outstanding: a copy of the
+     * bytes, a corrupted or foreign pointer, or a view released since is
+     * refused. */
     xdue_check();
     xview_t *v = (xview_t *)(void *)((unsigned char *)handle - offsetof(xview_t, wire));
+    if (hm_unlikely(!arena_owns(&view_arena, v) && !arena_owns(&view_arena_big, v))) v = NULL;
     hm__mutex_lock(&gx.lock);
-    if (hm_unlikely(!arena_owns(&view_arena, v) || !v->x)) {
-        uintptr_t base = (uintptr_t)hm__wire_peek64((const unsigned char *)handle,
-                                                    HM__WIRE_OFF_BASE);
-        v = xview_of(xfind(base), handle);
-        for (xent_t *o = gx.orphans; o && !v; o = o->onext) v = xview_of(o, handle);
-    }
-    if (hm_unlikely(!v || !v->refs)) {
+    if (hm_unlikely(!v || !v->x || !v->refs)) {
         hm__mutex_unlock(&gx.lock);
         HM_LOG_ERROR("hm_ipc_put(%p): not an outstanding handle from hm_ipc_get (put twice?)",
                      (void *)handle);
