@@ -4,7 +4,12 @@
  *   LD_PRELOAD=libhetmem_proxy.so program ...
  *   HM_PROXY=shared[,tracked]   options, comma-separated:
  *     shared    the OS provider in shared (memfd) mode, so the heap can be
- *               exported through IPC (implies tracked)
+ *               exported through IPC (implies tracked). The memfd's
+ *               descriptor is out of the program's way (close-on-exec, at
+ *               512 or above); a program that closes it (closing "all" its
+ *               descriptors) or puts a file of its own at its number can no
+ *               longer grow the heap: such allocations fail (ENOMEM; the
+ *               log says why), the program's file is never touched
  *     tracked   record the heap's ranges in the tracker (hm_pool_by_ptr,
  *               hm_allocation_info work on malloc'ed pointers); off by default
  *
