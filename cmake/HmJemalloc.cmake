@@ -108,7 +108,7 @@ set(_hm_je_configure_args
 set(_hm_je_keep hm_je_mallocx hm_je_dallocx hm_je_sdallocx hm_je_rallocx hm_je_xallocx
     hm_je_sallocx hm_je_nallocx hm_je_mallctl hm_je_mallctlnametomib hm_je_mallctlbymib
     hm__je_fast_alloc hm__je_fast_malloc hm__je_fast_free hm__je_fast_check hm__je_fast_tl
-    hm__je_fast_tcache_refresh hm__je_fast_key_init)
+    hm__je_fast_tcache_refresh hm__je_fast_key_init hm__je_fast_cached_bytes)
 # (je_fast.c calls back hm__je_alloc_slow, hm__je_malloc_slow, hm__je_free_slow, hm__je_refuse in
 # the pool: undefined here, resolved when libhetmem is linked.)
 set(_hm_je_fast_src "${PROJECT_SOURCE_DIR}/src/pools/jemalloc/je_fast.c")

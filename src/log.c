@@ -3,8 +3,12 @@
  * HM_LOG=level[,file] is read once (debug|info|warn|error|off, or 0-4).
  * Lines are formatted into a fixed stack buffer and written with one write(2):
  * no allocation, no stdio, a per-thread recursion guard, a registrable sink.
- * Silent by default. Never called on the success path of alloc/free. */
+ * Silent by default. Never called on the success path of alloc/free.
+ * The HM_LOG file's descriptor is one hetmem keeps (platform/prim.h): high,
+ * close-on-exec, and checked before each line; once the program has closed
+ * it or put a file of its own at its number, lines go to stderr instead. */
 #include "internal.h"
+#include "platform/prim.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 _Atomic int hm__log_level = HM_LOG_OFF;
@@ -20,9 +25,22 @@ _Atomic int hm__log_level = HM_LOG_OFF;
 static struct {
     _Atomic(hm_log_sink_fn) sink;
     void *_Atomic sink_arg;
-    _Atomic int fd; /* default sink's destination */
+    _Atomic int fd;          /* default sink's destination */
+    hm_prim_file_id_t fd_id; /* the HM_LOG file's identity when fd is not 2 (set before fd) */
     _Atomic int level_set_by_user;
 } logs = {.fd = 2};
+
+/* The default sink's descriptor: the HM_LOG file while it is still the one
+ * opened, else stderr. */
+static int log_fd(void) {
+    int fd = atomic_load(&logs.fd);
+    if (fd == 2) return fd;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_dev != logs.fd_id.dev ||
+        (uint64_t)st.st_ino != logs.fd_id.ino)
+        return 2;
+    return fd;
+}
 
 static __thread int in_log; /* recursion guard */
 
@@ -54,7 +72,8 @@ void hm__log_init(void) {
     else if (!strcasecmp(lvl, "error") || !strcmp(lvl, "3")) level = HM_LOG_ERROR;
     if (env[n] == ',' && env[n + 1]) {
         int fd = open(env + n + 1, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-        if (fd >= 0) atomic_store(&logs.fd, fd);
+        if (fd >= 0 && hm__prim_fd_keep(&fd, &logs.fd_id) == HM_SUCCESS)
+            atomic_store(&logs.fd, fd);
     }
     if (!atomic_load(&logs.level_set_by_user)) atomic_store(&hm__log_level, level);
 }
@@ -94,7 +113,7 @@ void hm__log(hm_log_level_t level, const char *file, int line, const char *fmt, 
         size_t len = strlen(buf);
         if (len < sizeof(buf) - 1) buf[len++] = '\n';
         else buf[sizeof(buf) - 2] = '\n', len = sizeof(buf) - 1;
-        ssize_t w = write(atomic_load(&logs.fd), buf, len);
+        ssize_t w = write(log_fd(), buf, len);
         (void)w;
     }
     errno = saved_errno;

@@ -34,12 +34,22 @@ enum {
     HM_POOL_FLAG_NO_TRACKING = 1u << 1,
 };
 
-/* Statistics of a pool (fields a pool does not keep are 0). */
+/* Statistics of a pool (fields a pool does not keep are 0; for a tracked
+ * pool the front-end fills bytes_from_provider and provider_allocs from the
+ * tracker when the pool does not). Exact while no thread is inside a call
+ * on the pool, approximate while one is. */
 typedef struct hm_pool_stats {
-    size_t bytes_requested;     /* bytes currently allocated by users */
+    /* Bytes of the blocks users hold now (allocated and not yet freed), each
+     * counted at its usable size (hm_pool_malloc_usable_size). Freed blocks
+     * a pool keeps for reuse (in thread caches, free lists) are not
+     * counted: with every block freed it is 0, with no trim. */
+    size_t bytes_requested;
     size_t bytes_from_provider; /* bytes currently held from the provider */
     size_t provider_allocs;     /* live provider allocations */
-    size_t slabs;
+    size_t slabs;               /* slabs (runs of blocks of one size) held now */
+    /* Frees of a block by a thread other than the one whose heap owns it,
+     * queued for the owner and taken in by it, since the pool was made
+     * (pools whose remote frees go through such queues). */
     size_t remote_frees_published;
     size_t remote_frees_drained;
 } hm_pool_stats_t;

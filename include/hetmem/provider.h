@@ -5,7 +5,19 @@
  * params object (e.g. hm_os_params_t). Pools carve fine allocations out of it.
  * Anyone may write a provider: fill a `static const hm_provider_ops_t` with
  * designated initializers; a NULL op means "unsupported" and the front-end
- * answers HM_ERROR_NOT_SUPPORTED for it. */
+ * answers HM_ERROR_NOT_SUPPORTED for it.
+ *
+ * Descriptors: a provider that keeps a file descriptor open (the OS
+ * provider's memfd in shared mode, the file and devdax providers' files)
+ * keeps it close-on-exec at a high number (the lowest free one from 512, or
+ * from half the soft RLIMIT_NOFILE if that is lower), out of the way of the
+ * numbers programs name and the kernel hands out, and checks before each
+ * use that it is still the file it opened (device and inode). If the
+ * program has closed it or put another file at its number, the provider
+ * leaves that descriptor alone: what needed it (growing, mapping, hole
+ * punching, an export of the descriptor, the close at destroy) is refused
+ * with HM_ERROR_DRIVER (native error EBADF) and one log line; memory already
+ * mapped stays usable and can be freed. */
 #ifndef HETMEM_PROVIDER_H
 #define HETMEM_PROVIDER_H
 

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/uio.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -361,6 +362,57 @@ hm_result_t hm__prim_dup(int fd, int *out) {
 
 hm_result_t hm__prim_close(int fd) {
     if (close(fd) != 0 && errno != EINTR) return hm__errno_result(errno, "close(%d)", fd);
+    return HM_SUCCESS;
+}
+
+/* ---- descriptors hetmem keeps ---- */
+
+/* Failure: the descriptor is closed, *fd = -1. */
+static hm_result_t fd_keep_fail(int *fd, const char *call) {
+    int e = errno;
+    (void)close(*fd);
+    hm_result_t r = hm__errno_result(e, "%s(%d)", call, *fd);
+    *fd = -1;
+    return r;
+}
+
+hm_result_t hm__prim_fd_keep(int *fd, hm_prim_file_id_t *id) {
+    struct stat st;
+    if (fstat(*fd, &st) != 0) return fd_keep_fail(fd, "fstat");
+    id->dev = (uint64_t)st.st_dev;
+    id->ino = (uint64_t)st.st_ino;
+    int min = HM_PRIM_FD_KEEP_MIN;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur / 2 < (rlim_t)min)
+        min = (int)(rl.rlim_cur / 2);
+    if (*fd < min) {
+        int high = fcntl(*fd, F_DUPFD_CLOEXEC, min);
+        if (high >= 0) {
+            (void)close(*fd);
+            *fd = high;
+            return HM_SUCCESS;
+        }
+        /* EMFILE / EINVAL: nothing free up there; it stays. */
+    }
+    int flags = fcntl(*fd, F_GETFD);
+    if (flags < 0 || (!(flags & FD_CLOEXEC) && fcntl(*fd, F_SETFD, flags | FD_CLOEXEC) != 0))
+        return fd_keep_fail(fd, "fcntl(F_SETFD, FD_CLOEXEC)");
+    return HM_SUCCESS;
+}
+
+hm_result_t hm__prim_fd_check(int fd, const hm_prim_file_id_t *id) {
+    struct stat st;
+    if (fd < 0) return hm__errno_result(EBADF, "descriptor %d: none", fd);
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        return hm__errno_result(e, "fstat(%d)%s", fd, e == EBADF ? ": closed" : "");
+    }
+    if ((uint64_t)st.st_dev != id->dev || (uint64_t)st.st_ino != id->ino)
+        return hm__errno_result(EBADF,
+                                "descriptor %d is another file now (device %#" PRIx64
+                                ", inode %" PRIu64 "; was %#" PRIx64 ", %" PRIu64 ")",
+                                fd, (uint64_t)st.st_dev, (uint64_t)st.st_ino, id->dev, id->ino);
     return HM_SUCCESS;
 }
 

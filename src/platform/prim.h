@@ -119,6 +119,41 @@ hm_result_t hm__prim_dup(int fd, int *out);
 /* close; EINTR is not retried (Linux releases the descriptor anyway). */
 hm_result_t hm__prim_close(int fd);
 
+/* ---- descriptors hetmem keeps ----
+ * A provider that holds a descriptor for its lifetime (the OS provider's
+ * memfd, the file and devdax providers' files) shares the descriptor table
+ * with a program that does not know about it: programs pick low numbers
+ * themselves (dup2 onto 3, a shell's `exec 3>file`, descriptors passed to a
+ * child by number, fds counted in a child), and close descriptors they
+ * think are theirs, after which the number goes to the program's next file.
+ * So the provider keeps its descriptor high and close-on-exec
+ * (hm__prim_fd_keep), and before each use of it checks that it is still the
+ * file it opened (hm__prim_fd_check); if not, it leaves the descriptor
+ * alone. */
+
+/* Where hm__prim_fd_keep moves a descriptor: the lowest free number at or
+ * above this (or above half the soft RLIMIT_NOFILE, if that is lower).
+ * Above what programs name (shells use up to 255, Python's test suite
+ * counts descriptors below 256) and low enough that the kernel's descriptor
+ * table stays small. */
+#define HM_PRIM_FD_KEEP_MIN 512
+
+/* What identifies an open file: fstat's st_dev and st_ino. */
+typedef struct hm_prim_file_id {
+    uint64_t dev, ino;
+} hm_prim_file_id_t;
+
+/* Make *fd, a descriptor hetmem opened and keeps, close-on-exec and move it
+ * (F_DUPFD_CLOEXEC, then close the original) to the lowest free number at
+ * or above HM_PRIM_FD_KEEP_MIN (see above); where none is free it stays
+ * where it is. Records the file's identity in *id. On failure the
+ * descriptor is closed and *fd is -1. */
+hm_result_t hm__prim_fd_keep(int *fd, hm_prim_file_id_t *id);
+/* Is fd still the file `id`? HM_SUCCESS, or, when it is closed or another
+ * file has its number, HM_ERROR_DRIVER with the native error EBADF (what
+ * it is now in the message). The caller logs and leaves fd alone. */
+hm_result_t hm__prim_fd_check(int fd, const hm_prim_file_id_t *id);
+
 /* ---- processes ---- */
 
 /* pidfd_open(pid, 0) (Linux 5.3). */

@@ -4,7 +4,12 @@
  *   LD_PRELOAD=libhetmem_proxy.so program ...
  *   HM_PROXY=shared[,tracked]   options, comma-separated:
  *     shared    the OS provider in shared (memfd) mode, so the heap can be
- *               exported through IPC (implies tracked)
+ *               exported through IPC (implies tracked). The memfd's
+ *               descriptor is out of the program's way (close-on-exec, at
+ *               512 or above); a program that closes it (closing "all" its
+ *               descriptors) or puts a file of its own at its number can no
+ *               longer grow the heap: such allocations fail (ENOMEM; the
+ *               log says why), the program's file is never touched
  *     tracked   record the heap's ranges in the tracker (hm_pool_by_ptr,
  *               hm_allocation_info work on malloc'ed pointers); off by default
  *
@@ -19,6 +24,12 @@
  *   whether the pointer is one of its blocks (page map, then large map); any
  *   other pointer (allocated before the takeover, by the guard path, or by
  *   libc functions called through dlsym) goes back to glibc.
+ * - First call: any entry point may be a program's first call into the
+ *   family, on a pointer glibc allocated before the takeover, before the
+ *   pool exists or while another thread makes it. Those that allocate make
+ *   the pool (or use glibc meanwhile); free and realloc need nothing of it
+ *   for glibc's pointers; malloc_usable_size needs glibc's own function,
+ *   found at its first use (libc_usable), not by the pool's set-up.
  * - Fork: the native pool and the tracker hold their locks across fork().
  *   With HM_PROXY=shared the heap is MAP_SHARED memory of a memfd, which a
  *   forked child would keep sharing with its parent (each one's writes to
@@ -75,7 +86,7 @@ static void *g_state;
 static void *g_old;
 static int g_shared;  /* g_state's heap is shared memory (not yet forked) */
 static int g_tracked; /* HM_PROXY asked for tracking */
-static size_t (*g_libc_usable)(void *);
+static size_t (*_Atomic g_libc_usable)(void *); /* see libc_usable */
 static TLS_IE int tl_guard;
 
 static hm_result_t pool_make(int shared, int tracked, void **state);
@@ -88,7 +99,6 @@ static void proxy_init(void) {
     int expect = ST_NONE;
     if (!atomic_compare_exchange_strong(&g_status, &expect, ST_INIT)) return;
     tl_guard = 1;
-    g_libc_usable = (size_t(*)(void *))dlsym(RTLD_NEXT, "malloc_usable_size");
     const char *opt = getenv("HM_PROXY");
     int shared = opt && strstr(opt, "shared");
     int tracked = shared || (opt && strstr(opt, "tracked"));
@@ -474,9 +484,31 @@ EXPORT void *pvalloc(size_t size) {
     return aligned_alloc(page, n);
 }
 
+/* glibc's malloc_usable_size of one of its blocks. Looked up at the first
+ * call that needs it, in whatever state the proxy is (no pool yet, another
+ * thread making it, failed): a block glibc allocated before the takeover can
+ * reach malloc_usable_size before any call that makes the pool. dlsym may
+ * allocate: under the guard, glibc serves it. Racing first lookups find the
+ * same function. */
+static HM_NOINLINE size_t libc_usable_slow(void *p) {
+    int guard = tl_guard;
+    tl_guard = 1;
+    size_t (*f)(void *) = (size_t(*)(void *))dlsym(RTLD_NEXT, "malloc_usable_size");
+    tl_guard = guard;
+    if (!f) return 0;
+    atomic_store_explicit(&g_libc_usable, f, memory_order_release);
+    return f(p);
+}
+
+HM_INLINE size_t libc_usable(void *p) {
+    size_t (*f)(void *) = atomic_load_explicit(&g_libc_usable, memory_order_acquire);
+    if (hm_likely(f != NULL)) return f(p);
+    return libc_usable_slow(p);
+}
+
 EXPORT size_t malloc_usable_size(void *p) {
     if (!p) return 0;
     void *st = owner_of(p);
     if (st) return usable(st, p);
-    return g_libc_usable ? g_libc_usable(p) : 0;
+    return libc_usable(p);
 }

@@ -1,9 +1,14 @@
 /* hetmem tests — the devdax provider on a real (or emulated) device DAX named
  * by HM_TEST_DEVDAX_PATH (e.g. /dev/dax0.0); skipped (exit 77) without one.
- * THE DEVICE'S CONTENTS ARE OVERWRITTEN.
+ * THE DEVICE'S CONTENTS ARE OVERWRITTEN. Also: the provider's descriptor is
+ * kept out of the program's way and left alone once the program replaces it.
  * SPDX-License-Identifier: MIT */
 #include "conformance.h"
 
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const char *dev;
@@ -76,6 +81,38 @@ int main(void) {
     REQUIRE_OK(hm_provider_alloc(p, 3 * unit + 4096, unit, &x));
     CHECK_MSG(hm_test_verify(x, 3 * unit + 4096, 4242), "data lost across providers");
     CHECK_OK(hm_provider_destroy(p));
+
+    /* The provider's descriptor: high and close-on-exec; a program that
+     * puts another file at its number keeps it (the provider needs the
+     * descriptor for nothing but exports of long paths and its close). */
+    REQUIRE_OK(hm_devdax_provider_create(dev, &p));
+    char real[PATH_MAX];
+    REQUIRE(realpath(dev, real));
+    int dfd = -1;
+    for (int i = 0; i < 4096 && dfd < 0; i++) {
+        char link[64], to[PATH_MAX];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", i);
+        ssize_t n = readlink(link, to, sizeof to - 1);
+        if (n <= 0) continue;
+        to[n] = 0;
+        if (!strcmp(to, real)) dfd = i;
+    }
+    CHECK_MSG(dfd >= 256, "the device is descriptor %d", dfd);
+    if (dfd >= 0) {
+        CHECK(fcntl(dfd, F_GETFD) & FD_CLOEXEC);
+        int other = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        REQUIRE(other >= 0 && dup2(other, dfd) == dfd);
+        REQUIRE_OK(hm_provider_alloc(p, 4096, 0, &y)); /* mapped at create: works */
+        memset(y, 9, 4096);
+        CHECK_OK(hm_provider_free(p, y, 4096));
+        CHECK_OK(hm_provider_destroy(p));
+        struct stat a, b;
+        CHECK(fstat(dfd, &a) == 0 && fstat(other, &b) == 0 && a.st_ino == b.st_ino);
+        close(dfd);
+        close(other);
+    } else {
+        CHECK_OK(hm_provider_destroy(p));
+    }
 
     size_t cap = total < (256u << 20) ? total : (256u << 20);
     hm_test_suite_opts_t opts = {.max_alloc = cap / 4, .max_alignment = unit, .can_free = 1,

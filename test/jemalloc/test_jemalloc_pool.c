@@ -2,6 +2,7 @@
  * private, shared, untracked, PROT_NONE; fixed host and device-kind (a
  * PROT_NONE buffer); fault-wrapped OS), and the pool's own contract: params,
  * refused providers, memory the CPU cannot touch, statistics and trim,
+ * exact statistics (what users hold, from several threads, with no trim),
  * refusal of foreign, interior and other pools' pointers, region starts of
  * every small class (every region of whole slabs accepted), an arena with
  * more extent descriptors than its first metadata block, the fast paths'
@@ -275,6 +276,149 @@ static void test_stats_and_trim(void) {
               st.bytes_requested);
     CHECK_MSG(st.bytes_from_provider < held, "trim returned nothing (%zu of %zu held)",
               st.bytes_from_provider, held);
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
+/* ---- exact statistics ----
+ * bytes_requested is what users hold now, at usable size (pool.h): blocks in
+ * the threads' caches of the pool are not counted, whichever thread freed
+ * them, with no trim. Threads stop at barriers while the main thread reads
+ * the statistics, so no call is in flight and the answer is exact. */
+
+#define STATS_T 4
+#define STATS_N 160 /* blocks per thread and round */
+
+typedef struct stats_arg {
+    hm_pool_t *pool;
+    pthread_barrier_t *bar;
+    void **mine;   /* STATS_N blocks this thread allocates */
+    void **theirs; /* STATS_N blocks of the next thread, freed here */
+    int idx;
+} stats_arg_t;
+
+/* Small and large classes, sizes cached by jemalloc's tcaches (up to 32 KiB)
+ * and beyond, aligned blocks, calloc and realloc. */
+static void *stats_alloc(hm_pool_t *pool, int i) {
+    static const size_t sizes[] = {1,    8,    24,    64,    100,   500,    1024,     4000,
+                                   4096, 5000, 8192,  16384, 30000, 40000,  200000,   MIB + 1};
+    size_t size = sizes[i % (int)(sizeof(sizes) / sizeof(sizes[0]))];
+    switch (i % 7) {
+    case 3: return hm_pool_aligned_malloc(pool, size, (size_t)256 << (i % 9));
+    case 5: return hm_pool_calloc(pool, 1, size);
+    case 6: {
+        void *p = hm_pool_malloc(pool, 100);
+        if (!p) return NULL;
+        void *q = hm_pool_realloc(pool, p, size + 100);
+        if (!q) hm_pool_free(pool, p);
+        return q;
+    }
+    default: return hm_pool_malloc(pool, size);
+    }
+}
+
+static void *stats_thread(void *arg) {
+    stats_arg_t *a = arg;
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < STATS_N; i++) {
+            a->mine[i] = stats_alloc(a->pool, i + a->idx + 3 * round);
+            REQUIRE(a->mine[i] != NULL);
+        }
+        pthread_barrier_wait(a->bar); /* main reads: everything live */
+        pthread_barrier_wait(a->bar);
+        /* Free the next thread's blocks (remote frees into this thread's
+         * cache), then make and free a few more of its own (reuse). */
+        for (int i = 0; i < STATS_N; i++) CHECK_OK(hm_pool_free(a->pool, a->theirs[i]));
+        for (int i = 0; i < 50; i++) {
+            void *p = stats_alloc(a->pool, i * 3 + round);
+            REQUIRE(p != NULL);
+            CHECK_OK(hm_pool_free(a->pool, p));
+        }
+        pthread_barrier_wait(a->bar); /* main reads: nothing live */
+        pthread_barrier_wait(a->bar);
+    }
+    return NULL;
+}
+
+static size_t usable_sum(hm_pool_t *pool, void *const *p, size_t n) {
+    size_t sum = 0;
+    for (size_t i = 0; i < n; i++) sum += hm_pool_malloc_usable_size(pool, p[i]);
+    return sum;
+}
+
+static void check_stats_fields(hm_pool_t *pool, size_t live, const char *when) {
+    hm_pool_stats_t st;
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_MSG(st.bytes_requested == live, "%s: bytes_requested %zu, users hold %zu", when,
+              st.bytes_requested, live);
+    CHECK_MSG(st.bytes_from_provider >= st.bytes_requested, "%s: %zu from the provider < %zu",
+              when, st.bytes_from_provider, st.bytes_requested);
+    CHECK_MSG(st.bytes_from_provider == 0 || st.provider_allocs >= 1,
+              "%s: %zu bytes in %zu provider allocations", when, st.bytes_from_provider,
+              st.provider_allocs);
+    /* jemalloc has no remote-free queues: a remote free goes to the freeing
+     * thread's cache (pools/jemalloc.h). */
+    CHECK(st.remote_frees_published == 0 && st.remote_frees_drained == 0);
+}
+
+static void test_stats_exact(void) {
+    hm_test_set_context("exact statistics");
+    hm_pool_t *pool = os_pool(NULL, 0, RW);
+    hm_pool_stats_t st;
+    /* One thread: 100 blocks of 64 bytes, all freed (they stay in the
+     * thread's cache). */
+    void *b[100];
+    for (int i = 0; i < 100; i++) REQUIRE((b[i] = hm_pool_malloc(pool, 64)) != NULL);
+    CHECK_OK(hm_pool_get_stats(pool, &st));
+    CHECK_EQ(st.bytes_requested, usable_sum(pool, b, 100));
+    CHECK(st.slabs >= 1);
+    for (int i = 0; i < 100; i++) CHECK_OK(hm_pool_free(pool, b[i]));
+    check_stats_fields(pool, 0, "100 x 64 B freed");
+
+    /* Several threads, a mix of sizes, remote frees. */
+    static void *blocks[STATS_T][STATS_N];
+    pthread_barrier_t bar;
+    REQUIRE(pthread_barrier_init(&bar, NULL, STATS_T + 1) == 0);
+    stats_arg_t args[STATS_T];
+    pthread_t th[STATS_T];
+    for (int t = 0; t < STATS_T; t++) {
+        args[t] = (stats_arg_t){pool, &bar, blocks[t], blocks[(t + 1) % STATS_T], t};
+        REQUIRE(pthread_create(&th[t], NULL, stats_thread, &args[t]) == 0);
+    }
+    for (int round = 0; round < 2; round++) {
+        pthread_barrier_wait(&bar);
+        /* The main thread holds some too. */
+        void *own[40];
+        for (int i = 0; i < 40; i++) REQUIRE((own[i] = stats_alloc(pool, i * 5 + round)) != NULL);
+        size_t own_live = usable_sum(pool, own, 40), live = own_live;
+        for (int t = 0; t < STATS_T; t++) live += usable_sum(pool, blocks[t], STATS_N);
+        check_stats_fields(pool, live, round ? "all live (round 2)" : "all live");
+        CHECK_OK(hm_pool_get_stats(pool, &st));
+        CHECK_MSG(st.slabs >= 1, "%zu slabs with small blocks live", st.slabs);
+        for (int i = 0; i < 40; i++) CHECK_OK(hm_pool_free(pool, own[i]));
+        check_stats_fields(pool, live - own_live, "the main thread's freed");
+        pthread_barrier_wait(&bar);
+        pthread_barrier_wait(&bar);
+        check_stats_fields(pool, 0, round ? "all freed, threads live (round 2)"
+                                          : "all freed, threads live");
+        pthread_barrier_wait(&bar);
+    }
+    for (int t = 0; t < STATS_T; t++) pthread_join(th[t], NULL);
+    pthread_barrier_destroy(&bar);
+    check_stats_fields(pool, 0, "threads exited");
+    CHECK_OK(hm_pool_trim(pool));
+    check_stats_fields(pool, 0, "after trim");
+    CHECK_OK(hm_pool_destroy(pool));
+
+    /* Without thread caches the count is jemalloc's own. */
+    hm_jemalloc_params_t *jp;
+    REQUIRE_OK(hm_jemalloc_params_create(&jp));
+    REQUIRE_OK(hm_jemalloc_params_set_tcache(jp, false));
+    pool = os_pool(jp, 0, RW);
+    hm_jemalloc_params_destroy(jp);
+    for (int i = 0; i < 100; i++) REQUIRE((b[i] = stats_alloc(pool, i)) != NULL);
+    check_stats_fields(pool, usable_sum(pool, b, 100), "no tcache, live");
+    for (int i = 0; i < 100; i++) CHECK_OK(hm_pool_free(pool, b[i]));
+    check_stats_fields(pool, 0, "no tcache, freed");
     CHECK_OK(hm_pool_destroy(pool));
 }
 
@@ -904,6 +1048,7 @@ int main(int argc, char **argv) {
         test_minimal_provider();
         test_prot_none();
         test_stats_and_trim();
+        test_stats_exact();
         test_foreign_pointers();
         test_region_starts();
         test_many_extents();

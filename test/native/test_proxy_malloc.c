@@ -3,7 +3,8 @@
  * with a workload, git on this repository, a C++ program using new/delete
  * across threads, and the shell. Also: programs that fork under the proxy,
  * whose children go on running (bash $(...)), with the heap private and in
- * shared memory (HM_PROXY=shared).
+ * shared memory (HM_PROXY=shared). And each entry point of the family as a
+ * program's first call.
  * Skipped in sanitizer builds (the sanitizers own malloc).
  * SPDX-License-Identifier: MIT */
 #include "harness.h"
@@ -95,6 +96,20 @@ int main(void) {
     same("fork snapshot, shared heap", "HM_PROXY=shared " HM_FORK_SNAPSHOT_PROG);
     /* memalign, posix_memalign, valloc, pvalloc: glibc's answers */
     same("aligned allocation calls", HM_ALIGN_PROG);
+    /* Every entry point as the program's first call into the family, on a
+     * block glibc made before the replacement served anything. */
+    static const char *const first[] = {"malloc_usable_size", "free", "realloc", "malloc",
+                                        "calloc", "posix_memalign", "aligned_alloc",
+                                        "memalign", "valloc", "pvalloc"};
+    for (size_t i = 0; i < sizeof first / sizeof first[0]; i++) {
+        char label[96], cmd[1024];
+        snprintf(label, sizeof label, "first call %s", first[i]);
+        snprintf(cmd, sizeof cmd, "%s %s", HM_FIRST_CALL_PROG, first[i]);
+        same(label, cmd);
+        snprintf(label, sizeof label, "first call %s, shared heap", first[i]);
+        snprintf(cmd, sizeof cmd, "HM_PROXY=shared %s %s", HM_FIRST_CALL_PROG, first[i]);
+        same(label, cmd);
+    }
     if (system("bash -c true >/dev/null 2>&1") == 0) {
         same("bash $(...), shared heap",
              "HM_PROXY=shared bash " HM_SOURCE_DIR "/test/native/proxy_fork.sh");

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -210,8 +211,59 @@ static void test_process(void) {
     hm__prim_close(pidfd);
 }
 
+/* Descriptors hetmem keeps: moved high and close-on-exec, and checked. */
+static void test_kept_fds(void) {
+    hm_test_set_context("kept descriptors");
+    int fd = -1;
+    REQUIRE_OK(hm__prim_memfd_create("kept", 0, &fd));
+    int low = fd;
+    hm_prim_file_id_t id;
+    REQUIRE_OK(hm__prim_fd_keep(&fd, &id));
+    CHECK_MSG(fd >= HM_PRIM_FD_KEEP_MIN, "kept at %d", fd);
+    CHECK(fcntl(low, F_GETFD) < 0 && errno == EBADF); /* the low number is free again */
+    CHECK((fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0);
+    CHECK_OK(hm__prim_fd_check(fd, &id));
+    /* Another file at its number. */
+    int other = open("/dev/null", O_RDWR | O_CLOEXEC);
+    REQUIRE(other >= 0);
+    int saved = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    REQUIRE(saved >= 0);
+    REQUIRE(dup2(other, fd) == fd);
+    CHECK_RES(hm__prim_fd_check(fd, &id), HM_ERROR_DRIVER);
+    const char *msg = NULL;
+    CHECK_EQ(hm_last_native_error(&msg), EBADF);
+    CHECK(msg && strstr(msg, "another file"));
+    /* Closed. */
+    REQUIRE(close(fd) == 0);
+    CHECK_RES(hm__prim_fd_check(fd, &id), HM_ERROR_DRIVER);
+    CHECK_EQ(hm_last_native_error(NULL), EBADF);
+    CHECK_RES(hm__prim_fd_check(-1, &id), HM_ERROR_DRIVER);
+    /* The same file back at the number (a dup of it): fine. */
+    REQUIRE(dup2(saved, fd) == fd);
+    CHECK_OK(hm__prim_fd_check(fd, &id));
+    close(fd);
+    close(saved);
+    close(other);
+    /* A descriptor already high stays where it is (and becomes
+     * close-on-exec). */
+    int high = fcntl(0, F_DUPFD, HM_PRIM_FD_KEEP_MIN + 100);
+    if (high >= 0) {
+        int was = high;
+        CHECK_OK(hm__prim_fd_keep(&high, &id));
+        CHECK_EQ(high, was);
+        CHECK((fcntl(high, F_GETFD) & FD_CLOEXEC) != 0);
+        close(high);
+    }
+    /* A closed descriptor cannot be kept. */
+    int bad = 1000000;
+    CHECK_RES(hm__prim_fd_keep(&bad, &id), HM_ERROR_DRIVER);
+    CHECK_EQ(bad, -1);
+    hm_test_set_context(NULL);
+}
+
 int main(void) {
     test_sizes();
+    test_kept_fds();
     test_map();
     test_errors();
     test_process();

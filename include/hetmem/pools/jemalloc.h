@@ -82,6 +82,15 @@
  * the pool (other threads' caches are theirs to use; they are flushed at
  * thread exit and pool destroy).
  *
+ * Statistics (hm_pool_get_stats): bytes_requested is jemalloc's count of
+ * the arena's allocated bytes (usable sizes) less the bytes in the pool's
+ * thread caches, each thread's cache read as it is (no counter on the
+ * alloc/free paths); bytes_from_provider and provider_allocs are the
+ * provider ranges the arena holds; slabs is jemalloc's count of the arena's
+ * slabs. remote_frees_* stay 0: a block freed by another thread goes into
+ * that thread's cache, as any free does. Exact while no thread is inside a
+ * call on the pool.
+ *
  * Concurrency contract (per pool):
  *
  * | operation                  | runs concurrently with       | synchronisation             |
@@ -91,8 +100,8 @@
  * |                            |                              | locks on cache misses       |
  * | first call of a thread     | every call but destroy       | global mutex (tcache list)  |
  * | thread exit                | everything                   | global mutex                |
- * | trim, get_stats (O(pools): | every call but destroy       | jemalloc's ctl lock         |
- * |   jemalloc's epoch refresh)|                              |                             |
+ * | trim, get_stats (O(pools): | every call but destroy       | jemalloc's ctl lock; global |
+ * |   jemalloc's epoch refresh)|                              | mutex (the pool's tcaches)  |
  * | destroy                    | nothing on the same pool     | caller; global mutex        |
  * Fork: the child may keep using inherited pools (jemalloc's and this pool's
  * locks are taken around fork; the parent's other threads' entries in the

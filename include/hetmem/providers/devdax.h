@@ -24,7 +24,9 @@
  * IPC: the native payload names the device (path and device number) and the
  * offset; the importer opens the path and maps the aligned range that holds
  * the allocation (no descriptor has to move). As with the file provider, a
- * range freed while exported is reused at once. */
+ * range freed while exported is reused at once. The device's descriptor
+ * stays open for the provider's life, high and close-on-exec, and is
+ * checked before each use (provider.h, "Descriptors"). */
 #ifndef HETMEM_PROVIDERS_DEVDAX_H
 #define HETMEM_PROVIDERS_DEVDAX_H
 

@@ -37,7 +37,11 @@
  * descriptor instead). A file removed or replaced since the export gives
  * HM_ERROR_STALE_HANDLE. Freeing an allocation while it is exported returns
  * the range to the provider at once: an importer still mapping it may see
- * the next allocation's data there. */
+ * the next allocation's data there.
+ *
+ * The file's descriptor stays open for the provider's life, high and
+ * close-on-exec, and is checked before each use (provider.h,
+ * "Descriptors"). */
 #ifndef HETMEM_PROVIDERS_FILE_H
 #define HETMEM_PROVIDERS_FILE_H
 

@@ -11,6 +11,11 @@ extern "C" {
 
 typedef struct hm_os_params hm_os_params_t;
 
+/* HM_OS_SHARED keeps the memfd's descriptor open for the provider's life, as
+ * provider.h ("Descriptors") says: high, close-on-exec, checked before each
+ * ftruncate, mmap, hole punch, export and close. A program that closes it
+ * or reuses its number gets refused allocations, never its own file resized
+ * or mapped as memory. */
 typedef enum hm_os_visibility {
     HM_OS_PRIVATE = 0, /* anonymous private mappings (default) */
     HM_OS_SHARED = 1,  /* MAP_SHARED over one memfd: IPC-capable */

@@ -243,6 +243,11 @@ hm_result_t hm__je_refuse(void *state, const void *ptr, const char *what);
  * no_tcache, and tsd). */
 void hm__je_fast_tcache_refresh(hm_je_key_t *key, hm_je_tl_entry_t *e);
 
+/* The bytes of blocks held in a tcache_t (freed by users, not yet back in
+ * the arena), read while its owner may be using it: exact when the owner is
+ * not inside a call. The caller keeps the tcache alive. */
+size_t hm__je_fast_cached_bytes(void *tcache);
+
 /* Is ptr the start of a live block of the pool? Its usable size, or 0. */
 size_t hm__je_fast_check(const hm_je_key_t *key, const void *ptr);
 

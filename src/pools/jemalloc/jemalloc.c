@@ -73,9 +73,16 @@ typedef struct jpool {
     _Atomic bool high_logged; /* the alloc hook refused memory above its width */
 } jpool_t;
 
+/* One explicit tcache of the pool. `tcache` is jemalloc's tcache_t of `tc`
+ * as its thread last saw it (NULL while there is none, as after a flush),
+ * for get_stats: written by that thread under g_lock, read by get_stats
+ * under g_lock. So a tcache get_stats reads stays alive meanwhile: jp_trim
+ * flushes it only after clearing `tcache` under g_lock, and thread exit and
+ * pool destroy destroy it under g_lock together with the node. */
 struct tc_node {
     tc_node_t *next, **prevp;
     unsigned tc;
+    void *tcache;
 };
 
 /* ---- the registry of pools and per-thread caches ----
@@ -320,24 +327,36 @@ static HM_NOINLINE int flags_slow(jpool_t *jp) {
         return none;
     }
     n->tc = tc;
+    e->node = n;
+    e->tc = tc;
+    by_tp_claim(jp);
+    hm__je_fast_tcache_refresh(&jp->key, e);
+    n->tcache = e->tcache;
     hm__mutex_lock(&g_lock);
     n->next = jp->tcaches;
     n->prevp = &jp->tcaches;
     if (jp->tcaches) jp->tcaches->prevp = &n->next;
     jp->tcaches = n;
     hm__mutex_unlock(&g_lock);
-    e->node = n;
-    e->tc = tc;
-    by_tp_claim(jp);
-    hm__je_fast_tcache_refresh(&jp->key, e);
     e->flags = jp->arena_flags | MALLOCX_TCACHE(tc);
     e->gen = jp->gen;
     return e->flags;
 }
 
-/* After a slow-path call: the fast paths may use the tcache again (it is
- * re-created by jemalloc after the flush in jp_trim), and a thread takes the
- * pool's own line or its by_tp slot if either has become free. */
+/* The caller's tcache of e, as get_stats is to see it (its node's
+ * `tcache`; only the caller writes it). */
+static void tc_publish(tl_entry_t *e) {
+    tc_node_t *n = e->node;
+    if (!n || n->tcache == e->tcache) return;
+    hm__mutex_lock(&g_lock);
+    n->tcache = e->tcache;
+    hm__mutex_unlock(&g_lock);
+}
+
+/* After a slow-path call: the fast paths and get_stats may use the tcache
+ * again (it is re-created by jemalloc after the flush in jp_trim), and a
+ * thread takes the pool's own line or its by_tp slot if either has become
+ * free. */
 static inline void tcache_refresh(jpool_t *jp) {
     tl_table_t *t = *hm__je_fast_tl();
     if (!t || jp->slot >= t->cap || t->e[jp->slot].gen != jp->gen || !t->e[jp->slot].node)
@@ -346,7 +365,10 @@ static inline void tcache_refresh(jpool_t *jp) {
     bool claimed = (hm_je_by_tp_mine(&jp->key) < 0 ||
                     atomic_load_explicit(&jp->key.own_tp, memory_order_relaxed) == 0) &&
                    by_tp_claim(jp);
-    if (claimed || !e->tcache) hm__je_fast_tcache_refresh(&jp->key, e);
+    if (claimed || !e->tcache) {
+        hm__je_fast_tcache_refresh(&jp->key, e);
+        tc_publish(e);
+    }
 }
 
 HM_INLINE int flags_of(jpool_t *jp) {
@@ -771,21 +793,44 @@ static hm_result_t jp_init(hm_pool_t *pool, const void *params_in, void **state)
     return HM_SUCCESS;
 }
 
-static size_t arena_allocated(jpool_t *jp) {
+/* jemalloc's statistics of the pool's arena, refreshed (jemalloc refreshes
+ * every arena's at once, "epoch": O(arenas)): the bytes of its blocks at
+ * their usable size, those in thread caches included (jemalloc counts a
+ * block as allocated from the moment a cache takes it from a slab or
+ * extent), and optionally its slabs (curslabs over the small bins). false
+ * if jemalloc refuses (then 0s). */
+static bool arena_stats(jpool_t *jp, size_t *allocated, size_t *slabs) {
+    *allocated = 0;
+    if (slabs) *slabs = 0;
     uint64_t epoch = 1;
     size_t sz = sizeof(epoch);
-    if (hm_je_mallctl("epoch", &epoch, &sz, &epoch, sz)) return 0;
+    if (hm_je_mallctl("epoch", &epoch, &sz, &epoch, sz)) return false;
     const char *names[] = {"small.allocated", "large.allocated"};
-    size_t total = 0;
+    char name[96];
     for (int i = 0; i < 2; i++) {
-        char name[64];
         snprintf(name, sizeof(name), "stats.arenas.%u.%s", jp->arena, names[i]);
         size_t v = 0;
         sz = sizeof(v);
-        if (hm_je_mallctl(name, &v, &sz, NULL, 0)) return 0;
-        total += v;
+        if (hm_je_mallctl(name, &v, &sz, NULL, 0)) return false;
+        *allocated += v;
     }
-    return total;
+    if (!slabs) return true;
+    unsigned nbins = 0;
+    sz = sizeof(nbins);
+    if (hm_je_mallctl("arenas.nbins", &nbins, &sz, NULL, 0)) return false;
+    for (unsigned b = 0; b < nbins; b++) {
+        snprintf(name, sizeof(name), "stats.arenas.%u.bins.%u.curslabs", jp->arena, b);
+        size_t v = 0;
+        sz = sizeof(v);
+        if (hm_je_mallctl(name, &v, &sz, NULL, 0)) return false;
+        *slabs += v;
+    }
+    return true;
+}
+
+static size_t arena_allocated(jpool_t *jp) {
+    size_t allocated;
+    return arena_stats(jp, &allocated, NULL) ? allocated : 0;
 }
 
 /* Destroy with blocks still allocated (all thread caches are flushed by now).
@@ -870,6 +915,7 @@ static hm_result_t jp_calloc(void *state, size_t size, void **ptr) {
     }
     tl_hook_refused = false;
     void *p = hm_je_mallocx(size, flags_of(jp) | MALLOCX_ZERO);
+    tcache_refresh(jp);
     if (!p) return hook_result();
     *ptr = p;
     return HM_SUCCESS;
@@ -881,7 +927,9 @@ static hm_result_t jp_realloc(void *state, void *ptr, size_t size, void **out) {
     int flags = flags_of(jp);
     if (!jp->cpu) {
         /* No copy through the CPU: in place or not at all. */
-        if (hm_je_xallocx(ptr, size, 0, flags) >= size) {
+        size_t got = hm_je_xallocx(ptr, size, 0, flags);
+        tcache_refresh(jp);
+        if (got >= size) {
             *out = ptr;
             return HM_SUCCESS;
         }
@@ -892,6 +940,7 @@ static hm_result_t jp_realloc(void *state, void *ptr, size_t size, void **out) {
     if (size > ((size_t)1 << 62)) return HM_ERROR_OUT_OF_MEMORY;
     tl_hook_refused = false;
     void *p = hm_je_rallocx(ptr, size, flags);
+    tcache_refresh(jp);
     if (!p) return hook_result();
     *out = p;
     return HM_SUCCESS;
@@ -903,9 +952,11 @@ static hm_result_t jp_trim(void *state) {
     tl_table_t *t = *hm__je_fast_tl();
     if (t && jp->slot < t->cap && t->e[jp->slot].gen == jp->gen && t->e[jp->slot].node) {
         unsigned tc = t->e[jp->slot].tc;
-        /* flush destroys it (re-made on next use) */
+        /* flush destroys it (re-made on next use): neither the fast paths
+         * nor get_stats may use it from now on */
         t->e[jp->slot].tcache = NULL;
         hm_je_key_disable_mine(&jp->key);
+        tc_publish(&t->e[jp->slot]);
         int e = hm_je_mallctl("tcache.flush", NULL, NULL, &tc, sizeof(tc));
         if (e) HM_LOG_WARN("jemalloc pool: tcache.flush(%u): %s", tc, strerror(e));
     }
@@ -918,10 +969,22 @@ static hm_result_t jp_trim(void *state) {
     return HM_SUCCESS;
 }
 
+/* bytes_requested: jemalloc's allocated bytes less those in the pool's
+ * thread caches (each thread's cache is its own statistic, summed here; no
+ * counter on the alloc/free paths). Exact while no thread is inside a call
+ * on the pool. */
 static hm_result_t jp_get_stats(void *state, hm_pool_stats_t *stats) {
     jpool_t *jp = state;
-    /* Blocks in thread caches count as allocated (jemalloc's view). */
-    stats->bytes_requested = arena_allocated(jp);
+    size_t allocated = 0, slabs = 0, cached = 0;
+    if (!arena_stats(jp, &allocated, &slabs))
+        HM_LOG_WARN("jemalloc pool '%s': jemalloc's statistics are not available",
+                    hm_pool_name(jp->pool));
+    hm__mutex_lock(&g_lock);
+    for (tc_node_t *n = jp->tcaches; n; n = n->next)
+        if (n->tcache) cached += hm__je_fast_cached_bytes(n->tcache);
+    hm__mutex_unlock(&g_lock);
+    stats->bytes_requested = allocated > cached ? allocated - cached : 0;
+    stats->slabs = slabs;
     /* bytes_from_provider / provider_allocs: from the provider ranges. */
     hm__mutex_lock(&jp->range_lock);
     for (size_t i = 0; i < jp->range_nb; i++)

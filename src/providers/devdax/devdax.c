@@ -42,6 +42,7 @@ typedef struct devdax_state {
     size_t align; /* device alignment */
     size_t page;
     dev_t rdev;
+    hm_prim_file_id_t id; /* the device node's identity, to check fd before each use */
     hm_file_holds_t holds; /* exported ranges: freed only at their last put */
 } devdax_state_t;
 
@@ -247,6 +248,14 @@ static hm_result_t devdax_init(const void *params, void **state) {
         r = hm__errno_result(e, "open(%s)", p->path);
         goto fail;
     }
+    if ((r = hm__prim_fd_keep(&s->fd, &s->id)) != HM_SUCCESS) goto fail;
+    struct stat fst;
+    if (fstat(s->fd, &fst) != 0 || !S_ISCHR(fst.st_mode) || fst.st_rdev != st.st_rdev) {
+        HM_LOG_ERROR("devdax provider: '%s' is another file than the device it named a moment "
+                     "ago", p->path);
+        r = HM_ERROR_INVALID_ARGUMENT;
+        goto fail;
+    }
     r = hm__file_map(s->fd, 0, (size_t)usable, s->align, true, true, &s->base);
     if (r != HM_SUCCESS) {
         HM_LOG_ERROR("devdax provider: cannot map %" PRIu64 " bytes of '%s' with MAP_SYNC",
@@ -271,7 +280,10 @@ static void devdax_fini(void *state) {
     hm__coarse_destroy(s->coarse);
     hm__file_holds_fini(&s->holds);
     if (s->base) (void)hm__prim_unmap(s->base, s->size);
-    if (s->fd >= 0) (void)hm__prim_close(s->fd);
+    if (s->fd >= 0 &&
+        hm__file_fd_check(s->fd, &s->id, "devdax", s->path ? s->path : "?", "close") ==
+            HM_SUCCESS)
+        (void)hm__prim_close(s->fd);
     free(s->path);
     free(s);
 }
@@ -354,7 +366,12 @@ static hm_result_t devdax_ipc_get(void *state, void *ptr, size_t size, void *pay
     p->size = len;
     p->dev = (uint64_t)s->rdev;
     p->flags = HM_FILE_IPC_MAP_SYNC;
-    *fd = p->path_len ? -1 : s->fd; /* the path names the device */
+    *fd = -1; /* the path names the device */
+    if (!p->path_len) {
+        r = hm__file_fd_check(s->fd, &s->id, "devdax", s->path, "ipc get");
+        if (r != HM_SUCCESS) return r;
+        *fd = s->fd;
+    }
     r = hm__file_holds_get(&s->holds, p->offset, ptr, len);
     if (r != HM_SUCCESS) return r;
     memcpy(payload, p, sizeof(*p));

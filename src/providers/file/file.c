@@ -50,8 +50,7 @@ typedef struct file_state {
     size_t page;
     size_t grow_size;
     uint64_t max_size;
-    dev_t dev;
-    ino_t ino;
+    hm_prim_file_id_t id; /* the file's identity, to check fd before each use */
     pthread_mutex_t grow_lock;
     uint64_t file_end; /* guarded by grow_lock */
     _Atomic bool punched;
@@ -107,6 +106,23 @@ hm_result_t hm__file_map(int fd, uint64_t offset, size_t size, size_t alignment,
     if (at + size < w + span) munmap(at + size, (size_t)(w + span - (at + size)));
     *out = at;
     return HM_SUCCESS;
+}
+
+hm_result_t hm__file_fd_check(int fd, const hm_prim_file_id_t *id, const char *who,
+                              const char *path, const char *what) {
+    hm_result_t r = hm__prim_fd_check(fd, id);
+    if (hm_unlikely(r != HM_SUCCESS)) {
+        const char *why = NULL;
+        (void)hm_last_native_error(&why);
+        HM_LOG_ERROR("%s provider '%s': its descriptor %d was closed or replaced by the program "
+                     "(%s); %s refused, the descriptor is left alone",
+                     who, path, fd, why ? why : "?", what);
+    }
+    return r;
+}
+
+static hm_result_t fd_check(const file_state_t *s, const char *what) {
+    return hm__file_fd_check(s->fd, &s->id, "file", s->path, what);
 }
 
 /* ---- ranges held for IPC (see file.h) ---- */
@@ -474,6 +490,8 @@ static hm_result_t no_space(file_state_t *s, int e, const char *call, uint64_t o
 /* Back [off, off+len) of the file with real blocks; extends the file size
  * (keep_size false) or not. */
 static hm_result_t back_range(file_state_t *s, uint64_t off, uint64_t len, bool keep_size) {
+    hm_result_t fr = fd_check(s, "fallocate");
+    if (fr != HM_SUCCESS) return fr;
     int r;
     do {
         r = fallocate(s->fd, keep_size ? FALLOC_FL_KEEP_SIZE : 0, (off_t)off, (off_t)len);
@@ -487,6 +505,8 @@ static hm_result_t back_range(file_state_t *s, uint64_t off, uint64_t len, bool 
 
 /* ftruncate up to end if the file is shorter; grow_lock held. */
 static hm_result_t extend_size_locked(file_state_t *s, uint64_t end) {
+    hm_result_t fr = fd_check(s, "ftruncate");
+    if (fr != HM_SUCCESS) return fr;
     struct stat st;
     if (fstat(s->fd, &st) != 0) return hm__errno_result(errno, "fstat('%s')", s->path);
     if ((uint64_t)st.st_size >= end) return HM_SUCCESS;
@@ -550,6 +570,7 @@ static hm_result_t file_grow(void *owner, size_t size, size_t alignment, void **
         r = extend(s, off, want);
     }
     void *m = NULL;
+    if (r == HM_SUCCESS) r = fd_check(s, "mmap");
     if (r == HM_SUCCESS) r = hm__file_map(s->fd, off, want, alignment, s->shared, s->map_sync, &m);
     hm__mutex_lock(&s->grow_lock);
     if (s->file_end == end) s->file_end = r == HM_SUCCESS ? off + want : off; /* give back */
@@ -611,6 +632,7 @@ static hm_result_t file_init(const void *params, void **state) {
         if (e == ENOENT || e == ENOTDIR) r = HM_ERROR_INVALID_ARGUMENT;
         goto fail;
     }
+    if ((r = hm__prim_fd_keep(&s->fd, &s->id)) != HM_SUCCESS) goto fail;
     struct stat st;
     if (fstat(s->fd, &st) != 0) {
         r = hm__errno_result(errno, "fstat(%s)", p->path);
@@ -622,8 +644,6 @@ static hm_result_t file_init(const void *params, void **state) {
         r = HM_ERROR_INVALID_ARGUMENT;
         goto fail;
     }
-    s->dev = st.st_dev;
-    s->ino = st.st_ino;
     if (s->map_sync) { /* fail at create, not at the first allocation */
         void *probe;
         r = hm__file_map(s->fd, 0, s->page, 0, true, true, &probe);
@@ -664,7 +684,7 @@ fail:
 static void file_fini(void *state) {
     file_state_t *s = state;
     hm__coarse_destroy(s->coarse); /* unmaps every region */
-    if (s->fd >= 0) (void)hm__prim_close(s->fd);
+    if (s->fd >= 0 && fd_check(s, "close") == HM_SUCCESS) (void)hm__prim_close(s->fd);
     if (!s->keep_file && unlink(s->path) != 0)
         (void)hm__errno_result(errno, "unlink(%s)", s->path);
     pthread_mutex_destroy(&s->grow_lock);
@@ -748,6 +768,7 @@ static hm_result_t file_purge_force(void *state, void *ptr, size_t size) {
     if (!b || b >= e) return HM_SUCCESS;
     off += b - (uintptr_t)ptr;
     if (!s->shared) return hm__prim_advise((void *)b, e - b, HM_PRIM_ADVISE_DONTNEED);
+    if ((r = fd_check(s, "punching a hole")) != HM_SUCCESS) return r;
     r = hm__prim_punch_hole(s->fd, off, e - b);
     if (r == HM_SUCCESS) atomic_store_explicit(&s->punched, true, memory_order_relaxed);
     return r;
@@ -802,13 +823,17 @@ static hm_result_t file_ipc_get(void *state, void *ptr, size_t size, void *paylo
     }
     p->offset = off;
     p->size = len;
-    p->dev = (uint64_t)s->dev;
-    p->ino = (uint64_t)s->ino;
+    p->dev = s->id.dev;
+    p->ino = s->id.ino;
     p->flags = s->map_sync ? HM_FILE_IPC_MAP_SYNC : 0;
     /* The path names the file: no descriptor has to move (the importer
      * needs no pidfd_getfd or channel). A path too long for the payload
      * travels as the descriptor instead. */
-    *fd = p->path_len ? -1 : s->fd;
+    *fd = -1;
+    if (!p->path_len) {
+        if ((r = fd_check(s, "ipc get")) != HM_SUCCESS) return r;
+        *fd = s->fd;
+    }
     r = hm__file_holds_get(&s->holds, off, ptr, len);
     if (r != HM_SUCCESS) return r;
     memcpy(payload, p, sizeof(*p));

@@ -4,6 +4,7 @@
 #define HM_PROVIDERS_FILE_INTERNAL_H
 
 #include "internal.h"
+#include "platform/prim.h"
 
 #include <sys/types.h>
 
@@ -16,6 +17,14 @@
  * it.) */
 hm_result_t hm__file_map(int fd, uint64_t offset, size_t size, size_t alignment, bool shared,
                          bool sync, void **out);
+
+/* Before each use of the descriptor a provider keeps (platform/prim.h,
+ * "descriptors hetmem keeps"): is fd still the file `id` the provider
+ * opened at `path`? If the program closed it or put another file at its
+ * number: one log line naming `who` and `what` (the use refused) and
+ * hm__prim_fd_check's error; the caller then leaves fd alone. */
+hm_result_t hm__file_fd_check(int fd, const hm_prim_file_id_t *id, const char *who,
+                              const char *path, const char *what);
 
 /* ---- IPC payload of the file and devdax providers ----
  *

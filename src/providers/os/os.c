@@ -37,7 +37,15 @@
  * After fork(): the child shares the memfd with the parent but not the
  * extent bookkeeping, so a shared-mode provider inherited by a child refuses
  * to allocate (HM_ERROR_NOT_SUPPORTED); its free only unmaps. Private mode
- * works unchanged in the child. */
+ * works unchanged in the child.
+ *
+ * The memfd's descriptor is the program's too (platform/prim.h, "descriptors
+ * hetmem keeps"): it lives close-on-exec at a high number, and every
+ * ftruncate, mmap, hole punch, export and the final close first checks that
+ * the number still names the memfd (memfd_check). A program that closed it
+ * or put a file of its own there gets refusals (HM_ERROR_DRIVER, native
+ * error EBADF, one log line each), never a resized, mapped or punched file
+ * of its own; mappings made before stay valid (they hold the memfd). */
 #include "internal.h"
 #include "platform/prim.h"
 #include "providers/os/os_numa.h"
@@ -230,6 +238,7 @@ typedef struct os_provider {
     size_t thp;           /* THP size when page_kind is THP, else 0 */
     hwloc_bitmap_t nodes; /* NULL unless numa_mode != DEFAULT */
     int fd;               /* the memfd (shared mode), else -1 */
+    hm_prim_file_id_t fd_id; /* the memfd's identity, to check fd before each use */
     unsigned epoch;       /* hm__prim_fork_epoch() at init */
 
     /* Mutable, under lock (shared mode and IPC-opened mappings). */
@@ -260,6 +269,21 @@ static inline int in_forked_child(const os_provider_t *s) {
 }
 
 static inline int is_shared(const os_provider_t *s) { return s->visibility == HM_OS_SHARED; }
+
+/* Before each use of the memfd's descriptor: is it still the memfd? If the
+ * program closed it or put another file at its number, `what` is not done
+ * (see the file comment). */
+static hm_result_t memfd_check(const os_provider_t *s, const char *what) {
+    hm_result_t r = hm__prim_fd_check(s->fd, &s->fd_id);
+    if (hm_unlikely(r != HM_SUCCESS)) {
+        const char *why = NULL;
+        (void)hm_last_native_error(&why);
+        HM_LOG_ERROR("os provider: its memfd, descriptor %d, was closed or replaced by the "
+                     "program (%s); %s refused, the descriptor is left alone",
+                     s->fd, why ? why : "?", what);
+    }
+    return r;
+}
 
 /* ---- the address -> mapping hash (open addressing, linear probing) ---- */
 
@@ -389,6 +413,7 @@ static void ext_give(os_provider_t *s, uint64_t off, uint64_t len) {
     /* A free tail: shrink the file (this also drops its pages). */
     os_extent_t *last = s->ext_count ? &s->ext[s->ext_count - 1] : NULL;
     if (last && last->off + last->len == s->file_size &&
+        memfd_check(s, "shrinking the memfd") == HM_SUCCESS &&
         hm__prim_ftruncate(s->fd, last->off) == HM_SUCCESS) {
         s->file_size = last->off;
         s->ext_count--;
@@ -416,7 +441,9 @@ static hm_result_t ext_take(os_provider_t *s, uint64_t len, uint64_t *off) {
     if (tail) start = s->ext[s->ext_count - 1].off;
     if (len > (uint64_t)INT64_MAX - start)
         return hm__errno_result(ENOMEM, "os provider: memfd would exceed the file size limit");
-    hm_result_t r = hm__prim_ftruncate(s->fd, start + len);
+    hm_result_t r = memfd_check(s, "growing the memfd");
+    if (r) return r;
+    r = hm__prim_ftruncate(s->fd, start + len);
     if (r) return r == HM_ERROR_INVALID_ARGUMENT ? HM_ERROR_OUT_OF_MEMORY : r;
     if (tail) s->ext_count--;
     s->file_size = start + len;
@@ -507,6 +534,7 @@ static hm_result_t os_init(const void *params, void **state) {
         if (s->page_kind == HM_OS_PAGES_HUGETLB_2M) mf = HM_PRIM_MEMFD_HUGETLB_2M;
         if (s->page_kind == HM_OS_PAGES_HUGETLB_1G) mf = HM_PRIM_MEMFD_HUGETLB_1G;
         if ((r = hm__prim_memfd_create(p->shm_name, mf, &s->fd))) goto fail;
+        if ((r = hm__prim_fd_keep(&s->fd, &s->fd_id))) goto fail;
         /* The memfd is mapped, never mapped by the anonymous flags. */
         s->map_flags &= ~(unsigned)(HM_PRIM_MAP_HUGETLB_2M | HM_PRIM_MAP_HUGETLB_1G);
     }
@@ -528,7 +556,7 @@ static void os_fini(void *state) {
     for (size_t i = 0; i < s->map_cap; i++)
         if (s->map[i].addr && s->map[i].imported)
             (void)hm__prim_unmap((void *)s->map[i].addr, s->map[i].len);
-    if (s->fd >= 0) (void)hm__prim_close(s->fd);
+    if (s->fd >= 0 && memfd_check(s, "closing it") == HM_SUCCESS) (void)hm__prim_close(s->fd);
     if (s->nodes) hwloc_bitmap_free(s->nodes);
     free(s->map);
     free(s->ext);
@@ -601,7 +629,9 @@ static hm_result_t alloc_shared(os_provider_t *s, size_t len, size_t alignment, 
     if (r) return r;
 
     void *addr = NULL;
-    r = hm__prim_map(len, alignment, s->prot, s->map_flags, s->fd, off, &addr);
+    r = memfd_check(s, "mapping the memfd");
+    if (r == HM_SUCCESS)
+        r = hm__prim_map(len, alignment, s->prot, s->map_flags, s->fd, off, &addr);
     if (r == HM_SUCCESS && (r = prepare(s, addr, len)) != HM_SUCCESS) {
         (void)hm__prim_unmap(addr, len);
         addr = NULL;
@@ -711,7 +741,9 @@ static hm_result_t free_shared(os_provider_t *s, void *ptr, size_t len) {
     /* The mapping and the pages go first; only then may the extent be
      * handed to another allocation. */
     hm_result_t ur = hm__prim_unmap(ptr, len);
-    (void)hm__prim_punch_hole(s->fd, off, len); /* if it fails, the pages stay until reuse */
+    /* If it fails, or the memfd is gone, the pages stay until reuse. */
+    if (memfd_check(s, "punching a hole in the memfd") == HM_SUCCESS)
+        (void)hm__prim_punch_hole(s->fd, off, len);
 
     hm__mutex_lock(&s->lock);
     ext_give(s, off, len);
@@ -860,9 +892,11 @@ static hm_result_t os_ipc_get(void *state, void *ptr, size_t size, void *payload
         return HM_ERROR_NOT_SUPPORTED;
     }
     if (in_forked_child(s)) return HM_ERROR_NOT_SUPPORTED;
+    /* The descriptor goes to the importer: it must be the memfd. */
+    hm_result_t r = memfd_check(s, "ipc get");
+    if (r) return r;
     hm__mutex_lock(&s->lock);
     os_mapping_t *m = map_find_containing(s, (uintptr_t)ptr);
-    hm_result_t r = HM_SUCCESS;
     if (!m || m->imported) {
         HM_LOG_ERROR("os provider: ipc get(%p): not an allocation of this provider", ptr);
         r = HM_ERROR_INVALID_ARGUMENT;
@@ -929,7 +963,8 @@ static hm_result_t os_ipc_put(void *state, void *payload) {
         }
         s->zombies[i] = s->zombies[--s->zombie_count];
         hm__mutex_unlock(&s->lock);
-        (void)hm__prim_punch_hole(s->fd, dead.off, dead.len);
+        if (memfd_check(s, "punching a hole in the memfd") == HM_SUCCESS)
+            (void)hm__prim_punch_hole(s->fd, dead.off, dead.len);
         hm__mutex_lock(&s->lock);
         ext_give(s, dead.off, dead.len);
         hm__mutex_unlock(&s->lock);
