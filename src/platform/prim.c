@@ -401,6 +401,12 @@ hm_result_t hm__prim_fd_keep(int *fd, hm_prim_file_id_t *id) {
     return HM_SUCCESS;
 }
 
+bool hm__prim_fd_first_report(const hm_prim_file_id_t *id) {
+    /* The flag is the only mutable part of an identity the callers keep const. */
+    return !atomic_exchange_explicit(&((hm_prim_file_id_t *)id)->reported, 1,
+                                     memory_order_relaxed);
+}
+
 hm_result_t hm__prim_fd_check(int fd, const hm_prim_file_id_t *id) {
     struct stat st;
     if (fd < 0) return hm__errno_result(EBADF, "descriptor %d: none", fd);

@@ -141,6 +141,7 @@ hm_result_t hm__prim_close(int fd);
 /* What identifies an open file: fstat's st_dev and st_ino. */
 typedef struct hm_prim_file_id {
     uint64_t dev, ino;
+    _Atomic int reported; /* a failed check was logged at error level */
 } hm_prim_file_id_t;
 
 /* Make *fd, a descriptor hetmem opened and keeps, close-on-exec and move it
@@ -153,6 +154,10 @@ hm_result_t hm__prim_fd_keep(int *fd, hm_prim_file_id_t *id);
  * file has its number, HM_ERROR_DRIVER with the native error EBADF (what
  * it is now in the message). The caller logs and leaves fd alone. */
 hm_result_t hm__prim_fd_check(int fd, const hm_prim_file_id_t *id);
+/* For the caller's log line after a failed check: true the first time for
+ * this descriptor (log at error level), false afterwards (debug level), so
+ * a program that closed it does not get one error line per allocation. */
+bool hm__prim_fd_first_report(const hm_prim_file_id_t *id);
 
 /* ---- processes ---- */
 

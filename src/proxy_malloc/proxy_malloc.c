@@ -325,12 +325,26 @@ HM_INLINE int ready(void) {
     return atomic_load_explicit(&g_status, memory_order_acquire) == ST_READY && !tl_guard;
 }
 
+/* The pool's provider refused to grow (HM_ERROR_DRIVER: with HM_PROXY=shared,
+ * the program closed or replaced the heap's memfd descriptor, which the
+ * provider will not touch): the program keeps running on glibc's heap
+ * (free, realloc and malloc_usable_size tell glibc's blocks from the
+ * pool's), with one log line from the provider. */
+static HM_NOINLINE void *glibc_fallback(size_t size, size_t align) {
+    static _Atomic int told;
+    if (!atomic_exchange_explicit(&told, 1, memory_order_relaxed))
+        HM_LOG_WARN("libhetmem_proxy: the heap's provider refused to grow; new blocks come "
+                    "from glibc's malloc");
+    return align ? __libc_memalign(align, size) : __libc_malloc(size);
+}
+
 static void *pool_alloc(size_t size, size_t align) {
     void *p = NULL;
     tl_guard = 1;
     hm_result_t r = hm__native_alloc(g_state, size ? size : 1, align, &p);
     tl_guard = 0;
     if (hm_unlikely(r != HM_SUCCESS)) {
+        if (r == HM_ERROR_DRIVER) return glibc_fallback(size ? size : 1, align);
         errno = ENOMEM;
         return NULL;
     }

@@ -114,9 +114,14 @@ hm_result_t hm__file_fd_check(int fd, const hm_prim_file_id_t *id, const char *w
     if (hm_unlikely(r != HM_SUCCESS)) {
         const char *why = NULL;
         (void)hm_last_native_error(&why);
-        HM_LOG_ERROR("%s provider '%s': its descriptor %d was closed or replaced by the program "
-                     "(%s); %s refused, the descriptor is left alone",
-                     who, path, fd, why ? why : "?", what);
+        if (hm__prim_fd_first_report(id))
+            HM_LOG_ERROR("%s provider '%s': its descriptor %d was closed or replaced by the "
+                         "program (%s); %s refused, the descriptor is left alone (later "
+                         "refusals are logged at debug level)", who, path, fd, why ? why : "?",
+                         what);
+        else
+            HM_LOG_DEBUG("%s provider '%s': descriptor %d closed or replaced (%s); %s refused",
+                         who, path, fd, why ? why : "?", what);
     }
     return r;
 }

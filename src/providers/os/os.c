@@ -278,9 +278,13 @@ static hm_result_t memfd_check(const os_provider_t *s, const char *what) {
     if (hm_unlikely(r != HM_SUCCESS)) {
         const char *why = NULL;
         (void)hm_last_native_error(&why);
-        HM_LOG_ERROR("os provider: its memfd, descriptor %d, was closed or replaced by the "
-                     "program (%s); %s refused, the descriptor is left alone",
-                     s->fd, why ? why : "?", what);
+        if (hm__prim_fd_first_report(&s->fd_id))
+            HM_LOG_ERROR("os provider: its memfd, descriptor %d, was closed or replaced by the "
+                         "program (%s); %s refused, the descriptor is left alone (later "
+                         "refusals are logged at debug level)", s->fd, why ? why : "?", what);
+        else
+            HM_LOG_DEBUG("os provider: memfd descriptor %d closed or replaced (%s); %s refused",
+                         s->fd, why ? why : "?", what);
     }
     return r;
 }
