@@ -52,7 +52,8 @@ hm_result_t hm_pool_create(const hm_pool_ops_t *ops, hm_provider_t *provider, co
     pool->check_owner = pool->tracked && !(ops->flags & HM_POOL_OPS_VALIDATES_POINTERS);
     pool->malloc_fast = ops->malloc_fast;
     pool->malloc_entry = ops->malloc_fast ? malloc_via_fast : malloc_checked;
-    atomic_init(&pool->free_entry, pool->check_owner ? free_checked : free_via_op);
+    pool->base_free_entry = pool->check_owner ? free_checked : free_via_op;
+    atomic_init(&pool->free_entry, pool->base_free_entry);
     pool->cpu_accessible = hm_provider_cpu_accessible(provider);
     hm__tracker_index_init(&pool->index);
     hm_result_t r = ops->init(pool, params, &pool->state);
@@ -288,12 +289,13 @@ static hm_result_t free_tracked(hm_pool_t *pool, void *ptr, const hm_tracker_ent
 
 /* The entries (hm_pool.free_entry): pool is not NULL. free_checked: the
  * front end checks what ptr is (a tracked pool that does not validate
- * pointers, or a pool with IPC state). */
+ * pointers, or a pool while it has exports with handles outstanding). */
 static HM_NOINLINE hm_result_t free_checked(hm_pool_t *pool, void *ptr) {
     if (hm_unlikely(!ptr)) return HM_SUCCESS;
     if (hm_unlikely(!pool->tracked)) return pool->free(pool->state, ptr);
     hm_tracker_entry_t e;
     if (hm_unlikely(!hm__tracker_lookup(ptr, &e) || e.pool != pool)) {
+        if (!pool->check_owner) return pool->free(pool->state, ptr); /* it refuses, and says why */
         HM_LOG_ERROR("hm_pool_free(%s): %p does not belong to this pool (foreign pointer or "
                      "double free)", pool->ops.name, ptr);
         return HM_ERROR_INVALID_ARGUMENT;
@@ -311,11 +313,32 @@ static hm_result_t free_via_op(hm_pool_t *pool, void *ptr) {
 
 void hm__pool_set_entries(hm_pool_t *pool, hm_pool_malloc_entry_t m, hm_pool_free_entry_t f) {
     pool->malloc_entry = m;
-    if (!pool->check_owner) atomic_store_explicit(&pool->free_entry, f, memory_order_relaxed);
+    if (pool->check_owner) return;
+    pool->base_free_entry = f;
+    atomic_store_explicit(&pool->free_entry, f, memory_order_relaxed);
 }
 
-void hm__pool_check_frees(hm_pool_t *pool) {
-    atomic_store_explicit(&pool->free_entry, free_checked, memory_order_relaxed);
+/* The free entry while exports of the pool are held: a pointer outside
+ * every held range (most) goes to the pool's usual entry at once. */
+static HM_NOINLINE hm_result_t free_held(hm_pool_t *pool, void *ptr) {
+    if (hm_likely(!hm__pool_maybe_held(pool, ptr))) return pool->base_free_entry(pool, ptr);
+    return free_checked(pool, ptr);
+}
+
+void hm__pool_hold_frees(hm_pool_t *pool, bool on) {
+    atomic_store_explicit(&pool->free_entry, on ? free_held : pool->base_free_entry,
+                          memory_order_relaxed);
+}
+
+HM_NOINLINE __attribute__((cold)) hm_result_t hm__pool_refuse_free(hm_pool_t *pool,
+                                                                   const void *ptr,
+                                                                   const char *call,
+                                                                   const char *why) {
+    hm_tracker_entry_t e;
+    if (ptr && hm__tracker_lookup(ptr, &e) && (e.flags & HM_TRACK_IMPORTED))
+        return hm__ipc_refuse_free(ptr);
+    HM_LOG_ERROR("%s pool: %s(%p): %s", hm_pool_name(pool), call, ptr, why);
+    return HM_ERROR_INVALID_ARGUMENT;
 }
 
 static HM_NOINLINE __attribute__((cold)) hm_result_t free_null_pool(void) {

@@ -16,6 +16,15 @@
 typedef void *(*hm_pool_malloc_entry_t)(hm_pool_t *pool, size_t size);
 typedef hm_result_t (*hm_pool_free_entry_t)(hm_pool_t *pool, void *ptr);
 
+/* A provider range of the pool with exported handles outstanding, for the
+ * free entry's quick test (hm__pool_maybe_held): written by the IPC export
+ * side under its lock (end, then base with release; removed base first),
+ * read with no lock. base 0: empty. */
+#define HM_POOL_HOLD_SLOTS 8
+typedef struct hm_pool_hold_slot {
+    _Atomic uintptr_t base, end;
+} hm_pool_hold_slot_t;
+
 /* Invariants: malloc_entry, malloc_fast, alloc, free, check_owner, ops,
  * provider, flags, tracked, cpu_accessible are immutable after create (entries
  * installed by init included); every range the pool holds from its provider is in `index` unless
@@ -24,11 +33,11 @@ struct hm_pool {
     /* Line 0 (pools are allocated cache-line aligned): all that the
      * hm_pool_malloc/hm_pool_free fast paths read. */
     hm_pool_malloc_entry_t malloc_entry; /* never NULL */
-    /* Never NULL. While hm_pool_free needs no check of its own (the pool
-     * validates pointers itself, or is untracked, and has no IPC state), a
-     * fast entry; set for good to pool.c's checking entry, before pool->ipc
-     * is published, when IPC state is made (hm__pool_check_frees): an
-     * imported pointer only exists after that. */
+    /* Never NULL. base_free_entry, except while the pool has exports with
+     * handles outstanding (hm__pool_hold_frees): then pool.c's checking
+     * entry, which defers the free of a block that holds an exported
+     * pointer. Opened mappings need no check here: the pool's own free
+     * refuses them as foreign pointers (hm__pool_refuse_free says which). */
     _Atomic hm_pool_free_entry_t free_entry;
     void *state;
     void *(*malloc_fast)(void *state, size_t size); /* ops.malloc_fast (may be NULL) */
@@ -36,6 +45,14 @@ struct hm_pool {
     hm_result_t (*free)(void *state, void *ptr);                                  /* ops.free */
     struct hm_ipc_pool *_Atomic ipc; /* IPC exports/imports (src/ipc), made on first use */
     bool check_owner; /* tracked, and the pool does not validate pointers itself */
+    /* The entry hm_pool_free uses while no export of the pool is held: the
+     * pool's own (hm__pool_set_entries), pool.c's thin one, or, where the
+     * front end must check pointers (check_owner), the checking one. */
+    hm_pool_free_entry_t base_free_entry;
+    /* The ranges with exports held (a few, in slots; the rest counted in
+     * holds_over, which sends every free to the full check). */
+    hm_pool_hold_slot_t holds[HM_POOL_HOLD_SLOTS];
+    _Atomic uint32_t holds_over;
     hm_pool_ops_t ops;
     hm_provider_t *provider;
     uint32_t flags;
@@ -47,8 +64,29 @@ struct hm_pool {
 /* For a pool's init op: make malloc_entry and (unless the front end must
  * check pointers, hm_pool.check_owner) free_entry the pool's own. */
 void hm__pool_set_entries(hm_pool_t *pool, hm_pool_malloc_entry_t m, hm_pool_free_entry_t f);
-/* hm_pool_free checks every pointer from now on (ipc.c, under its lock,
- * before it publishes pool->ipc). */
-void hm__pool_check_frees(hm_pool_t *pool);
+/* The IPC export side, under its lock: on, when the pool gets its first
+ * export with handles outstanding (hm_pool_free checks each pointer, so
+ * the free of an exported block waits for its last put); off, when the
+ * last such export is put (base_free_entry again). */
+void hm__pool_hold_frees(hm_pool_t *pool, bool on);
+
+/* Whether ptr may lie in a range with exports held: false means surely not
+ * (the free needs no check). A few relaxed loads, no lock. */
+static inline bool hm__pool_maybe_held(hm_pool_t *pool, const void *ptr) {
+    if (atomic_load_explicit(&pool->holds_over, memory_order_relaxed)) return true;
+    uintptr_t p = (uintptr_t)ptr;
+    for (int i = 0; i < HM_POOL_HOLD_SLOTS; i++) {
+        uintptr_t b = atomic_load_explicit(&pool->holds[i].base, memory_order_acquire);
+        if (b && p - b < atomic_load_explicit(&pool->holds[i].end, memory_order_relaxed) - b)
+            return true;
+    }
+    return false;
+}
+/* A pool's free refused ptr as none of its blocks: the log line and the
+ * result, HM_ERROR_INVALID_ARGUMENT. `call` names the call, `why` the
+ * pool's reason; an IPC mapping opened through the pool is named as such
+ * (close it with hm_ipc_close). Out of line, off every fast path. */
+hm_result_t hm__pool_refuse_free(hm_pool_t *pool, const void *ptr, const char *call,
+                                 const char *why);
 
 #endif

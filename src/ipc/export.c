@@ -94,6 +94,7 @@ typedef struct xent {
     int fd;
     bool live, put_done;
     uint32_t refs;             /* gets not yet put, over all views */
+    int hslot;                 /* while refs > 0: its pool's hold slot, or -1 (holds_over) */
     /* Blocks the user freed while refs > 0 (hm__ipc_free_held): freed into
      * the pool at the last put. Each holds an exported view's bytes, so
      * the pool cannot hand them out again before then. */
@@ -179,7 +180,30 @@ static void xdetach(xent_t *x);
 
 /* One more outstanding get of x. */
 static void xhold(xent_t *x) {
-    if (!x->refs++ && x->pi) atomic_fetch_add_explicit(&x->pi->held, 1, memory_order_relaxed);
+    if (x->refs++ || !x->pi) return;
+    hm_pool_t *pool = x->pi->pool;
+    x->hslot = -1;
+    for (int i = 0; i < HM_POOL_HOLD_SLOTS && x->hslot < 0; i++)
+        if (!atomic_load_explicit(&pool->holds[i].base, memory_order_relaxed)) {
+            atomic_store_explicit(&pool->holds[i].end, x->base + x->size, memory_order_relaxed);
+            atomic_store_explicit(&pool->holds[i].base, x->base, memory_order_release);
+            x->hslot = i;
+        }
+    if (x->hslot < 0) atomic_fetch_add_explicit(&pool->holds_over, 1, memory_order_relaxed);
+    if (!atomic_fetch_add_explicit(&x->pi->held, 1, memory_order_relaxed))
+        hm__pool_hold_frees(pool, true); /* its first held export */
+}
+
+/* x's range leaves its pool's hold slots (its last get was put). */
+static void xhold_clear(xent_t *x) {
+    hm_pool_t *pool = x->pi->pool;
+    if (x->hslot >= 0) {
+        atomic_store_explicit(&pool->holds[x->hslot].base, 0, memory_order_relaxed);
+        atomic_store_explicit(&pool->holds[x->hslot].end, 0, memory_order_relaxed);
+    } else {
+        atomic_fetch_sub_explicit(&pool->holds_over, 1, memory_order_relaxed);
+    }
+    x->hslot = -1;
 }
 
 /* Deferred frees taken out of an entry at its last put, done with no lock
@@ -196,7 +220,9 @@ typedef struct xflush {
 static void xunhold(xent_t *x, xflush_t *fl) {
     if (--x->refs) return;
     if (!x->pi) return; /* pool destroyed: its deferred frees were dropped */
-    atomic_fetch_sub_explicit(&x->pi->held, 1, memory_order_relaxed);
+    xhold_clear(x);
+    if (atomic_fetch_sub_explicit(&x->pi->held, 1, memory_order_relaxed) == 1)
+        hm__pool_hold_frees(x->pi->pool, false); /* its last held export */
     if (!x->ndfr) return;
     fl->pi = x->pi;
     fl->ptrs = x->dfr;
@@ -821,7 +847,13 @@ void hm__ipc_export_atfork_child(void) {
     }
     for (hm_ipc_pool_t *pi = hm__ipc_pilist; pi; pi = pi->gnext) {
         pi->xhead = NULL;
-        atomic_store_explicit(&pi->held, 0, memory_order_relaxed);
+        if (atomic_exchange_explicit(&pi->held, 0, memory_order_relaxed))
+            hm__pool_hold_frees(pi->pool, false);
+        for (int i = 0; i < HM_POOL_HOLD_SLOTS; i++) {
+            atomic_store_explicit(&pi->pool->holds[i].base, 0, memory_order_relaxed);
+            atomic_store_explicit(&pi->pool->holds[i].end, 0, memory_order_relaxed);
+        }
+        atomic_store_explicit(&pi->pool->holds_over, 0, memory_order_relaxed);
     }
     gx.n = 0;
     gx.hand = NULL;

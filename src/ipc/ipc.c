@@ -117,9 +117,6 @@ hm_ipc_pool_t *hm__ipc_pool_make(hm_pool_t *pool) {
         fresh->gnext = hm__ipc_pilist;
         if (hm__ipc_pilist) hm__ipc_pilist->gprev = fresh;
         hm__ipc_pilist = fresh;
-        /* hm_pool_free checks what a pointer is from now on (it may be a
-         * mapping opened through this pool). */
-        hm__pool_check_frees(pool);
         atomic_store_explicit(&pool->ipc, fresh, memory_order_release);
         pi = fresh;
         fresh = NULL;

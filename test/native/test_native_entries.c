@@ -84,10 +84,11 @@ int main(void) {
     for (size_t i = 1; i < n; i++)
         CHECK_MSG(s[i].malloc_entry == s[0].malloc_entry, "%s: another malloc entry",
                   s[i].what);
-    /* hm__pool_check_frees (ipc.c, when IPC state is made): the front end's
-     * own checks from then on, for either entry. */
+    /* hm__pool_hold_frees (the IPC export side, while exports of the pool
+     * have handles outstanding): the front end's own checks, for either
+     * entry, and the pool's own entry back when they are put. */
     for (size_t i = 0; i < n; i += 3) {
-        hm__pool_check_frees(s[i].pool);
+        hm__pool_hold_frees(s[i].pool, true);
         CHECK_MSG(atomic_load(&s[i].pool->free_entry) != s[i].free_entry, "%s: entry kept",
                   s[i].what);
         void *p = hm_pool_malloc(s[i].pool, 40);
@@ -99,6 +100,9 @@ int main(void) {
         hm_log_set_level(HM_LOG_OFF);
         CHECK_RES(hm_pool_free(s[i].pool, &local), HM_ERROR_INVALID_ARGUMENT);
         hm_log_set_level(old);
+        hm__pool_hold_frees(s[i].pool, false);
+        CHECK_MSG(atomic_load(&s[i].pool->free_entry) == s[i].free_entry, "%s: entry not back",
+                  s[i].what);
     }
     for (size_t i = 0; i < n; i++) CHECK_OK(hm_pool_destroy(s[i].pool));
     munmap(buf1, FIXED_SIZE);

@@ -895,10 +895,9 @@ hm_result_t hm__je_free_slow(void *state, void *ptr) {
 /* Pointer validation (HM_POOL_OPS_VALIDATES_POINTERS): see je_fast.c. */
 __attribute__((cold)) hm_result_t hm__je_refuse(void *state, const void *ptr, const char *what) {
     jpool_t *jp = state;
-    HM_LOG_ERROR("jemalloc pool '%s': %s(%p): not a live block of this pool (foreign or "
-                 "interior pointer, another pool's block, or freed memory)",
-                 hm_pool_name(jp->pool), what, ptr);
-    return HM_ERROR_INVALID_ARGUMENT;
+    return hm__pool_refuse_free(jp->pool, ptr, what,
+                                "not a live block of this pool (foreign or interior pointer, "
+                                "another pool's block, or freed memory)");
 }
 
 static size_t jp_usable_size(void *state, const void *ptr) {

@@ -2047,8 +2047,7 @@ static hm_result_t free_slow_q(nv_pool_t *nv, void *p, int quiet) {
         hm_result_t r = large_free(nv, p);
         if (r == HM_ERROR_NOT_FOUND) {
             if (quiet) return r;
-            HM_LOG_ERROR("native pool: free(%p): not an allocation of this pool", p);
-            return HM_ERROR_INVALID_ARGUMENT;
+            return hm__pool_refuse_free(nv->pool, p, "free", "not an allocation of this pool");
         }
         return r;
     }

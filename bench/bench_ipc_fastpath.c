@@ -1,0 +1,196 @@
+/* hetmem benchmark: what exporting and importing cost the allocations
+ * around them. SPDX-License-Identifier: MIT
+ *
+ * Cases: hm_pool_malloc + hm_pool_free pairs of 64 B on a native and a
+ * jemalloc pool over the OS provider in shared mode (ns per pair):
+ *   subject "after export"  the pool had one allocation exported and put
+ *                           (hm_ipc_get + hm_ipc_put) before the run
+ *   "no export"             a pool that never met IPC
+ *   "1000 opened"           a pool through which 1000 mappings of another
+ *                           process's memory are open during the run
+ *   "export held"           a pool with one export whose handle is not put:
+ *                           its frees are checked (a block holding an
+ *                           exported pointer must wait for the last put)
+ * The first three are expected within a few percent of each other. The
+ * opened mappings come from a forked exporter (proxy pool, shared OS
+ * provider, 4 KiB allocations), moved by pidfd_getfd. */
+#include "harness.h"
+
+#include <hetmem/hetmem.h>
+#ifdef HM_BENCH_JEMALLOC
+#include <hetmem/pools/jemalloc.h>
+#endif
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+enum { NOPEN = 1000, HMAX = 4096 };
+typedef enum { K_NATIVE, K_JEMALLOC } kind_t;
+typedef enum { S_NONE, S_AFTER, S_OPENED, S_HELD } state_t;
+typedef struct {
+    kind_t kind;
+} fp_arg_t;
+
+static unsigned char g_handles[NOPEN][HMAX];
+static size_t g_len[NOPEN];
+static int g_have_handles;
+
+static hm_pool_t *make_pool(kind_t k) {
+    hm_os_params_t *p;
+    hm_provider_t *prov;
+    hm_pool_t *pool = NULL;
+    if (hm_os_params_create(&p)) return NULL;
+    hm_os_params_set_visibility(p, HM_OS_SHARED);
+    hm_result_t r = hm_os_provider_create(p, &prov);
+    hm_os_params_destroy(p);
+    if (r) return NULL;
+    if (k == K_NATIVE) r = hm_native_pool_create(prov, NULL, HM_POOL_FLAG_OWN_PROVIDER, &pool);
+#ifdef HM_BENCH_JEMALLOC
+    else r = hm_jemalloc_pool_create(prov, NULL, HM_POOL_FLAG_OWN_PROVIDER, &pool);
+#else
+    else r = HM_ERROR_NOT_SUPPORTED;
+#endif
+    if (r) {
+        hm_provider_destroy(prov);
+        return NULL;
+    }
+    return pool;
+}
+
+typedef struct {
+    hm_pool_t *pool;
+    void *opened[NOPEN];
+    size_t nopened;
+    hm_ipc_handle_t *held;
+} fp_ctx_t;
+
+static int setup_state(const void *arg, void **ctx, state_t st) {
+    const fp_arg_t *a = arg;
+    fp_ctx_t *c = calloc(1, sizeof(*c));
+    if (!c) return 1;
+    c->pool = make_pool(a->kind);
+    if (!c->pool) {
+        free(c);
+        return a->kind == K_JEMALLOC ? HM_BENCH_SKIP : 1;
+    }
+    if (st == S_AFTER || st == S_HELD) {
+        void *p = hm_pool_malloc(c->pool, 4096);
+        hm_ipc_handle_t *h;
+        size_t len;
+        if (!p || hm_ipc_get(p, &h, &len)) return 1;
+        if (st == S_AFTER) hm_ipc_put(h);
+        else c->held = h;
+    }
+    if (st == S_OPENED) {
+        if (!g_have_handles) return HM_BENCH_SKIP;
+        for (size_t i = 0; i < NOPEN; i++) {
+            if (hm_ipc_open(c->pool, (const hm_ipc_handle_t *)g_handles[i], g_len[i],
+                            &c->opened[i]) != HM_SUCCESS)
+                return 1;
+            c->nopened++;
+        }
+    }
+    *ctx = c;
+    return 0;
+}
+static int setup_none(const void *a, void **c) { return setup_state(a, c, S_NONE); }
+static int setup_after(const void *a, void **c) { return setup_state(a, c, S_AFTER); }
+static int setup_opened(const void *a, void **c) { return setup_state(a, c, S_OPENED); }
+static int setup_held(const void *a, void **c) { return setup_state(a, c, S_HELD); }
+
+static int run_pairs(void *ctx, const void *arg, uint64_t iters) {
+    (void)arg;
+    hm_pool_t *pool = ((fp_ctx_t *)ctx)->pool;
+    for (uint64_t i = 0; i < iters; i++) {
+        void *p = hm_pool_malloc(pool, 64);
+        hm_bench_escape(p);
+        if (hm_pool_free(pool, p) != HM_SUCCESS) return 1;
+    }
+    return 0;
+}
+
+static void teardown(void *ctx) {
+    fp_ctx_t *c = ctx;
+    for (size_t i = 0; i < c->nopened; i++) hm_ipc_close(c->opened[i]);
+    if (c->held) hm_ipc_put(c->held);
+    hm_pool_destroy(c->pool);
+    free(c);
+}
+
+/* The exporter: NOPEN allocations exported, handles written to `out`, then
+ * alive until `in` closes. */
+static int exporter(int out, int in) {
+    hm_os_params_t *p;
+    hm_provider_t *prov;
+    hm_pool_t *pool;
+    if (hm_os_params_create(&p)) return 2;
+    hm_os_params_set_visibility(p, HM_OS_SHARED);
+    if (hm_os_provider_create(p, &prov) || hm_proxy_pool_create(prov, 0, &pool)) return 3;
+    hm_os_params_destroy(p);
+    for (size_t i = 0; i < NOPEN; i++) {
+        void *m = hm_pool_malloc(pool, 4096);
+        hm_ipc_handle_t *h;
+        size_t len;
+        if (!m || hm_ipc_get(m, &h, &len) || len > HMAX) return 4;
+        uint32_t l = (uint32_t)len;
+        if (write(out, &l, sizeof l) != sizeof l || write(out, h, len) != (ssize_t)len) return 5;
+    }
+    char c;
+    (void)!read(in, &c, 1);
+    return 0;
+}
+
+static int read_full(int fd, void *b, size_t n) {
+    for (size_t got = 0; got < n;) {
+        ssize_t k = read(fd, (char *)b + got, n - got);
+        if (k <= 0) return -1;
+        got += (size_t)k;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    int rc;
+    hm_bench_t *b = hm_bench_create("ipc_fastpath", &argc, argv, &rc);
+    if (!b) return rc;
+    int hp[2], go[2];
+    pid_t child = -1;
+    if (pipe(hp) == 0 && pipe(go) == 0) {
+        fflush(stdout);
+        child = fork();
+        if (child == 0) {
+            close(hp[0]);
+            close(go[1]);
+            _exit(exporter(hp[1], go[0]));
+        }
+        close(hp[1]);
+        close(go[0]);
+        g_have_handles = child > 0;
+        for (size_t i = 0; g_have_handles && i < NOPEN; i++) {
+            uint32_t l;
+            if (read_full(hp[0], &l, sizeof l) || l > HMAX || read_full(hp[0], g_handles[i], l))
+                g_have_handles = 0;
+            else g_len[i] = l;
+        }
+    }
+    if (!g_have_handles) fprintf(stderr, "bench_ipc_fastpath: no exporter: '1000 opened' skipped\n");
+
+    static const hm_bench_impl_t subject = {"after export", setup_after, run_pairs, teardown};
+    static const hm_bench_impl_t baselines[] = {
+        {"no export", setup_none, run_pairs, teardown},
+        {"1000 opened", setup_opened, run_pairs, teardown},
+        {"export held", setup_held, run_pairs, teardown},
+    };
+    fp_arg_t nat = {K_NATIVE}, je = {K_JEMALLOC};
+    hm_bench_case(b, "malloc+free 64 B, native pool", &nat, 1, &subject, baselines, 3);
+    hm_bench_case(b, "malloc+free 64 B, jemalloc pool", &je, 1, &subject, baselines, 3);
+    rc = hm_bench_finish(b);
+    if (child > 0) {
+        close(go[1]);
+        waitpid(child, NULL, 0);
+    }
+    return rc;
+}
