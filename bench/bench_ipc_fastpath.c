@@ -13,7 +13,19 @@
  *                           exported pointer must wait for the last put)
  * The first three are expected within a few percent of each other. The
  * opened mappings come from a forked exporter (proxy pool, shared OS
- * provider, 4 KiB allocations), moved by pidfd_getfd. */
+ * provider, 4 KiB allocations), moved by pidfd_getfd.
+ *
+ * Then the caches with every entry in use (ns per call, one implementation
+ * per count, the 10^2 one the subject):
+ *   "first get, N held"    hm_ipc_get of a new allocation (malloc, get, put,
+ *                          free) while N exports of the same pool are held,
+ *                          the export cache bound N: each get must look for
+ *                          an entry to evict among N held ones
+ *   "open miss, N open"    hm_ipc_open (a miss: descriptor fetched, mapped)
+ *                          + hm_ipc_close of one of 64 handles in turn while
+ *                          N mappings are open, the cache bound N: each open
+ *                          must look for a mapping to evict
+ * Flat (within 1.2x) from 10^2 to 10^4 means neither walks its entries. */
 #include "harness.h"
 
 #include <hetmem/hetmem.h>
@@ -21,21 +33,22 @@
 #include <hetmem/pools/jemalloc.h>
 #endif
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-enum { NOPEN = 1000, HMAX = 4096 };
+enum { NOPEN = 1000, HMAX = 256, NCYCLE = 64, NBIG = 10000 };
 typedef enum { K_NATIVE, K_JEMALLOC } kind_t;
 typedef enum { S_NONE, S_AFTER, S_OPENED, S_HELD } state_t;
 typedef struct {
     kind_t kind;
 } fp_arg_t;
 
-static unsigned char g_handles[NOPEN][HMAX];
-static size_t g_len[NOPEN];
+static unsigned char g_handles[NBIG + NCYCLE][HMAX];
+static size_t g_len[NBIG + NCYCLE];
 static int g_have_handles;
 
 static hm_pool_t *make_pool(kind_t k) {
@@ -130,7 +143,7 @@ static int exporter(int out, int in) {
     hm_os_params_set_visibility(p, HM_OS_SHARED);
     if (hm_os_provider_create(p, &prov) || hm_proxy_pool_create(prov, 0, &pool)) return 3;
     hm_os_params_destroy(p);
-    for (size_t i = 0; i < NOPEN; i++) {
+    for (size_t i = 0; i < NBIG + NCYCLE; i++) {
         void *m = hm_pool_malloc(pool, 4096);
         hm_ipc_handle_t *h;
         size_t len;
@@ -141,6 +154,99 @@ static int exporter(int out, int in) {
     char c;
     (void)!read(in, &c, 1);
     return 0;
+}
+
+/* ---- the caches with N entries in use ---- */
+typedef struct {
+    size_t n;
+} held_arg_t;
+typedef struct {
+    hm_pool_t *pool;
+    void **blk;
+    hm_ipc_handle_t **h;
+    void **opened;
+    size_t n;
+    uint64_t next;
+} held_ctx_t;
+
+static int held_setup(const void *arg, void **ctx) {
+    size_t n = ((const held_arg_t *)arg)->n;
+    held_ctx_t *c = calloc(1, sizeof(*c));
+    if (!c) return 1;
+    c->n = n;
+    c->pool = make_pool(K_NATIVE);
+    c->blk = calloc(n, sizeof(void *));
+    c->h = calloc(n, sizeof(void *));
+    if (!c->pool || !c->blk || !c->h) return 1;
+    for (size_t i = 0; i < n; i++) {
+        size_t len;
+        c->blk[i] = hm_pool_malloc(c->pool, 4096);
+        if (!c->blk[i] || hm_ipc_get(c->blk[i], &c->h[i], &len)) return 1;
+    }
+    *ctx = c;
+    return 0;
+}
+static int held_run(void *ctx, const void *arg, uint64_t iters) {
+    (void)arg;
+    held_ctx_t *c = ctx;
+    for (uint64_t i = 0; i < iters; i++) {
+        void *p = hm_pool_malloc(c->pool, 4096);
+        hm_ipc_handle_t *h;
+        size_t len;
+        if (!p || hm_ipc_get(p, &h, &len) || hm_ipc_put(h)) return 1;
+        if (hm_pool_free(c->pool, p)) return 1;
+    }
+    return 0;
+}
+static void held_teardown(void *ctx) {
+    held_ctx_t *c = ctx;
+    for (size_t i = 0; i < c->n; i++) {
+        if (c->h[i]) hm_ipc_put(c->h[i]);
+        if (c->blk[i]) hm_pool_free(c->pool, c->blk[i]);
+    }
+    hm_pool_destroy(c->pool);
+    free(c->blk);
+    free(c->h);
+    free(c);
+}
+
+static int open_setup(const void *arg, void **ctx) {
+    if (!g_have_handles) return HM_BENCH_SKIP;
+    size_t n = ((const held_arg_t *)arg)->n;
+    held_ctx_t *c = calloc(1, sizeof(*c));
+    if (!c) return 1;
+    c->n = n;
+    c->pool = make_pool(K_NATIVE);
+    c->opened = calloc(n, sizeof(void *));
+    if (!c->pool || !c->opened) return 1;
+    hm_ipc_set_cache_limits(n, 0);
+    for (size_t i = 0; i < n; i++)
+        if (hm_ipc_open(c->pool, (const hm_ipc_handle_t *)g_handles[i], g_len[i],
+                        &c->opened[i]))
+            return 1;
+    *ctx = c;
+    return 0;
+}
+static int open_run(void *ctx, const void *arg, uint64_t iters) {
+    (void)arg;
+    held_ctx_t *c = ctx;
+    for (uint64_t i = 0; i < iters; i++) {
+        size_t k = NBIG + (size_t)(c->next++ % NCYCLE);
+        void *p;
+        if (hm_ipc_open(c->pool, (const hm_ipc_handle_t *)g_handles[k], g_len[k], &p))
+            return 1;
+        if (hm_ipc_close(p)) return 1;
+    }
+    return 0;
+}
+static void open_teardown(void *ctx) {
+    held_ctx_t *c = ctx;
+    for (size_t i = 0; i < c->n; i++)
+        if (c->opened[i]) hm_ipc_close(c->opened[i]);
+    hm_pool_destroy(c->pool);
+    hm_ipc_set_cache_limits(4096, 0);
+    free(c->opened);
+    free(c);
 }
 
 static int read_full(int fd, void *b, size_t n) {
@@ -169,7 +275,7 @@ int main(int argc, char **argv) {
         close(hp[1]);
         close(go[0]);
         g_have_handles = child > 0;
-        for (size_t i = 0; g_have_handles && i < NOPEN; i++) {
+        for (size_t i = 0; g_have_handles && i < NBIG + NCYCLE; i++) {
             uint32_t l;
             if (read_full(hp[0], &l, sizeof l) || l > HMAX || read_full(hp[0], g_handles[i], l))
                 g_have_handles = 0;
@@ -187,6 +293,19 @@ int main(int argc, char **argv) {
     fp_arg_t nat = {K_NATIVE}, je = {K_JEMALLOC};
     hm_bench_case(b, "malloc+free 64 B, native pool", &nat, 1, &subject, baselines, 3);
     hm_bench_case(b, "malloc+free 64 B, jemalloc pool", &je, 1, &subject, baselines, 3);
+
+    /* One argument per implementation: the harness passes the case's arg
+     * to all, so the counts are three cases' worth of one implementation
+     * each, compared through the table's rows. */
+    static const held_arg_t h2 = {100}, h3 = {1000}, h4 = {NBIG};
+    static const hm_bench_impl_t held_impl = {"hetmem", held_setup, held_run, held_teardown};
+    static const hm_bench_impl_t open_impl = {"hetmem", open_setup, open_run, open_teardown};
+    hm_bench_case(b, "first get, 100 held", &h2, 1, &held_impl, NULL, 0);
+    hm_bench_case(b, "first get, 1000 held", &h3, 1, &held_impl, NULL, 0);
+    hm_bench_case(b, "first get, 10000 held", &h4, 1, &held_impl, NULL, 0);
+    hm_bench_case(b, "open miss, 100 open", &h2, 1, &open_impl, NULL, 0);
+    hm_bench_case(b, "open miss, 1000 open", &h3, 1, &open_impl, NULL, 0);
+    hm_bench_case(b, "open miss, 10000 open", &h4, 1, &open_impl, NULL, 0);
     rc = hm_bench_finish(b);
     if (child > 0) {
         close(go[1]);

@@ -85,14 +85,14 @@ typedef struct xent {
     struct xent *hnext;        /* gx hash (live entries) */
     struct xent *lprev, *lnext; /* pool's list (while pi is set) */
     struct xent *oprev, *onext; /* gx.orphans: detached, still used */
-    struct xent *rprev, *rnext; /* CLOCK ring (live entries) */
+    struct xent *rprev, *rnext; /* CLOCK ring: live entries with no get outstanding */
     struct hm_ipc_pool *pi;    /* NULL once orphaned (pool destroyed) */
     hm_provider_t *prov;
     uintptr_t base;
     size_t size;
     uint64_t id;
     int fd;
-    bool live, put_done;
+    bool live, put_done, in_ring;
     uint32_t refs;             /* gets not yet put, over all views */
     int hslot;                 /* while refs > 0: its pool's hold slot, or -1 (holds_over) */
     /* Blocks the user freed while refs > 0 (hm__ipc_free_held): freed into
@@ -178,9 +178,39 @@ static void xent_free(xent_t *x) {
 
 static void xdetach(xent_t *x);
 
+/* ---- the CLOCK ring of unused live entries (gx.lock held) ----
+ * An entry with gets outstanding is off the ring, so the evictor visits
+ * only what it may evict: a get that must evict costs O(1) amortised
+ * however many exports are held. */
+static void xring_add(xent_t *x) {
+    if (!gx.hand) {
+        x->rnext = x->rprev = x;
+        gx.hand = x;
+    } else { /* just behind the hand: visited last */
+        x->rnext = gx.hand;
+        x->rprev = gx.hand->rprev;
+        x->rprev->rnext = x;
+        gx.hand->rprev = x;
+    }
+    x->in_ring = true;
+}
+static void xring_del(xent_t *x) {
+    if (x->rnext == x) {
+        gx.hand = NULL;
+    } else {
+        if (gx.hand == x) gx.hand = x->rnext;
+        x->rprev->rnext = x->rnext;
+        x->rnext->rprev = x->rprev;
+    }
+    x->rprev = x->rnext = NULL;
+    x->in_ring = false;
+}
+
 /* One more outstanding get of x. */
 static void xhold(xent_t *x) {
-    if (x->refs++ || !x->pi) return;
+    if (x->refs++) return;
+    if (x->in_ring) xring_del(x);
+    if (!x->pi) return;
     hm_pool_t *pool = x->pi->pool;
     x->hslot = -1;
     for (int i = 0; i < HM_POOL_HOLD_SLOTS && x->hslot < 0; i++)
@@ -219,6 +249,7 @@ typedef struct xflush {
  * until xflush_run). */
 static void xunhold(xent_t *x, xflush_t *fl) {
     if (--x->refs) return;
+    if (x->live) xring_add(x);
     if (!x->pi) return; /* pool destroyed: its deferred frees were dropped */
     xhold_clear(x);
     if (atomic_fetch_sub_explicit(&x->pi->held, 1, memory_order_relaxed) == 1)
@@ -492,12 +523,7 @@ static void xdetach(xent_t *x) {
     xent_t **p = &gx.b[xbucket(x->base)];
     while (*p != x) p = &(*p)->hnext;
     *p = x->hnext;
-    if (x->rnext == x) gx.hand = NULL;
-    else {
-        if (gx.hand == x) gx.hand = x->rnext;
-        x->rprev->rnext = x->rnext;
-        x->rnext->rprev = x->rprev;
-    }
+    if (x->in_ring) xring_del(x);
     x->live = false;
     for (xview_t *v = x->views; v; v = v->next) {
         vunlink(v);
@@ -527,13 +553,16 @@ static hm_result_t xgrow(void) {
     return HM_SUCCESS;
 }
 
-/* Bound the export cache: CLOCK over live entries, skipping used ones. */
+/* Bound the export cache: CLOCK over the unused entries (F. J. Corbato,
+ * "A paging experiment with the Multics system", 1968), at most
+ * XEVICT_STEPS visits per call (the hand keeps its place: the next call
+ * goes on), so one get costs O(1) whether few or all entries are held; held
+ * entries may keep the cache over its bound until they are put. */
+#define XEVICT_STEPS 64
 static void xevict(void) {
-    size_t steps = 2 * gx.n + 1;
-    while (gx.n >= hm__ipc_export_max && gx.hand && steps--) {
+    for (int steps = XEVICT_STEPS; gx.n >= hm__ipc_export_max && gx.hand && steps; steps--) {
         xent_t *x = gx.hand;
         gx.hand = x->rnext;
-        if (x->refs) continue;
         if (xused_clear(x)) continue;
         xdetach(x);
     }
@@ -571,15 +600,7 @@ static hm_result_t xcreate(const hm_tracker_entry_t *te, hm_ipc_pool_t *pi, xent
     size_t k = xbucket(x->base);
     x->hnext = gx.b[k];
     gx.b[k] = x;
-    if (!gx.hand) {
-        x->rnext = x->rprev = x;
-        gx.hand = x;
-    } else {
-        x->rnext = gx.hand;
-        x->rprev = gx.hand->rprev;
-        x->rprev->rnext = x;
-        gx.hand->rprev = x;
-    }
+    xring_add(x); /* unused until the get that made it takes its reference */
     xlist_push(&pi->xhead, x);
     gx.n++;
     atomic_store_explicit(&gx.count, gx.n, memory_order_relaxed);

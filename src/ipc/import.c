@@ -141,6 +141,10 @@ typedef struct imp {
     struct hm_ipc_pool *pi;
     bool in_key, in_local;       /* pi->lock */
     bool in_ring, claimed, dead; /* gc.lock */
+    /* Counted in the cache (in_ring) but off the ring's links: the evictor
+     * met it in use (ring_park). Its last close puts it back (ring_unpark).
+     * Written under gc.lock, read by closers without it. */
+    _Atomic uint8_t parked;
 } HM_CACHE_ALIGNED imp_t;
 #define IMP_NO_MEMO UINT32_MAX
 _Static_assert(offsetof(imp_t, family) == 64 && offsetof(imp_t, pay) == 80 && offsetof(imp_t, pay_rest) == 128 &&
@@ -436,8 +440,14 @@ static bool grow(hm_ipc_pool_t *pi) {
     return true;
 }
 
-/* ---- the CLOCK ring (gc.lock held) ---- */
-static void ring_insert(imp_t *e) {
+/* ---- the CLOCK ring (gc.lock held) ----
+ * Every cached mapping is counted (in_ring: gc.count, gc.bytes); those the
+ * evictor found in use are parked, off the ring's links, so that a scan
+ * visits only what it may evict and an open over the bound costs O(1)
+ * however many mappings are in use. A mapping in use stays on the links
+ * until the evictor meets it (taking it off at its last close would put
+ * gc.lock on the lock-free close path). */
+static void ring_link(imp_t *e) {
     if (!gc.hand) {
         e->rnext = e->rprev = e;
         gc.hand = e;
@@ -447,13 +457,8 @@ static void ring_insert(imp_t *e) {
         e->rprev->rnext = e;
         gc.hand->rprev = e;
     }
-    e->in_ring = true;
-    gc.count++;
-    gc.bytes += e->size;
-    atomic_store_explicit(&gc.a_count, gc.count, memory_order_relaxed);
-    atomic_store_explicit(&gc.a_bytes, gc.bytes, memory_order_relaxed);
 }
-static void ring_unlink(imp_t *e) {
+static void ring_unlink_links(imp_t *e) {
     if (e->rnext == e) {
         gc.hand = NULL;
     } else {
@@ -461,6 +466,43 @@ static void ring_unlink(imp_t *e) {
         e->rprev->rnext = e->rnext;
         e->rnext->rprev = e->rprev;
     }
+}
+/* In use: off the links. Its closer and this evictor order their writes
+ * (refs, parked) before their reads of the other's (seq_cst, Dekker): if
+ * the last close came first, the evictor sees refs 0 and links it back;
+ * otherwise the closer sees parked and does. */
+static void ring_park(imp_t *e) {
+    ring_unlink_links(e);
+    atomic_store_explicit(&e->parked, 1, memory_order_seq_cst);
+    if (!st_refs(atomic_load_explicit(&e->state, memory_order_seq_cst))) {
+        atomic_store_explicit(&e->parked, 0, memory_order_relaxed);
+        ring_link(e);
+    }
+}
+/* A closer that dropped the last reference of a parked entry. */
+static HM_NOINLINE void ring_unpark(imp_t *e) {
+    hm__mutex_lock(&gc.lock);
+    if (e->in_ring && atomic_load_explicit(&e->parked, memory_order_relaxed)) {
+        atomic_store_explicit(&e->parked, 0, memory_order_relaxed);
+        ring_link(e);
+    }
+    hm__mutex_unlock(&gc.lock);
+}
+static inline void unpark_check(imp_t *e) {
+    if (hm_unlikely(atomic_load_explicit(&e->parked, memory_order_seq_cst))) ring_unpark(e);
+}
+static void ring_insert(imp_t *e) {
+    ring_link(e);
+    e->in_ring = true;
+    gc.count++;
+    gc.bytes += e->size;
+    atomic_store_explicit(&gc.a_count, gc.count, memory_order_relaxed);
+    atomic_store_explicit(&gc.a_bytes, gc.bytes, memory_order_relaxed);
+}
+static void ring_unlink(imp_t *e) {
+    if (atomic_load_explicit(&e->parked, memory_order_relaxed))
+        atomic_store_explicit(&e->parked, 0, memory_order_relaxed);
+    else ring_unlink_links(e);
     e->in_ring = false;
     gc.count--;
     gc.bytes -= e->size;
@@ -605,6 +647,7 @@ static void retire(imp_t *e) {
 
 /* Close unused mappings, least recently used first, until the cache is
  * within its bound or nothing unused is left. */
+#define EVICT_STEPS 64
 static void evict_over_bound(void) {
     for (;;) {
         hm__mutex_lock(&gc.lock);
@@ -614,11 +657,19 @@ static void evict_over_bound(void) {
             hm__mutex_unlock(&gc.lock);
             return;
         }
+        /* At most EVICT_STEPS visits per call, the hand keeping its place
+         * for the next: an open that finds every mapping in use costs O(1),
+         * not a walk of the whole ring. (Mappings in use stay on the ring:
+         * their last close is a lock-free compare-and-swap, which must not
+         * take gc.lock to put them back.) */
         imp_t *v = NULL;
-        for (size_t steps = 2 * gc.count + 1; steps && gc.hand; steps--) {
+        for (size_t steps = EVICT_STEPS; steps && gc.hand; steps--) {
             imp_t *e = gc.hand;
             gc.hand = e->rnext;
-            if (st_refs(atomic_load_explicit(&e->state, memory_order_relaxed))) continue;
+            if (st_refs(atomic_load_explicit(&e->state, memory_order_relaxed))) {
+                ring_park(e);
+                continue;
+            }
             if (atomic_exchange_explicit(&e->used, 0, memory_order_relaxed)) continue;
             v = e;
             break;
@@ -994,9 +1045,10 @@ static HM_NOINLINE hm_result_t close_slow(void *ptr) {
             HM_LOG_ERROR("hm_ipc_close(%p): closed more times than opened", ptr);
             return HM_ERROR_DOUBLE_FREE;
         }
-    } while (!atomic_compare_exchange_weak_explicit(&e->state, &w, w - 1, memory_order_release,
+    } while (!atomic_compare_exchange_weak_explicit(&e->state, &w, w - 1, memory_order_seq_cst,
                                                     memory_order_relaxed));
     bool last = st_refs(w) == 1, retire_now = false;
+    if (last) unpark_check(e);
     if (last && !e->in_key) { /* stale: its last user is gone */
         lunlink(pi, e);
         imp_kill(e);
@@ -1025,9 +1077,12 @@ hm_result_t hm_ipc_close(void *ptr) {
         for (;;) {
             uint32_t r = st_refs(w);
             if (st_gen(w) != t->gen[i] || r == 0 || (r == 1 && (w & ST_STALE))) break;
-            /* release: this user's accesses happen before an evictor's unmap */
-            if (atomic_compare_exchange_weak_explicit(&e->state, &w, w - 1, memory_order_release,
+            /* release: this user's accesses happen before an evictor's
+             * unmap; seq_cst: against ring_park (no cost on x86, whose
+             * locked compare-and-swap is a full barrier) */
+            if (atomic_compare_exchange_weak_explicit(&e->state, &w, w - 1, memory_order_seq_cst,
                                                       memory_order_relaxed)) {
+                if (r == 1) unpark_check(e);
                 if (r == 1 && hm_unlikely(over_bound())) evict_over_bound();
                 return HM_SUCCESS;
             }
