@@ -89,6 +89,7 @@ static void reclaim_range(void *arg, const hm_tracker_entry_t *e) {
     lr->bytes += e->size;
     if (e->flags & HM_TRACK_IMPORTED) return; /* the IPC layer closes its own mappings */
     hm_provider_t *prov = lr->pool->provider;
+    if (hm__ipc_range_take(lr->pool, (void *)e->base, e->size)) return; /* an export holds it */
     if (prov->ops.free && prov->ops.free(prov->state, (void *)e->base, e->size) == HM_SUCCESS)
         lr->freed++;
 }
@@ -444,6 +445,14 @@ hm_result_t hm_pool_provider_free(hm_pool_t *pool, void *ptr, size_t size) {
     if (hm_unlikely(!pool || !ptr || !size)) return HM_ERROR_INVALID_ARGUMENT;
     hm_provider_t *prov = pool->provider;
     if (!prov->ops.free) return HM_ERROR_NOT_SUPPORTED;
+    if (hm_unlikely(hm__ipc_range_take(pool, ptr, size))) {
+        /* Exported with gets outstanding: the export gives it back at its
+         * last put. */
+        if (pool->tracked && hm__tracker_remove((uintptr_t)ptr, size) != HM_SUCCESS)
+            HM_LOG_ERROR("hm_pool_provider_free(%s): [%p, +%zu) was not tracked",
+                         pool->ops.name, ptr, size);
+        return HM_SUCCESS;
+    }
     hm__ipc_range_release(pool, ptr); /* a cached, unused export of it */
     if (pool->tracked) {
         hm_result_t r = hm__tracker_remove((uintptr_t)ptr, size);

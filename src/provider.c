@@ -5,6 +5,7 @@
  * NULL op in one place, and caches the provider's info (immutable after
  * create) so hot-path queries do not call into the provider. */
 #include "provider_internal.h"
+#include "ipc/ipc_internal.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -76,6 +77,7 @@ hm_result_t hm_provider_destroy(hm_provider_t *p) {
         HM_LOG_ERROR("hm_provider_destroy(%p): not a live provider (double destroy?)", (void *)p);
         return HM_ERROR_INVALID_ARGUMENT;
     }
+    hm__ipc_provider_gone(p); /* exports of its ranges that outlived their pools */
     p->ops.fini(p->state);
     free(p);
     return HM_SUCCESS;

@@ -93,6 +93,12 @@ typedef struct xent {
     uint64_t id;
     int fd;
     bool live, put_done, in_ring;
+    /* The pool front end freed the provider range while gets were
+     * outstanding: the range is the IPC layer's until the last put, which
+     * gives it back to the provider (xfinish). opool: the pool whose range
+     * it was (only compared once its IPC state is gone). */
+    bool free_held;
+    hm_pool_t *opool;
     uint32_t refs;             /* gets not yet put, over all views */
     int hslot;                 /* while refs > 0: its pool's hold slot, or -1 (holds_over) */
     /* Blocks the user freed while refs > 0 (hm__ipc_free_held): freed into
@@ -138,9 +144,12 @@ static struct {
      * has no export to wait for): freed at its next IPC call or checked
      * free (xdue_run). */
     struct xdue {
-        hm_pool_t *pool;
+        hm_pool_t *pool;      /* a block to free into pool, or (NULL) */
+        hm_provider_t *prov;  /* a range [ptr, +size) to give back to prov */
         void *ptr;
+        size_t size;
     } *due;
+    _Atomic size_t norphans; /* gx.orphans' length (hm__ipc_range_take's quick test) */
     size_t ndue, cdue;
     _Atomic size_t due_count;
     size_t nretry;                 /* put_retry orphans */
@@ -277,21 +286,28 @@ static void xflush_run(xflush_t *fl) {
 }
 
 /* Forked child: x's deferred frees become the child's to do. */
-static void xdefer_orphan(xent_t *x) {
-    for (uint32_t i = 0; i < x->ndfr && x->pi; i++) {
-        if (gx.ndue == gx.cdue) {
-            size_t c = gx.cdue ? 2 * gx.cdue : 16;
-            struct xdue *d = realloc(gx.due, c * sizeof(*d));
-            if (!d) {
-                HM_LOG_WARN("IPC: out of memory: %u blocks freed while the parent exported "
-                            "them stay allocated in this child", x->ndfr - i);
-                break;
-            }
-            gx.due = d;
-            gx.cdue = c;
-        }
-        gx.due[gx.ndue++] = (struct xdue){.pool = x->pi->pool, .ptr = x->dfr[i]};
+static bool xdue_add(struct xdue d) {
+    if (gx.ndue == gx.cdue) {
+        size_t c = gx.cdue ? 2 * gx.cdue : 16;
+        struct xdue *n = realloc(gx.due, c * sizeof(*n));
+        if (!n) return false;
+        gx.due = n;
+        gx.cdue = c;
     }
+    gx.due[gx.ndue++] = d;
+    return true;
+}
+static void xdefer_orphan(xent_t *x) {
+    for (uint32_t i = 0; i < x->ndfr && x->pi; i++)
+        if (!xdue_add((struct xdue){.pool = x->pi->pool, .ptr = x->dfr[i]})) {
+            HM_LOG_WARN("IPC: out of memory: %u blocks freed while the parent exported them "
+                        "stay allocated in this child", x->ndfr - i);
+            break;
+        }
+    if (x->free_held &&
+        !xdue_add((struct xdue){.prov = x->prov, .ptr = (void *)x->base, .size = x->size}))
+        HM_LOG_WARN("IPC: out of memory: [%p, +%zu), freed while the parent exported it, stays "
+                    "allocated in this child", (void *)x->base, x->size);
     atomic_store_explicit(&gx.due_count, gx.ndue, memory_order_relaxed);
 }
 
@@ -306,10 +322,13 @@ static HM_NOINLINE void xdue_run(void) {
     hm__mutex_unlock(&gx.lock);
     for (size_t i = 0; i < n; i++) {
         hm_pool_t *pool = d[i].pool;
-        hm_result_t r = pool->ops.free(pool->state, d[i].ptr);
+        hm_result_t r = pool ? pool->ops.free(pool->state, d[i].ptr)
+                             : hm_provider_free(d[i].prov, d[i].ptr, d[i].size);
         if (r != HM_SUCCESS)
-            HM_LOG_WARN("IPC: pool '%s' refused the free of %p (freed while the parent "
-                        "exported it): %s", pool->ops.name, d[i].ptr, hm_result_string(r));
+            HM_LOG_WARN("IPC: %s '%s' refused the free of %p (freed while the parent "
+                        "exported it): %s", pool ? "pool" : "provider",
+                        pool ? pool->ops.name : d[i].prov->info.name, d[i].ptr,
+                        hm_result_string(r));
     }
     free(d);
 }
@@ -394,12 +413,14 @@ bool hm__ipc_range_busy(hm_pool_t *pool, void *base) {
 }
 
 static void olist_unlink(xent_t *x) {
+    atomic_fetch_sub_explicit(&gx.norphans, 1, memory_order_relaxed);
     if (x->oprev) x->oprev->onext = x->onext;
     else gx.orphans = x->onext;
     if (x->onext) x->onext->oprev = x->oprev;
     x->oprev = x->onext = NULL;
 }
 static void olist_push(xent_t *x) {
+    atomic_fetch_add_explicit(&gx.norphans, 1, memory_order_relaxed);
     x->oprev = NULL;
     x->onext = gx.orphans;
     if (gx.orphans) gx.orphans->oprev = x;
@@ -435,16 +456,29 @@ static bool xprovider_put(xent_t *x, const char *then) {
 
 static bool in_orphans(const xent_t *x) { return x->oprev || gx.orphans == x; }
 
+/* After x's provider put: a range the pool freed while it was exported
+ * goes back to its provider now (gx.lock held; the provider's free nests
+ * under it as its ipc.put does). */
+static void xfinish(xent_t *x) {
+    if (!x->free_held) return;
+    x->free_held = false;
+    hm_result_t r = hm_provider_free(x->prov, (void *)x->base, x->size);
+    if (r != HM_SUCCESS)
+        HM_LOG_WARN("IPC: provider '%s' refused [%p, +%zu) back after its last put: %s",
+                    x->prov->info.name, (void *)x->base, x->size, hm_result_string(r));
+}
+
 /* Put again what prov refused before (put_retry orphans), now that it
  * accepted a put; a pool's destroy does its own. gx.lock held. */
 static void xretry(hm_provider_t *prov) {
     for (xent_t *o = gx.orphans, *no; o && gx.nretry; o = no) {
         no = o->onext;
-        if (!o->put_retry || o->prov != prov || o->pi == gx.destroying ||
+        if (!o->put_retry || o->prov != prov || (o->pi && o->pi == gx.destroying) ||
             !xprovider_put(o, "tried again later"))
             continue;
+        xfinish(o);
         olist_unlink(o);
-        xlist_unlink(&o->pi->xhead, o);
+        if (o->pi) xlist_unlink(&o->pi->xhead, o);
         gx.nretry--;
         xent_free(o);
     }
@@ -457,6 +491,7 @@ static void xretry(hm_provider_t *prov) {
 static void xrelease(xent_t *x) {
     hm_provider_t *prov = x->prov;
     if (xprovider_put(x, "tried again at a later put or the pool destroy")) {
+        xfinish(x);
         if (in_orphans(x)) olist_unlink(x);
         if (x->pi) xlist_unlink(&x->pi->xhead, x);
         xent_free(x);
@@ -590,6 +625,7 @@ static hm_result_t xcreate(const hm_tracker_entry_t *te, hm_ipc_pool_t *pi, xent
         return r;
     }
     x->pi = pi;
+    x->opool = pi->pool;
     x->prov = prov;
     x->base = te->base;
     x->size = te->size;
@@ -759,6 +795,40 @@ hm_result_t hm_ipc_put(hm_ipc_handle_t *handle) {
     return HM_SUCCESS;
 }
 
+bool hm__ipc_range_take(hm_pool_t *pool, void *base, size_t size) {
+    if (hm_likely(!atomic_load_explicit(&gx.count, memory_order_relaxed) &&
+                  !atomic_load_explicit(&gx.norphans, memory_order_relaxed)))
+        return false;
+    hm__mutex_lock(&gx.lock);
+    xent_t *x = xfind((uintptr_t)base);
+    if (!x || x->opool != pool || !x->refs) {
+        x = NULL;
+        for (xent_t *o = gx.orphans; o && !x; o = o->onext)
+            if (o->opool == pool && o->base == (uintptr_t)base && o->refs && !o->free_held &&
+                !o->put_done)
+                x = o;
+    }
+    bool taken = x && x->size == size;
+    if (taken) {
+        x->free_held = true;
+        if (x->live) xdetach(x); /* used: an orphan until its last put */
+    }
+    hm__mutex_unlock(&gx.lock);
+    return taken;
+}
+
+void hm__ipc_provider_gone(hm_provider_t *prov) {
+    if (hm_likely(!atomic_load_explicit(&gx.norphans, memory_order_relaxed))) return;
+    hm__mutex_lock(&gx.lock);
+    for (xent_t *o = gx.orphans; o; o = o->onext) {
+        if (o->prov != prov) continue;
+        if (!o->put_done) (void)xprovider_put(o, "the provider goes with the range");
+        o->put_done = true;
+        o->free_held = false; /* its fini takes every range back */
+    }
+    hm__mutex_unlock(&gx.lock);
+}
+
 void hm__ipc_range_release(hm_pool_t *pool, void *base) {
     if (hm_likely(!atomic_load_explicit(&gx.count, memory_order_relaxed))) return;
     hm__mutex_lock(&gx.lock);
@@ -784,15 +854,22 @@ static void exports_pool_destroy(hm_ipc_pool_t *pi) {
         x->ndfr = x->cdfr = 0;
         if (x->live) xdetach(x);
     }
-    /* The rest are orphans, used or put_retry: their provider exports go now
-     * (the provider may be destroyed with the pool; a refusal now is final),
-     * a used one's handle memory at its last put. */
+    /* The rest are orphans, used or put_retry. A used one stays exported
+     * until its last put where the provider outlives the pool: its range,
+     * which the destroy is about to give back, is the IPC layer's until
+     * then (hm__ipc_range_take), so the provider hands those bytes to no
+     * other pool meanwhile. Otherwise (the pool destroys its provider; a
+     * put_retry one) the provider export goes now (a refusal now is final)
+     * and a used one's handle memory at its last put. */
+    bool keep = !(pi->pool->flags & HM_POOL_FLAG_OWN_PROVIDER);
     for (xent_t *x = pi->xhead, *nx; x; x = nx) {
         nx = x->lnext;
         bool used = x->refs != 0;
         outstanding += used;
-        (void)xprovider_put(x, "the provider keeps the range");
-        x->put_done = true;
+        if (!(keep && used)) {
+            (void)xprovider_put(x, "the provider keeps the range");
+            x->put_done = true;
+        }
         x->pi = NULL;
         x->lprev = x->lnext = NULL;
         if (!used) {
@@ -806,8 +883,9 @@ static void exports_pool_destroy(hm_ipc_pool_t *pi) {
     hm__mutex_unlock(&gx.lock);
     if (outstanding)
         HM_LOG_WARN("pool '%s' destroyed with %zu exported allocations whose handles were not "
-                    "put; their provider exports are released now", pi->pool->ops.name,
-                    outstanding);
+                    "put; %s", pi->pool->ops.name, outstanding,
+                    keep ? "their ranges stay allocated in the provider until their last put"
+                         : "their provider exports are released now");
 }
 
 void hm__ipc_export_pool_destroy(hm_pool_t *pool, hm_ipc_pool_t *pi) {

@@ -31,6 +31,15 @@ hm_result_t hm__ipc_free_held(hm_pool_t *pool, void *ptr, const hm_tracker_entry
                               bool *done);
 /* Whether hm__ipc_free_held would defer the free of ptr (realloc). */
 bool hm__ipc_is_held(hm_pool_t *pool, const void *ptr, const hm_tracker_entry_t *e);
+/* The pool front end is about to give [base, +size) back to the provider
+ * (a free of the range, or its pool's destroy): true when the range has an
+ * export with gets outstanding, which now owns it: the caller forgets the
+ * range (tracker) but does not free it; the export's last hm_ipc_put gives
+ * it to the provider (or a forked child's next IPC call, its own). */
+bool hm__ipc_range_take(hm_pool_t *pool, void *base, size_t size);
+/* hm_provider_destroy(), before the provider's fini: exports of its ranges
+ * that outlived their pools are put now, their ranges left to the fini. */
+void hm__ipc_provider_gone(hm_provider_t *prov);
 /* The pool is about to split or merge the provider range at base: true
  * (the caller answers HM_ERROR_BUSY) while it has an outstanding export;
  * otherwise an unused cached export of it is dropped. */

@@ -257,7 +257,61 @@ static void run_case(hm_pool_t *pool, size_t size, int interior, int with_import
               "last put", size);
 }
 
+/* A pool destroyed with a handle outstanding, its provider shared with a
+ * second pool: the exported range stays allocated in the provider until
+ * the last put, so the second pool's blocks never take its bytes (the
+ * importer keeps seeing the exporter's); after the put the range is the
+ * provider's again. */
+static void run_destroy_case(prov_kind_t vk, size_t size) {
+    hm_provider_t *prov;
+    g_prov = vk;
+    REQUIRE_OK(make_provider(vk, &prov));
+    char path[sizeof(g_path)];
+    memcpy(path, g_path, sizeof(path));
+    hm_pool_t *a, *b;
+    REQUIRE_OK(hm_proxy_pool_create(prov, 0, &a));
+    REQUIRE_OK(hm_native_pool_create(prov, NULL, 0, &b));
+    char ctx[96];
+    snprintf(ctx, sizeof(ctx), "pool destroyed while exported, %s, %zu bytes", prov_name[vk],
+             size);
+    hm_test_set_context(ctx);
+    char *p = hm_pool_malloc(a, size);
+    REQUIRE(p != NULL);
+    fill(p, size, 0);
+    hm_ipc_handle_t *h;
+    size_t hlen;
+    REQUIRE_OK(hm_ipc_get(p, &h, &hlen));
+    importer_t im = {0};
+    REQUIRE(importer_start(&im, h, hlen, size, 0) == 0);
+    CHECK_EQ(importer_check(&im), 1);
+    hm_log_level_t old = hm_log_get_level();
+    hm_log_set_level(HM_LOG_OFF); /* the destroy warns about the outstanding handle */
+    CHECK_OK(hm_pool_destroy(a));
+    hm_log_set_level(old);
+    enum { NB = 16 };
+    void *q[NB];
+    for (int i = 0; i < NB; i++) {
+        q[i] = hm_pool_malloc(b, size);
+        if (q[i]) fill(q[i], size, 0x77);
+    }
+    CHECK_EQ(importer_check(&im), 1);
+    importer_stop(&im);
+    for (int i = 0; i < NB; i++)
+        if (q[i]) CHECK_OK(hm_pool_free(b, q[i]));
+    CHECK_OK(hm_ipc_put(h)); /* the range goes back to the provider */
+    hm_pool_stats_t st;
+    CHECK_OK(hm_pool_get_stats(b, &st));
+    CHECK_OK(hm_pool_destroy(b));
+    CHECK_OK(hm_provider_destroy(prov));
+    if (vk == PROV_FILE) unlink(path);
+    hm_test_set_context("");
+}
+
 int main(void) {
+    for (int vk = 0; vk < PROV_N; vk++) {
+        run_destroy_case((prov_kind_t)vk, 64 << 10);
+        run_destroy_case((prov_kind_t)vk, 2 << 20);
+    }
     static const size_t sizes[] = {
         8, 64, 4096, 32 << 10,          /* small classes, up to the size-class limit */
         (32 << 10) + 1, 1 * MIB,        /* large */
