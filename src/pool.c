@@ -445,15 +445,6 @@ hm_result_t hm_pool_provider_free(hm_pool_t *pool, void *ptr, size_t size) {
     if (hm_unlikely(!pool || !ptr || !size)) return HM_ERROR_INVALID_ARGUMENT;
     hm_provider_t *prov = pool->provider;
     if (!prov->ops.free) return HM_ERROR_NOT_SUPPORTED;
-    if (hm_unlikely(hm__ipc_range_take(pool, ptr, size))) {
-        /* Exported with gets outstanding: the export gives it back at its
-         * last put. */
-        if (pool->tracked && hm__tracker_remove((uintptr_t)ptr, size) != HM_SUCCESS)
-            HM_LOG_ERROR("hm_pool_provider_free(%s): [%p, +%zu) was not tracked",
-                         pool->ops.name, ptr, size);
-        return HM_SUCCESS;
-    }
-    hm__ipc_range_release(pool, ptr); /* a cached, unused export of it */
     if (pool->tracked) {
         hm_result_t r = hm__tracker_remove((uintptr_t)ptr, size);
         if (r != HM_SUCCESS) {
@@ -462,6 +453,10 @@ hm_result_t hm_pool_provider_free(hm_pool_t *pool, void *ptr, size_t size) {
             return HM_ERROR_INVALID_ARGUMENT;
         }
     }
+    /* Exported: the export gives the range back, at its last put if gets
+     * are outstanding, after its provider put if it is unused. */
+    if (hm_unlikely(hm__ipc_range_take(pool, ptr, size))) return HM_SUCCESS;
+    if (hm_unlikely(hm__ipc_range_release(pool, ptr, size))) return HM_SUCCESS;
     hm_result_t r = prov->ops.free(prov->state, ptr, size);
     if (r != HM_SUCCESS && pool->tracked) {
         /* Still allocated: keep knowing it. */

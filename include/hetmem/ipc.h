@@ -51,9 +51,9 @@
  *    HM_ERROR_DOUBLE_FREE); hm_pool_realloc() of such a block moves the data
  *    to a new block (HM_ERROR_BUSY where the CPU cannot copy it). Other
  *    blocks of the same provider range are freed and reused at once. If
- *    the pool itself returns an exported range (its destroy), the provider
- *    keeps it (OS shared provider: the memfd range; file and devdax: the
- *    file / device range) until that put. Meanwhile the exporter must not
+ *    the pool gives the exported range itself back (its destroy, where the
+ *    provider outlives the pool), the range stays allocated in the provider
+ *    until that put, so no other pool gets its bytes. Meanwhile the exporter must not
  *    touch the freed pointer; the importer may keep reading and writing its
  *    mapping. Splitting or merging a provider range with handles
  *    outstanding is refused (HM_ERROR_BUSY; pools treat that as "not now").
@@ -90,10 +90,10 @@
  * hold anything in the child: an allocation exported by the parent can be
  * freed, split and merged by the child as any other; a block the parent
  * freed while exported is freed into the child's pool at the child's next
- * IPC call or free through a pool with IPC state, and a range the parent's
- * provider held is given back to the child's provider (the file and devdax
- * providers; the OS provider's shared memory cannot be allocated in a child
- * at all). In the parent nothing changes: its blocks and ranges stay held
+ * IPC call or free through a pool with IPC state, and a range the parent
+ * kept for an export is given back to the child's provider then (the OS
+ * provider's shared memory cannot be allocated in a child at all). In the
+ * parent nothing changes: its blocks and ranges stay held
  * until its last put. */
 #ifndef HETMEM_IPC_H
 #define HETMEM_IPC_H

@@ -97,7 +97,12 @@ typedef struct hm_provider_ops {
      * handle carries a file descriptor returns it in *fd (valid in this
      * process until put()); the IPC layer moves it to the importer, which
      * receives its own copy in open()'s fd (-1 when none). open() must not
-     * keep `fd` (dup it if needed); the caller closes it. */
+     * keep `fd` (dup it if needed); the caller closes it. Lifetimes are the
+     * IPC layer's: it never frees, splits or merges an exported range before
+     * the export's put(), which it makes first (a range freed while
+     * exported is given back after the last hm_ipc_put), so a provider holds
+     * nothing for an export; put() may refuse (logged, tried again later),
+     * and the range then waits for the put's retry. */
     struct {
         size_t (*handle_size)(void *state);
         hm_result_t (*get)(void *state, void *ptr, size_t size, void *payload, int *fd);

@@ -47,7 +47,6 @@
  *   pi->held                          changed under gx.lock, read relaxed
  *   pi->flushers                      atomic; a destroy waits for 0 */
 #include "ipc/ipc_core.h"
-#include "providers/file/file.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -829,12 +828,21 @@ void hm__ipc_provider_gone(hm_provider_t *prov) {
     hm__mutex_unlock(&gx.lock);
 }
 
-void hm__ipc_range_release(hm_pool_t *pool, void *base) {
-    if (hm_likely(!atomic_load_explicit(&gx.count, memory_order_relaxed))) return;
+bool hm__ipc_range_release(hm_pool_t *pool, void *base, size_t size) {
+    if (hm_likely(!atomic_load_explicit(&gx.count, memory_order_relaxed))) return false;
+    bool taken = false;
     hm__mutex_lock(&gx.lock);
     xent_t *x = xfind((uintptr_t)base);
-    if (x && x->pi && x->pi->pool == pool) xdetach(x);
+    if (x && x->pi && x->pi->pool == pool) {
+        /* Its provider put comes before the range goes back (xfinish): a
+         * provider that refuses the put keeps its export record, and the
+         * range waits with the export for the put's retry. */
+        taken = !x->refs && x->size == size;
+        x->free_held = taken;
+        xdetach(x);
+    }
     hm__mutex_unlock(&gx.lock);
+    return taken;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -910,13 +918,11 @@ size_t hm__ipc_export_count(void) { return atomic_load(&gx.count); }
 void hm__ipc_export_atfork(int phase) {
     if (phase == 0) {
         hm__mutex_lock(&gx.lock);
-        hm__file_holds_atfork(0); /* after gx.lock: ipc.put takes them in that order */
         hm__mutex_lock(&view_arena.lock);
         hm__mutex_lock(&view_arena_big.lock);
     } else {
         hm__mutex_unlock(&view_arena_big.lock);
         hm__mutex_unlock(&view_arena.lock);
-        hm__file_holds_atfork(phase);
         hm__mutex_unlock(&gx.lock);
     }
 }
@@ -924,10 +930,8 @@ void hm__ipc_export_atfork(int phase) {
 void hm__ipc_export_atfork_child(void) {
     /* The export cache names the parent: drop it (no provider put: the
      * exports are the parent's). Opened mappings are inherited and stay.
-     * The providers that hold exported ranges (file, devdax) forget the
-     * parent's exports the same way (hm__file_holds_atfork); frees the
-     * front end deferred for the parent's exports are the child's to do
-     * (xdefer_orphan). */
+     * Blocks and ranges freed while the parent exported them are the
+     * child's to give back (xdefer_orphan). */
     hm__mutex_lock(&gx.lock);
     for (size_t i = 0; i < gx.cap; i++) {
         for (xent_t *x = gx.b[i], *nx; x; x = nx) {

@@ -15,10 +15,13 @@ struct hm_ipc_pool; /* per-pool IPC state, made at a pool's first export or open
  * longer than one entry's unlink; unmaps with no lock held. */
 void hm__ipc_pool_destroy(hm_pool_t *pool);
 
-/* The pool is about to free, split or merge the provider range at base:
- * drop an unused cached export of it (a used one is released at its last
- * put). One relaxed load when nothing is exported. */
-void hm__ipc_range_release(hm_pool_t *pool, void *base);
+/* The pool front end gives the provider range [base, +size) back (its
+ * tracker record already gone) and it has an unused cached export: the
+ * export is released, its provider put first, and true says the IPC layer
+ * gave the range to the provider itself (at once, or, if the provider
+ * refused the put, once a retry of the put succeeds): the caller does not
+ * free it. One relaxed load when nothing is exported. */
+bool hm__ipc_range_release(hm_pool_t *pool, void *base, size_t size);
 
 /* The front end's free of ptr, in pool's tracked range *e (not an
  * imported one), while the pool may hold exports: if the block at ptr holds

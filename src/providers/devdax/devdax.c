@@ -43,7 +43,6 @@ typedef struct devdax_state {
     size_t page;
     dev_t rdev;
     hm_prim_file_id_t id; /* the device node's identity, to check fd before each use */
-    hm_file_holds_t holds; /* exported ranges: freed only at their last put */
 } devdax_state_t;
 
 /* ---- sysfs ---- */
@@ -193,14 +192,6 @@ hm_result_t hm__devdax_params_set_sysfs_root(hm_devdax_params_t *params, const c
 static void devdax_fini(void *state);
 
 /* A range freed while the parent exported it, due in a forked child. */
-static void devdax_release(void *ctx, void *ptr, size_t size) {
-    devdax_state_t *s = ctx;
-    hm_result_t r = hm__coarse_free(s->coarse, ptr, size);
-    if (r != HM_SUCCESS)
-        HM_LOG_ERROR("devdax provider: giving back %p (+%zu), freed while exported before fork: "
-                     "%s", ptr, size, hm_result_string(r));
-}
-
 static hm_result_t devdax_init(const void *params, void **state) {
     const hm_devdax_params_t *p = params;
     if (!p) {
@@ -233,7 +224,6 @@ static hm_result_t devdax_init(const void *params, void **state) {
     devdax_state_t *s = calloc(1, sizeof(*s));
     if (!s) return HM_ERROR_OUT_OF_HOST_MEMORY;
     s->fd = -1;
-    hm__file_holds_init(&s->holds, devdax_release, s);
     s->page = page;
     s->align = (size_t)align;
     s->rdev = st.st_rdev;
@@ -278,7 +268,6 @@ fail:
 static void devdax_fini(void *state) {
     devdax_state_t *s = state;
     hm__coarse_destroy(s->coarse);
-    hm__file_holds_fini(&s->holds);
     if (s->base) (void)hm__prim_unmap(s->base, s->size);
     if (s->fd >= 0 &&
         hm__file_fd_check(s->fd, &s->id, "devdax", s->path ? s->path : "?", "close") ==
@@ -306,39 +295,19 @@ static hm_result_t devdax_alloc(void *state, size_t size, size_t alignment, void
     return hm__coarse_alloc(s->coarse, size, alignment, ptr);
 }
 
-/* The device offset of ptr (one region, tagged 0, at s->base). */
-static inline uint64_t dev_off(const devdax_state_t *s, const void *ptr) {
-    return (uint64_t)((uintptr_t)ptr - (uintptr_t)s->base);
-}
 
 static hm_result_t devdax_free(void *state, void *ptr, size_t size) {
     devdax_state_t *s = state;
-    /* Exported: the range stays allocated until its last put. */
-    if (hm_unlikely(hm__file_holds_any(&s->holds)) &&
-        hm__file_holds_defer_free(&s->holds, dev_off(s, ptr), ptr, size))
-        return HM_SUCCESS;
     return hm__coarse_free(s->coarse, ptr, size);
-}
-
-static bool devdax_exported(devdax_state_t *s, void *ptr) {
-    return hm__file_holds_any(&s->holds) && hm__file_holds_busy(&s->holds, dev_off(s, ptr));
 }
 
 static hm_result_t devdax_split(void *state, void *ptr, size_t total, size_t first) {
     devdax_state_t *s = state;
-    if (devdax_exported(s, ptr)) {
-        HM_LOG_ERROR("devdax provider: split(%p): IPC handles outstanding", ptr);
-        return HM_ERROR_BUSY;
-    }
     return hm__coarse_split(s->coarse, ptr, total, first);
 }
 
 static hm_result_t devdax_merge(void *state, void *lo, void *hi, size_t total) {
     devdax_state_t *s = state;
-    if (devdax_exported(s, lo) || devdax_exported(s, hi)) {
-        HM_LOG_ERROR("devdax provider: merge(%p, %p): IPC handles outstanding", lo, hi);
-        return HM_ERROR_BUSY;
-    }
     return hm__coarse_merge(s->coarse, lo, hi, total);
 }
 
@@ -372,16 +341,13 @@ static hm_result_t devdax_ipc_get(void *state, void *ptr, size_t size, void *pay
         if (r != HM_SUCCESS) return r;
         *fd = s->fd;
     }
-    r = hm__file_holds_get(&s->holds, p->offset, ptr, len);
-    if (r != HM_SUCCESS) return r;
     memcpy(payload, p, sizeof(*p));
     return HM_SUCCESS;
 }
 
-/* The last put of a range freed while exported frees it now. */
 static hm_result_t devdax_ipc_put(void *state, void *payload) {
-    devdax_state_t *s = state;
-    return hm__file_holds_ipc_put(&s->holds, s->coarse, payload, HM_DEVDAX_IPC_MAGIC, "devdax");
+    (void)state;
+    return hm__file_ipc_put_check(payload, HM_DEVDAX_IPC_MAGIC, "devdax");
 }
 
 static hm_result_t devdax_ipc_open(void *state, const void *payload, int fd, size_t size,

@@ -54,18 +54,9 @@ typedef struct file_state {
     pthread_mutex_t grow_lock;
     uint64_t file_end; /* guarded by grow_lock */
     _Atomic bool punched;
-    hm_file_holds_t holds; /* exported ranges: freed only at their last put */
 } file_state_t;
 
 /* A range freed while the parent exported it, due in a forked child. */
-static void file_hold_release(void *ctx, void *ptr, size_t size) {
-    file_state_t *s = ctx;
-    hm_result_t r = hm__coarse_free(s->coarse, ptr, size);
-    if (r != HM_SUCCESS)
-        HM_LOG_ERROR("file provider: giving back %p (+%zu), freed while exported before fork: %s",
-                     ptr, size, hm_result_string(r));
-}
-
 /* ---- helpers shared with devdax ---- */
 
 hm_result_t hm__file_map(int fd, uint64_t offset, size_t size, size_t alignment, bool shared,
@@ -130,226 +121,6 @@ static hm_result_t fd_check(const file_state_t *s, const char *what) {
     return hm__file_fd_check(s->fd, &s->id, "file", s->path, what);
 }
 
-/* ---- ranges held for IPC (see file.h) ---- */
-
-struct hm_file_hold {
-    hm_file_hold_t *next;
-    uint64_t off;
-    void *ptr;
-    size_t len;         /* exported length */
-    size_t free_size;   /* the size the deferred free gives back */
-    uint32_t exports;
-    bool freed;         /* freed while exported: give back at the last put */
-};
-
-static inline size_t hold_bucket(const hm_file_holds_t *h, uint64_t off) {
-    /* Fibonacci hashing (Knuth, TAOCP vol. 3, 6.4) of the page number. */
-    return (size_t)(((off >> 12) * 0x9E3779B97F4A7C15ull) >> 32) & (h->cap - 1);
-}
-
-/* Every table, for the fork handlers (holds_reg guards the list). */
-static pthread_mutex_t holds_reg = PTHREAD_MUTEX_INITIALIZER;
-static hm_file_holds_t *holds_all;
-
-void hm__file_holds_init(hm_file_holds_t *h, hm_file_release_fn release, void *ctx) {
-    memset(h, 0, sizeof(*h));
-    pthread_mutex_init(&h->lock, NULL);
-    h->release = release;
-    h->release_ctx = ctx;
-    hm__mutex_lock(&holds_reg);
-    h->gnext = holds_all;
-    if (holds_all) holds_all->gprev = h;
-    holds_all = h;
-    hm__mutex_unlock(&holds_reg);
-}
-
-void hm__file_holds_fini(hm_file_holds_t *h) {
-    hm__mutex_lock(&holds_reg);
-    if (h->gprev) h->gprev->gnext = h->gnext;
-    else holds_all = h->gnext;
-    if (h->gnext) h->gnext->gprev = h->gprev;
-    hm__mutex_unlock(&holds_reg);
-    size_t held = 0;
-    for (size_t i = 0; i < h->cap; i++)
-        for (hm_file_hold_t *r = h->b[i], *n; r; r = n) {
-            n = r->next;
-            held++;
-            free(r);
-        }
-    for (hm_file_hold_t *r = h->dues, *n; r; r = n) { /* the coarse layer unmaps them */
-        n = r->next;
-        free(r);
-    }
-    if (held)
-        HM_LOG_WARN("provider destroyed with %zu IPC exports not put back", held);
-    free(h->b);
-    pthread_mutex_destroy(&h->lock);
-}
-
-void hm__file_holds_atfork(int phase) {
-    if (phase == 0) {
-        hm__mutex_lock(&holds_reg);
-        for (hm_file_holds_t *h = holds_all; h; h = h->gnext) hm__mutex_lock(&h->lock);
-        return;
-    }
-    if (phase == 1) {
-        for (hm_file_holds_t *h = holds_all; h; h = h->gnext) hm__mutex_unlock(&h->lock);
-        hm__mutex_unlock(&holds_reg);
-        return;
-    }
-    /* Child: the only thread, which took every lock in prepare. */
-    for (hm_file_holds_t *h = holds_all; h; h = h->gnext) {
-        size_t forgotten = 0, due = 0;
-        for (size_t i = 0; i < h->cap; i++) {
-            for (hm_file_hold_t *r = h->b[i], *n; r; r = n) {
-                n = r->next;
-                if (r->freed) { /* freed in the parent while exported */
-                    r->next = h->dues;
-                    h->dues = r;
-                    due++;
-                } else {
-                    free(r);
-                    forgotten++;
-                }
-            }
-            h->b[i] = NULL;
-        }
-        /* the due records stay counted in live until settled */
-        atomic_store_explicit(&h->live,
-                              atomic_load_explicit(&h->live, memory_order_relaxed) - forgotten,
-                              memory_order_relaxed);
-        atomic_store_explicit(&h->due, atomic_load_explicit(&h->due, memory_order_relaxed) + due,
-                              memory_order_release);
-        hm__mutex_unlock(&h->lock); /* taken in prepare by this (the forking) thread */
-    }
-    hm__mutex_unlock(&holds_reg);
-}
-
-void hm__file_holds_settle(hm_file_holds_t *h) {
-    hm__mutex_lock(&h->lock);
-    hm_file_hold_t *list = h->dues;
-    size_t n = 0;
-    h->dues = NULL;
-    for (hm_file_hold_t *r = list; r; r = r->next) n++;
-    atomic_store_explicit(&h->due, 0, memory_order_relaxed);
-    atomic_store_explicit(&h->live, atomic_load_explicit(&h->live, memory_order_relaxed) - n,
-                          memory_order_relaxed);
-    hm__mutex_unlock(&h->lock);
-    for (hm_file_hold_t *r = list, *nx; r; r = nx) {
-        nx = r->next;
-        h->release(h->release_ctx, r->ptr, r->free_size);
-        free(r);
-    }
-}
-
-static hm_file_hold_t **hold_find(hm_file_holds_t *h, uint64_t off) {
-    if (!h->cap) return NULL;
-    hm_file_hold_t **p = &h->b[hold_bucket(h, off)];
-    while (*p && (*p)->off != off) p = &(*p)->next;
-    return *p ? p : NULL;
-}
-
-hm_result_t hm__file_holds_get(hm_file_holds_t *h, uint64_t off, void *ptr, size_t len) {
-    hm__mutex_lock(&h->lock);
-    hm_file_hold_t **p = hold_find(h, off);
-    if (p) {
-        hm_file_hold_t *r = *p;
-        hm_result_t res = HM_SUCCESS;
-        if (r->freed || r->ptr != ptr) {
-            HM_LOG_ERROR("IPC export of %p: the range was freed", ptr);
-            res = HM_ERROR_INVALID_ARGUMENT;
-        } else if (r->exports == UINT32_MAX) {
-            res = HM_ERROR_LIMIT;
-        } else {
-            r->exports++;
-        }
-        hm__mutex_unlock(&h->lock);
-        return res;
-    }
-    size_t n = atomic_load_explicit(&h->live, memory_order_relaxed);
-    if (n >= h->cap) { /* grow (load <= 1) */
-        size_t cap = h->cap ? h->cap * 2 : 16;
-        hm_file_hold_t **b = calloc(cap, sizeof(*b));
-        if (!b) {
-            hm__mutex_unlock(&h->lock);
-            return HM_ERROR_OUT_OF_HOST_MEMORY;
-        }
-        size_t old = h->cap;
-        hm_file_hold_t **ob = h->b;
-        h->b = b;
-        h->cap = cap;
-        for (size_t i = 0; i < old; i++)
-            for (hm_file_hold_t *r = ob[i], *nx; r; r = nx) {
-                nx = r->next;
-                size_t k = hold_bucket(h, r->off);
-                r->next = b[k];
-                b[k] = r;
-            }
-        free(ob);
-    }
-    hm_file_hold_t *r = calloc(1, sizeof(*r));
-    if (!r) {
-        hm__mutex_unlock(&h->lock);
-        return HM_ERROR_OUT_OF_HOST_MEMORY;
-    }
-    r->off = off;
-    r->ptr = ptr;
-    r->len = len;
-    r->exports = 1;
-    size_t k = hold_bucket(h, off);
-    r->next = h->b[k];
-    h->b[k] = r;
-    atomic_store_explicit(&h->live, n + 1, memory_order_relaxed);
-    hm__mutex_unlock(&h->lock);
-    return HM_SUCCESS;
-}
-
-hm_result_t hm__file_holds_put(hm_file_holds_t *h, uint64_t off, void **free_ptr,
-                               size_t *free_size) {
-    *free_ptr = NULL;
-    *free_size = 0;
-    hm__mutex_lock(&h->lock);
-    hm_file_hold_t **p = hold_find(h, off);
-    if (!p) {
-        hm__mutex_unlock(&h->lock);
-        HM_LOG_ERROR("IPC put: no export at offset 0x%" PRIx64 " (put twice?)", off);
-        return HM_ERROR_INVALID_HANDLE;
-    }
-    hm_file_hold_t *r = *p;
-    if (--r->exports) {
-        hm__mutex_unlock(&h->lock);
-        return HM_SUCCESS;
-    }
-    *p = r->next;
-    atomic_store_explicit(&h->live, atomic_load_explicit(&h->live, memory_order_relaxed) - 1,
-                          memory_order_relaxed);
-    hm__mutex_unlock(&h->lock);
-    if (r->freed) {
-        *free_ptr = r->ptr;
-        *free_size = r->free_size;
-    }
-    free(r);
-    return HM_SUCCESS;
-}
-
-bool hm__file_holds_defer_free(hm_file_holds_t *h, uint64_t off, void *ptr, size_t size) {
-    hm__mutex_lock(&h->lock);
-    hm_file_hold_t **p = hold_find(h, off);
-    bool held = p && !(*p)->freed && (*p)->ptr == ptr;
-    if (held) {
-        (*p)->freed = true;
-        (*p)->free_size = size;
-    }
-    hm__mutex_unlock(&h->lock);
-    return held;
-}
-
-bool hm__file_holds_busy(hm_file_holds_t *h, uint64_t off) {
-    hm__mutex_lock(&h->lock);
-    bool busy = hold_find(h, off) != NULL;
-    hm__mutex_unlock(&h->lock);
-    return busy;
-}
 
 hm_result_t hm__file_ipc_validate(const hm_file_ipc_payload_t *p, uint32_t magic, size_t size,
                                   size_t granularity) {
@@ -620,7 +391,6 @@ static hm_result_t file_init(const void *params, void **state) {
         free(s);
         return hm__errno_result(e, "pthread_mutex_init");
     }
-    hm__file_holds_init(&s->holds, file_hold_release, s);
     s->shared = p->visibility == HM_FILE_SHARED;
     s->map_sync = p->map_sync;
     s->keep_file = p->keep_file;
@@ -693,7 +463,6 @@ static void file_fini(void *state) {
     if (!s->keep_file && unlink(s->path) != 0)
         (void)hm__errno_result(errno, "unlink(%s)", s->path);
     pthread_mutex_destroy(&s->grow_lock);
-    hm__file_holds_fini(&s->holds);
     free(s->path);
     free(s);
 }
@@ -742,23 +511,7 @@ static hm_result_t file_alloc(void *state, size_t size, size_t alignment, void *
 
 static hm_result_t file_free(void *state, void *ptr, size_t size) {
     file_state_t *s = state;
-    if (hm_unlikely(hm__file_holds_any(&s->holds))) {
-        /* Exported: the range stays allocated until its last put. */
-        uint64_t off;
-        hm_coarse_range_t rg;
-        if (offset_of(s, ptr, size ? size : 1, &off, &rg) == HM_SUCCESS &&
-            hm__file_holds_defer_free(&s->holds, off, ptr, size))
-            return HM_SUCCESS;
-    }
     return hm__coarse_free(s->coarse, ptr, size);
-}
-
-/* The range at ptr is exported (split/merge must not change it). */
-static bool file_exported(file_state_t *s, void *ptr) {
-    if (hm_likely(!hm__file_holds_any(&s->holds))) return false;
-    uint64_t off;
-    hm_coarse_range_t rg;
-    return offset_of(s, ptr, 1, &off, &rg) == HM_SUCCESS && hm__file_holds_busy(&s->holds, off);
 }
 
 static hm_result_t file_purge_force(void *state, void *ptr, size_t size) {
@@ -781,19 +534,11 @@ static hm_result_t file_purge_force(void *state, void *ptr, size_t size) {
 
 static hm_result_t file_split(void *state, void *ptr, size_t total, size_t first) {
     file_state_t *s = state;
-    if (file_exported(s, ptr)) {
-        HM_LOG_ERROR("file provider: split(%p): the allocation has IPC handles outstanding", ptr);
-        return HM_ERROR_BUSY;
-    }
     return hm__coarse_split(s->coarse, ptr, total, first);
 }
 
 static hm_result_t file_merge(void *state, void *lo, void *hi, size_t total) {
     file_state_t *s = state;
-    if (file_exported(s, lo) || file_exported(s, hi)) {
-        HM_LOG_ERROR("file provider: merge(%p, %p): IPC handles outstanding", lo, hi);
-        return HM_ERROR_BUSY;
-    }
     return hm__coarse_merge(s->coarse, lo, hi, total);
 }
 
@@ -839,14 +584,11 @@ static hm_result_t file_ipc_get(void *state, void *ptr, size_t size, void *paylo
         if ((r = fd_check(s, "ipc get")) != HM_SUCCESS) return r;
         *fd = s->fd;
     }
-    r = hm__file_holds_get(&s->holds, off, ptr, len);
-    if (r != HM_SUCCESS) return r;
     memcpy(payload, p, sizeof(*p));
     return HM_SUCCESS;
 }
 
-hm_result_t hm__file_holds_ipc_put(hm_file_holds_t *h, struct hm_coarse *coarse,
-                                   const void *payload, uint32_t magic, const char *who) {
+hm_result_t hm__file_ipc_put_check(const void *payload, uint32_t magic, const char *who) {
     hm_file_ipc_payload_t p;
     if (!payload) return HM_ERROR_INVALID_ARGUMENT;
     memcpy(&p, payload, sizeof(p));
@@ -854,17 +596,12 @@ hm_result_t hm__file_holds_ipc_put(hm_file_holds_t *h, struct hm_coarse *coarse,
         HM_LOG_ERROR("%s provider: ipc put: not a handle of this provider", who);
         return HM_ERROR_INVALID_HANDLE;
     }
-    void *fp;
-    size_t fs;
-    hm_result_t r = hm__file_holds_put(h, p.offset, &fp, &fs);
-    if (r == HM_SUCCESS && fp) r = hm__coarse_free(coarse, fp, fs);
-    return r;
+    return HM_SUCCESS;
 }
 
-/* The last put of a range freed while exported frees it now. */
 static hm_result_t file_ipc_put(void *state, void *payload) {
-    file_state_t *s = state;
-    return hm__file_holds_ipc_put(&s->holds, s->coarse, payload, HM_FILE_IPC_MAGIC, "file");
+    (void)state;
+    return hm__file_ipc_put_check(payload, HM_FILE_IPC_MAGIC, "file");
 }
 
 static hm_result_t file_ipc_open(void *state, const void *payload, int fd, size_t size,

@@ -19,9 +19,9 @@
  *    grows beyond the peak of live bytes plus fragmentation.
  *  - `map` is an open-addressing hash from mapping address to
  *    {length, file offset, export count}: free, split, merge and IPC need it.
- *  - An extent exported through IPC (ipc.get without the matching put) is
- *    not reused when its allocation is freed: it waits in `zombies` until
- *    its last put, so an importer's mapping keeps its contents that long.
+ *    The export count only checks puts: the IPC layer owns an exported
+ *    range's lifetime (it gives a range freed while exported back here at
+ *    the last put, src/ipc/export.c), so a free here is always a free.
  *
  * Concurrency contract (shared mode):
  *   operation           | lock                   | syscalls under the lock
@@ -221,10 +221,6 @@ typedef struct os_extent {
     uint64_t off, len;
 } os_extent_t;
 
-typedef struct os_zombie { /* freed while exported: reused after the last put */
-    uint64_t off, len;
-    uint32_t exports;
-} os_zombie_t;
 
 typedef struct os_provider {
     /* Immutable after init. */
@@ -247,8 +243,6 @@ typedef struct os_provider {
     size_t map_cap, map_count, map_reserved;
     os_extent_t *ext;
     size_t ext_cap, ext_count, ext_reserved;
-    os_zombie_t *zombies;
-    size_t zombie_cap, zombie_count;
     uint64_t file_size;
 } os_provider_t;
 
@@ -564,7 +558,6 @@ static void os_fini(void *state) {
     if (s->nodes) hwloc_bitmap_free(s->nodes);
     free(s->map);
     free(s->ext);
-    free(s->zombies);
     /* A child may have inherited the lock held by another parent thread. */
     if (!child) pthread_mutex_destroy(&s->lock);
     free(s);
@@ -713,24 +706,6 @@ static hm_result_t free_shared(os_provider_t *s, void *ptr, size_t len) {
     } else if (m->len != len) {
         HM_LOG_ERROR("os provider: free(%p, %zu): the allocation is %zu bytes", ptr, len, m->len);
         r = HM_ERROR_INVALID_ARGUMENT;
-    } else if (m->exports) {
-        /* Keep the extent until the last put. */
-        if (s->zombie_count == s->zombie_cap) {
-            size_t cap = s->zombie_cap ? s->zombie_cap * 2 : 8;
-            os_zombie_t *z = realloc(s->zombies, cap * sizeof(*z));
-            if (!z) r = HM_ERROR_OUT_OF_HOST_MEMORY;
-            else {
-                s->zombies = z;
-                s->zombie_cap = cap;
-            }
-        }
-        if (r == HM_SUCCESS) {
-            s->zombies[s->zombie_count++] =
-                (os_zombie_t){.off = m->off, .len = m->len, .exports = m->exports};
-            map_remove(s, m);
-        }
-        hm__mutex_unlock(&s->lock);
-        return r ? r : hm__prim_unmap(ptr, len);
     } else {
         r = ext_reserve(s);
     }
@@ -945,32 +920,6 @@ static hm_result_t os_ipc_put(void *state, void *payload) {
     os_mapping_t *m = map_find(s, (uintptr_t)pl.base);
     if (m && !m->imported && m->off == pl.offset && m->exports) {
         m->exports--;
-        hm__mutex_unlock(&s->lock);
-        return HM_SUCCESS;
-    }
-    for (size_t i = 0; i < s->zombie_count; i++) {
-        os_zombie_t *z = &s->zombies[i];
-        if (z->off != pl.offset || z->len != pl.size) continue;
-        if (--z->exports) {
-            hm__mutex_unlock(&s->lock);
-            return HM_SUCCESS;
-        }
-        /* The last handle of a freed allocation: its extent may now go
-         * back. Reserve the slot first; without memory the zombie stays
-         * (the file space is lost until fini, nothing worse). */
-        os_zombie_t dead = *z;
-        hm_result_t r = ext_reserve(s);
-        if (r) {
-            z->exports = 1;
-            hm__mutex_unlock(&s->lock);
-            return r;
-        }
-        s->zombies[i] = s->zombies[--s->zombie_count];
-        hm__mutex_unlock(&s->lock);
-        if (memfd_check(s, "punching a hole in the memfd") == HM_SUCCESS)
-            (void)hm__prim_punch_hole(s->fd, dead.off, dead.len);
-        hm__mutex_lock(&s->lock);
-        ext_give(s, dead.off, dead.len);
         hm__mutex_unlock(&s->lock);
         return HM_SUCCESS;
     }
