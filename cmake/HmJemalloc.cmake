@@ -113,11 +113,10 @@ set(_hm_je_keep hm_je_mallocx hm_je_dallocx hm_je_sdallocx hm_je_rallocx hm_je_x
 # the pool: undefined here, resolved when libhetmem is linked.)
 set(_hm_je_fast_src "${PROJECT_SOURCE_DIR}/src/pools/jemalloc/je_fast.c")
 set(_hm_je_fast_hdr "${PROJECT_SOURCE_DIR}/src/pools/jemalloc/je_fast.h")
-# jemalloc registers its fork handlers from its load-time constructor, i.e.
-# before hetmem's; they must run in an order consistent with the pool's lock
-# order (pool registry, then jemalloc, then the tracker/providers its hooks
-# call), so its pthread_atfork call goes to the pool, which registers the
-# handlers itself at the right moment.
+# jemalloc registers its fork handlers from its set-up; they must run in the
+# library's one fork order (src/fork.h: the pool registry, then jemalloc,
+# then the tracker/providers its hooks call), so its pthread_atfork call goes
+# to the pool, which puts the handlers in their slot of the library's list.
 set(_hm_je_redefine pthread_atfork=hm__jemalloc_pthread_atfork)
 # jemalloc's load-time constructor (its one .init_array entry) is taken out:
 # it set jemalloc up in every program that loads libhetmem, about 100 KiB of

@@ -4,12 +4,18 @@
  * Fork (documented in pool.h): the child inherits every pool and provider in
  * the state the forking thread saw. The child may keep using them from its
  * single thread, or destroy them. Memory of shared-mode providers stays shared
- * with the parent. Locks are taken before fork and re-made in the child, so
- * no lock is left held by a thread that does not exist in the child. */
+ * with the parent. Every module's locks are taken before fork, in the one
+ * order of fork.h, and released after it in reverse, in the child by its one
+ * thread (the forking one, which took them), so no lock is left held by a
+ * thread that does not exist in the child. */
 #include "internal.h"
+#include "fork.h"
+#include "ipc/ipc_internal.h"
+#include "platform/prim.h"
 #include "tracker/tracker.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 void hm__log_init(void);
 
@@ -77,38 +83,114 @@ int hm__handle_is_live(const void *h, int kind) {
     return live;
 }
 
-/* ---- fork ----
- * One set of handlers for the tracker and the native pools, so that their
- * order is fixed here rather than by which registered first (the tracker's
- * at init, a native pool's at the first native pool, so prepare ran the
- * pool's first and the child ran the tracker's first). Under
- * libhetmem_proxy.so malloc is a native pool, and the tracker's call_rcu
- * helper calls free (its callbacks) and, in the child, malloc (liburcu
- * re-creates it): so the helper is paused before the pools are locked, and
- * re-created in the child after they are usable again. Before, with
- * HM_PROXY=tracked, a fork once call_rcu had been used hung: the child in
- * the helper's malloc, on a pool lock its own thread held; or the parent,
- * pausing a helper that was waiting for such a lock. Between the two
- * parts: the pools are locked before the tracker (a pool calls the tracker
- * under its locks). */
-static void atfork_prepare(void) {
-    hm__tracker_atfork_prepare_rcu();
-    hm__native_atfork_prepare();
-    hm__mutex_lock(&lib.reg_lock);
-    hm__tracker_atfork_prepare();
+/* ---- fork: the one ordered list (fork.h has the order and its reasons) ----
+ *
+ * The hooks of the modules built into every copy of the library, by slot;
+ * the others (the jemalloc pool, the proxy) bring their own. */
+static void handles_lock(void) { hm__mutex_lock(&lib.reg_lock); }
+/* Parent and child: the forking thread took it in prepare (in the child,
+ * the only thread). */
+static void handles_unlock(void) { hm__mutex_unlock(&lib.reg_lock); }
+
+static const hm_fork_hooks_t fork_builtin[HM_FORK_SLOTS] = {
+    [HM_FORK_RCU] = {hm__tracker_atfork_prepare_rcu, hm__tracker_atfork_parent_rcu,
+                     hm__tracker_atfork_child_rcu},
+    [HM_FORK_NATIVE] = {hm__native_atfork_prepare, hm__native_atfork_parent,
+                        hm__native_atfork_child},
+    [HM_FORK_IPC] = {hm__ipc_atfork_prepare, hm__ipc_atfork_parent, hm__ipc_atfork_child},
+    [HM_FORK_HANDLES] = {handles_lock, handles_unlock, handles_unlock},
+    [HM_FORK_TRACKER] = {hm__tracker_atfork_prepare, hm__tracker_atfork_parent,
+                         hm__tracker_atfork_child},
+    [HM_FORK_PRIM] = {NULL, NULL, hm__prim_atfork_child},
+};
+
+/* The list: slot -> its hooks, NULL while the slot is empty. fork_lock
+ * serialises forks from several threads: `taken` (the slots this fork's
+ * prepare ran, which its parent or child runs in reverse) and `trace` are
+ * written under it. It is the outermost lock: only a fork's prepare,
+ * hm__fork_enable and hm__fork_trace take it, none of them holding another
+ * lock of the library. */
+static struct {
+    pthread_once_t once;
+    pthread_mutex_t lock;
+    _Atomic(const hm_fork_hooks_t *) slot[HM_FORK_SLOTS];
+    const hm_fork_hooks_t *taken[HM_FORK_SLOTS];
+    unsigned char trace[3][HM_FORK_SLOTS];
+    unsigned char ntrace[3];
+} fork_list = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void trace_add(hm_fork_phase_t phase, int slot) {
+    fork_list.trace[phase][fork_list.ntrace[phase]++] = (unsigned char)slot;
 }
-static void atfork_parent(void) {
-    hm__tracker_atfork_parent();
-    hm__mutex_unlock(&lib.reg_lock);
-    hm__native_atfork_parent();
-    hm__tracker_atfork_parent_rcu();
+
+static void fork_prepare(void) {
+    hm__mutex_lock(&fork_list.lock);
+    memset(fork_list.ntrace, 0, sizeof(fork_list.ntrace));
+    for (int i = 0; i < HM_FORK_SLOTS; i++) {
+        const hm_fork_hooks_t *h =
+            atomic_load_explicit(&fork_list.slot[i], memory_order_acquire);
+        fork_list.taken[i] = h;
+        if (!h) continue;
+        trace_add(HM_FORK_PREPARE, i);
+        if (h->prepare) h->prepare();
+    }
 }
-static void atfork_child(void) {
-    hm__tracker_atfork_child();
-    /* The forking thread took it in prepare and is the child's only thread. */
-    hm__mutex_unlock(&lib.reg_lock);
-    hm__native_atfork_child();
-    hm__tracker_atfork_child_rcu();
+
+static void fork_parent(void) {
+    for (int i = HM_FORK_SLOTS; i-- > 0;) {
+        const hm_fork_hooks_t *h = fork_list.taken[i];
+        if (!h) continue;
+        trace_add(HM_FORK_PARENT, i);
+        if (h->parent) h->parent();
+    }
+    hm__mutex_unlock(&fork_list.lock);
+}
+
+/* The child releases fork_lock first (the forking thread, its only one,
+ * holds it), so that a child hook may start a module (hm__fork_enable). */
+static void fork_child(void) {
+    const hm_fork_hooks_t *taken[HM_FORK_SLOTS];
+    memcpy(taken, fork_list.taken, sizeof(taken));
+    for (int i = HM_FORK_SLOTS; i-- > 0;)
+        if (taken[i]) trace_add(HM_FORK_CHILD, i);
+    hm__mutex_unlock(&fork_list.lock);
+    for (int i = HM_FORK_SLOTS; i-- > 0;)
+        if (taken[i] && taken[i]->child) taken[i]->child();
+}
+
+/* The library's one pthread_atfork call (per copy of the library: the
+ * proxy's is its own; see fork.h). */
+static void fork_register(void) {
+    if (pthread_atfork(fork_prepare, fork_parent, fork_child)) HM_DIE("pthread_atfork failed");
+}
+
+void hm__fork_enable(hm_fork_slot_t slot, const hm_fork_hooks_t *hooks) {
+    HM_ASSERT((unsigned)slot < HM_FORK_SLOTS);
+    if (!hooks) hooks = &fork_builtin[slot];
+    HM_ASSERT(hooks->prepare || hooks->parent || hooks->child);
+    if (pthread_once(&fork_list.once, fork_register)) HM_DIE("pthread_once failed");
+    const hm_fork_hooks_t *cur = NULL;
+    if (!atomic_compare_exchange_strong_explicit(&fork_list.slot[slot], &cur, hooks,
+                                                 memory_order_acq_rel, memory_order_acquire) &&
+        cur != hooks)
+        HM_DIE("fork slot %d filled twice", (int)slot);
+    /* A slot with a prepare waits for a fork whose prepare may have passed
+     * it before it was filled: when this returns, no fork that missed the
+     * slot is still running, and every later one runs it. So the caller
+     * holds no lock of the library, its own module's included (a fork that
+     * saw the slot would wait for it under fork_lock). */
+    if (hooks->prepare) {
+        hm__mutex_lock(&fork_list.lock);
+        hm__mutex_unlock(&fork_list.lock);
+    }
+}
+
+size_t hm__fork_trace(hm_fork_phase_t phase, hm_fork_slot_t *out, size_t cap) {
+    hm__mutex_lock(&fork_list.lock);
+    size_t n = fork_list.ntrace[phase];
+    for (size_t i = 0; i < n && i < cap; i++) out[i] = (hm_fork_slot_t)fork_list.trace[phase][i];
+    hm__mutex_unlock(&fork_list.lock);
+    return n;
 }
 
 static _Atomic int lib_inited;
@@ -116,8 +198,16 @@ static _Atomic int lib_inited;
 static void init_once(void) {
     hm__log_init();
     hm__tracker_init();
-    if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child))
-        HM_DIE("pthread_atfork failed");
+    /* The library's own slots (prim fills its own at the first read of the
+     * fork epoch, the jemalloc pool at its first pool). IPC's is filled
+     * here, not at IPC's first use: every hm_ipc_get takes gx.lock before
+     * it sets IPC up, so a fork at the process's first get would leave that
+     * lock held in the child. */
+    hm__fork_enable(HM_FORK_RCU, NULL);
+    hm__fork_enable(HM_FORK_NATIVE, NULL);
+    hm__fork_enable(HM_FORK_IPC, NULL);
+    hm__fork_enable(HM_FORK_HANDLES, NULL);
+    hm__fork_enable(HM_FORK_TRACKER, NULL);
     atomic_store(&lib_inited, 1);
 }
 

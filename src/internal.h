@@ -62,8 +62,8 @@ extern _Atomic int hm__log_level; /* current threshold */
  * so callers can `return hm__native_error(errno, "mmap(%zu)", size);` */
 hm_result_t hm__native_error(int64_t code, const char *fmt, ...) HM_PRINTF(2, 3);
 
-/* The native pools' fork handlers (pools/native/native.c), called by the
- * library's own (init.c), which fix their order against the tracker's. */
+/* The native pools' fork hooks (pools/native/native.c): the NATIVE slot of
+ * the library's fork list (fork.h), filled by init.c. */
 void hm__native_atfork_prepare(void);
 void hm__native_atfork_parent(void);
 void hm__native_atfork_child(void);

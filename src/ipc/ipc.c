@@ -149,7 +149,7 @@ void hm__ipc_pool_destroy(hm_pool_t *pool) {
 /* ------------------------------------------------------------------------ */
 /* fork                                                                     */
 
-static void ipc_atfork_prepare(void) {
+void hm__ipc_atfork_prepare(void) {
     hm__mutex_lock(&hm__ipc_pilist_lock);
     for (hm_ipc_pool_t *pi = hm__ipc_pilist; pi; pi = pi->gnext) hm__mutex_lock(&pi->lock);
     hm__ipc_import_atfork(0);
@@ -164,8 +164,8 @@ static void ipc_atfork_release(int phase) {
     for (hm_ipc_pool_t *pi = hm__ipc_pilist; pi; pi = pi->gnext) hm__mutex_unlock(&pi->lock);
     hm__mutex_unlock(&hm__ipc_pilist_lock);
 }
-static void ipc_atfork_parent(void) { ipc_atfork_release(1); }
-static void ipc_atfork_child(void) {
+void hm__ipc_atfork_parent(void) { ipc_atfork_release(1); }
+void hm__ipc_atfork_child(void) {
     /* The locks prepare took: the forking thread, the child's only one,
      * holds them (unlocked, not re-made: a re-made locked mutex is still
      * "locked" to ThreadSanitizer). They are released before the export
@@ -183,8 +183,8 @@ static void ipc_init_once(void) {
     if (!hm__ipc_export_max) hm__ipc_export_max = 1;
     hm__ipc_import_init(env_size("HM_IPC_CACHE_MAX_ENTRIES", 4096),
                         env_size("HM_IPC_CACHE_MAX_BYTES", 0));
-    if (pthread_atfork(ipc_atfork_prepare, ipc_atfork_parent, ipc_atfork_child))
-        HM_DIE("pthread_atfork failed");
+    /* The fork hooks (hm__ipc_atfork_*) are the IPC slot of the library's
+     * fork list, filled at the library's set-up (init.c). */
 }
 void hm__ipc_lazy_init(void) {
     hm__init();

@@ -48,6 +48,15 @@ void hm__ipc_provider_gone(hm_provider_t *prov);
  * otherwise an unused cached export of it is dropped. */
 bool hm__ipc_range_busy(hm_pool_t *pool, void *base);
 
+/* The IPC slot of the fork list (fork.h), filled at the library's set-up
+ * (ipc.c; the lock order is in its header comment): prepare takes every IPC
+ * lock but ident_lock; parent and child release them in reverse; the child
+ * then drops the parent's export cache (no provider put: the exports are
+ * the parent's). */
+void hm__ipc_atfork_prepare(void);
+void hm__ipc_atfork_parent(void);
+void hm__ipc_atfork_child(void);
+
 /* hm_free()/hm_pool_free() of an opened mapping: logs and returns
  * HM_ERROR_INVALID_ARGUMENT (use hm_ipc_close). */
 hm_result_t hm__ipc_refuse_free(const void *ptr);

@@ -3,6 +3,7 @@
  * See prim.h for the contract. Raw syscall numbers and Linux-only flags are
  * confined to this file. */
 #include "platform/prim.h"
+#include "fork.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -525,24 +526,25 @@ uint64_t hm__prim_gettid(void) { return (uint64_t)syscall(SYS_gettid); }
 
 static _Atomic unsigned fork_epoch;
 static _Atomic uint64_t process_nonce;
-static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
-static void prim_atfork_child(void) {
+void hm__prim_atfork_child(void) {
     atomic_fetch_add_explicit(&fork_epoch, 1, memory_order_relaxed);
     atomic_store_explicit(&process_nonce, 0, memory_order_relaxed);
 }
 
-static void prim_register_atfork(void) {
-    if (pthread_atfork(NULL, NULL, prim_atfork_child) != 0) HM_DIE("pthread_atfork failed");
-}
+/* The PRIM slot of the fork list, filled at the first read of the epoch or
+ * the nonce (a child-only slot: filling it takes no lock, so the first read
+ * may come from under any lock). */
+static void prim_fork_start(void) { hm__fork_enable(HM_FORK_PRIM, NULL); }
 
 unsigned hm__prim_fork_epoch(void) {
-    pthread_once(&atfork_once, prim_register_atfork);
+    pthread_once(&fork_once, prim_fork_start);
     return atomic_load_explicit(&fork_epoch, memory_order_acquire);
 }
 
 uint64_t hm__prim_process_nonce(void) {
-    pthread_once(&atfork_once, prim_register_atfork);
+    pthread_once(&fork_once, prim_fork_start);
     uint64_t n = atomic_load_explicit(&process_nonce, memory_order_acquire);
     if (hm_likely(n)) return n;
     uint64_t fresh = 0;

@@ -181,9 +181,11 @@ hm_result_t hm__prim_random(void *buf, size_t len);
 uint64_t hm__prim_process_nonce(void);
 /* The calling thread's kernel id. */
 uint64_t hm__prim_gettid(void);
-/* Bumped in the child at every fork(). Objects that own process-private
- * resources (a memfd's extent map) compare it with the value they saw at
- * creation to know that they now live in a forked child. */
+/* Bumped in the child at every fork() after its first call. Objects that own
+ * process-private resources (a memfd's extent map) compare it with the value
+ * they saw at creation to know that they now live in a forked child. */
 unsigned hm__prim_fork_epoch(void);
+/* The PRIM slot's child hook (fork.h): the epoch + 1, a new nonce. */
+void hm__prim_atfork_child(void);
 
 #endif /* HM_PLATFORM_PRIM_H */

@@ -37,12 +37,12 @@
  *   the parent, once the pool's locks are held (its ranges cannot change):
  *   every range into an anonymous private mapping filled with the resident
  *   pages. The child moves each copy over its range with mremap before any
- *   other child handler runs, and the parent unmaps its copies. The copy
+ *   other child hook runs, and the parent unmaps its copies. The copy
  *   must be the heap as it was at fork(): one made by the child after
  *   fork() returned saw the parent's later writes (a shell's child read the
  *   word list its parent had freed and reused, and crashed), and the
  *   handlers before it (liburcu's) wrote into the parent's heap. Until the
- *   child's own pool exists (made by the last child handler, over a private
+ *   child's own pool exists (made by the last child hook, over a private
  *   OS provider), its allocations go to glibc; blocks inherited from the
  *   parent are freed into the inherited pool, now private memory. The copy
  *   costs a memcpy of the resident heap per fork (pages never touched or
@@ -52,6 +52,7 @@
  *   parent's heap. Programs whose children exec at once through posix_spawn
  *   or vfork pay nothing (no atfork handlers run).
  * The pool is never destroyed (memory outlives every static destructor). */
+#include "fork.h"
 #include "pool_internal.h"
 #include "pools/native/native_internal.h"
 
@@ -74,7 +75,7 @@ extern void *__libc_realloc(void *ptr, size_t size);
 extern void *__libc_memalign(size_t alignment, size_t size);
 
 /* ST_FORKED: a forked child of a shared-heap process between its first
- * and last atfork handlers: allocations go to glibc, inherited blocks are
+ * and last fork hooks: allocations go to glibc, inherited blocks are
  * freed into g_old. */
 enum { ST_NONE = 0, ST_INIT = 1, ST_READY = 2, ST_FAILED = 3, ST_FORKED = 4 };
 static _Atomic int g_status;
@@ -94,6 +95,17 @@ static void snap_prepare(void);
 static void snap_parent(void);
 static void snap_child(void);
 static void fork_child(void);
+/* The proxy's two slots of the fork list (fork.h): the snapshot, last in
+ * prepare (the pool and the tracker are locked) and first in the child;
+ * the child's own pool, last in the child. This library carries its own
+ * copy of hetmem (src/proxy_malloc/CMakeLists.txt), and so its own list and
+ * its own pthread_atfork registration (init.c's), separate from
+ * libhetmem.so's in a program that loads both: the proxy's registers at the
+ * process's first malloc, earlier, so its prepare runs after libhetmem.so's
+ * and its child before, which is right since libhetmem.so calls malloc
+ * under its locks and the proxy never calls libhetmem.so. */
+static const hm_fork_hooks_t snap_hooks = {snap_prepare, snap_parent, snap_child};
+static const hm_fork_hooks_t child_pool_hooks = {NULL, NULL, fork_child};
 
 static void proxy_init(void) {
     int expect = ST_NONE;
@@ -102,9 +114,6 @@ static void proxy_init(void) {
     const char *opt = getenv("HM_PROXY");
     int shared = opt && strstr(opt, "shared");
     int tracked = shared || (opt && strstr(opt, "tracked"));
-    /* Registered before the pool (and so before the library's handlers):
-     * its prepare runs last, with the pool locked, and its child first. */
-    int snap = shared && !pthread_atfork(snap_prepare, snap_parent, snap_child);
     void *state = NULL;
     hm_result_t r = pool_make(shared, tracked, &state);
     if (r != HM_SUCCESS) {
@@ -117,9 +126,9 @@ static void proxy_init(void) {
     g_state = state;
     g_shared = shared;
     g_tracked = tracked;
-    if (shared && (!snap || pthread_atfork(NULL, NULL, fork_child))) {
-        HM_LOG_WARN("libhetmem_proxy: pthread_atfork failed; do not fork with HM_PROXY=shared");
-        g_shared = 0; /* snap_prepare does nothing then */
+    if (shared) { /* before the pool serves: no fork may miss the snapshot */
+        hm__fork_enable(HM_FORK_PROXY_SNAPSHOT, &snap_hooks);
+        hm__fork_enable(HM_FORK_PROXY_POOL, &child_pool_hooks);
     }
     tl_guard = 0;
     atomic_store_explicit(&g_status, ST_READY, memory_order_release);
@@ -236,8 +245,8 @@ static void snap_free(void) {
     g_snap = (snap_t){0};
 }
 
-/* atfork prepare, run after the library's (the pool and the tracker are
- * locked: the heap's ranges are fixed). */
+/* The snapshot's prepare, after every other slot's (the pool and the
+ * tracker are locked: the heap's ranges are fixed). */
 static void snap_prepare(void) {
     if (!g_shared || atomic_load(&g_status) != ST_READY) return;
     snap_t c = {.page = (size_t)sysconf(_SC_PAGESIZE), .copy_all = swap_on()};
@@ -254,7 +263,7 @@ static void snap_prepare(void) {
     g_snap = c;
 }
 
-/* atfork parent, run before the library's. */
+/* The snapshot's parent hook, before every other slot's. */
 static void snap_parent(void) {
     if (!g_snap.page) return;
     if (g_snap.failed) { /* the pool is still locked: a log line's malloc goes to glibc */
@@ -267,7 +276,8 @@ static void snap_parent(void) {
     snap_free();
 }
 
-/* atfork child, run before the library's: the heap becomes the copies. */
+/* The snapshot's child hook, before every other slot's: the heap becomes the
+ * copies. */
 static void snap_child(void) {
     if (!g_snap.page) return;
     int guard = tl_guard;
@@ -298,8 +308,8 @@ static void snap_child(void) {
     tl_guard = guard;
 }
 
-/* pthread_atfork child handler, the last one (registered after the pool's
- * and the tracker's): the child's own pool. */
+/* The PROXY_POOL slot's child hook, after every other slot's: the child's
+ * own pool. */
 static void fork_child(void) {
     if (atomic_load(&g_status) != ST_FORKED) return;
     int guard = tl_guard;

@@ -1332,14 +1332,14 @@ void hm__tracker_fini(void) {
     }
 }
 
-/* Fork, in two parts around the native pools' handlers (init.c runs them
- * all in one order). _rcu: the call_rcu helper is paused before anything
- * else is locked, since it may be inside a grace period (which needs urcu's
- * gp lock) or running callbacks, and batch_free calls free, which under
- * libhetmem_proxy.so takes the native pool's locks; it is resumed (in the
- * child: re-created, which calls malloc) after everything else is usable
- * again. The rest, after the native pools' locks (a pool calls the tracker
- * under them): g_reclaim_lock, the index registry and every index lock (a
+/* Fork, in two parts around the other modules' hooks (the RCU and TRACKER
+ * slots of the library's fork list, fork.h). _rcu: the call_rcu helper is
+ * paused before anything else is locked, since it may be inside a grace
+ * period (which needs urcu's gp lock) or running callbacks, and batch_free
+ * calls free, which under libhetmem_proxy.so takes the native pool's locks;
+ * it is resumed (in the child: re-created, which calls malloc) after
+ * everything else is usable again. The rest, after the pools' and IPC's
+ * locks (they call the tracker under them): g_reclaim_lock, the index registry and every index lock (a
  * writer holds an index lock only briefly and takes nothing under it), our
  * shard locks, then urcu-bp's locks; undone in reverse, in the child too:
  * the forking thread owns every one of them there, so unlocking is valid

@@ -150,8 +150,10 @@ void hm__tracker_flush(void);
  * is left; it must not run concurrently with writers. */
 void hm__tracker_init(void);
 void hm__tracker_fini(void);
-/* Fork: prepare_rcu, (the native pools'), prepare; after it parent,
- * (native), parent_rcu, or child, (native), child_rcu (see tracker.c). */
+/* Fork: the _rcu hooks are the RCU slot of the library's fork list, the
+ * others the TRACKER slot (fork.h; init.c fills both): prepare_rcu, (the
+ * pools', IPC's), prepare; after fork parent, (...), parent_rcu, or child,
+ * (...), child_rcu (see tracker.c). */
 void hm__tracker_atfork_prepare_rcu(void);
 void hm__tracker_atfork_prepare(void);
 void hm__tracker_atfork_parent(void);

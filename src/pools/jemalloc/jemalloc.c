@@ -20,6 +20,7 @@
  *   extents go to the dalloc hook; refused ones are purged and kept. */
 #include "pool_internal.h"
 #include "addr_width.h"
+#include "fork.h"
 #include "je_fast.h"
 
 #include <hetmem/pools/jemalloc.h>
@@ -129,28 +130,30 @@ static hm_result_t hook_result(void) {
 /* ---- fork ----
  * Lock order: g_lock, then jemalloc's locks (tcache.destroy runs under
  * g_lock), then the pools' range_locks, the tracker's and providers' (the
- * extent hooks run under jemalloc's locks). Fork handlers run their prepare
- * parts in the reverse order of registration, so they must be registered
- * tracker (hm__init), range_locks, jemalloc, then this pool's (g_lock). jemalloc calls pthread_atfork from its load-time
- * constructor, before hetmem's; the private build's call is renamed to the
- * function below (cmake/HmJemalloc.cmake), which keeps the handlers until
- * once_init registers them in that order. */
+ * extent hooks run under jemalloc's locks); g_init_lock stands alone. Four
+ * slots of the library's fork list hold them in that order (fork.h:
+ * JEMALLOC_POOLS, JEMALLOC, JEMALLOC_RANGES, JEMALLOC_INIT), after the
+ * native pools' and before IPC's and the tracker's. jemalloc's own handlers
+ * (jemalloc_prefork and its postfork pair) are the JEMALLOC slot: the
+ * private build's pthread_atfork call is renamed to the function below
+ * (cmake/HmJemalloc.cmake), which keeps them; once_init fills the slot with
+ * them once jemalloc has set itself up. */
 typedef void (*fork_fn)(void);
-static fork_fn g_je_prepare, g_je_parent, g_je_child;
-static _Atomic int g_je_fork_registered;
+static hm_fork_hooks_t g_je_hooks;
 
 int hm__jemalloc_pthread_atfork(fork_fn prepare, fork_fn parent, fork_fn child);
 int hm__jemalloc_pthread_atfork(fork_fn prepare, fork_fn parent, fork_fn child) {
-    if (atomic_load(&g_je_fork_registered)) return pthread_atfork(prepare, parent, child);
-    g_je_prepare = prepare;
-    g_je_parent = parent;
-    g_je_child = child;
+    /* jemalloc 5.3.0 makes this call once, in its set-up. */
+    if (g_je_hooks.prepare) {
+        HM_LOG_ERROR("jemalloc pool: jemalloc registered fork handlers twice");
+        return EBUSY;
+    }
+    g_je_hooks = (hm_fork_hooks_t){prepare, parent, child};
     return 0;
 }
 
-/* g_lock first (its prepare runs first, see above); in the child the
- * forking thread, which holds the locks, releases them (its table stays
- * valid). */
+/* The JEMALLOC_POOLS slot: g_lock; in the child the forking thread, which
+ * holds it, releases it (its table stays valid). */
 static void atfork_prepare(void) { hm__mutex_lock(&g_lock); }
 static void atfork_parent(void) { hm__mutex_unlock(&g_lock); }
 static void atfork_child(void) {
@@ -168,13 +171,14 @@ static void atfork_child(void) {
     }
     hm__mutex_unlock(&g_lock);
 }
+static const hm_fork_hooks_t g_pool_hooks = {atfork_prepare, atfork_parent, atfork_child};
 
-/* Every live pool's range_lock, taken inside the extent hooks, that is under
- * jemalloc's locks: these handlers are registered before jemalloc's, so their
- * prepare runs after jemalloc's has taken every jemalloc lock (no hook can
- * be running) and while g_lock (the slots) is held. Without them a child
- * forked while another thread was inside a hook waited forever on the
- * range_lock that thread held. */
+/* The JEMALLOC_RANGES slot: every live pool's range_lock, taken inside the
+ * extent hooks, that is under jemalloc's locks: its prepare runs after
+ * jemalloc's has taken every jemalloc lock (no hook can be running) and
+ * while g_lock (the slots) is held. Without it a child forked while another
+ * thread was inside a hook waited forever on the range_lock that thread
+ * held. */
 static void ranges_lock_all(void) {
     for (unsigned i = 0; i < g_nslots; i++)
         if (g_slots[i]) hm__mutex_lock(&g_slots[i]->range_lock);
@@ -183,6 +187,8 @@ static void ranges_unlock_all(void) {
     for (unsigned i = 0; i < g_nslots; i++)
         if (g_slots[i]) hm__mutex_unlock(&g_slots[i]->range_lock);
 }
+static const hm_fork_hooks_t g_ranges_hooks = {ranges_lock_all, ranges_unlock_all,
+                                               ranges_unlock_all};
 
 static bool je_tcache_destroy(unsigned tc) {
     int e = hm_je_mallctl("tcache.destroy", NULL, NULL, &tc, sizeof(tc));
@@ -225,36 +231,36 @@ static void tl_destructor(void *arg) {
  * after that call, so g_init_lock keeps fork() out of it: a child never
  * inherits jemalloc's mutexes held by a set-up that does not go on in the
  * child (the child's pthread_once runs once_init again, and jemalloc's
- * set-up would wait on them forever). Registered before the other handlers
- * of this file, so its prepare runs after theirs (it is held only around
- * that call, which takes none of their locks). */
+ * set-up would wait on them forever). It is the JEMALLOC_INIT slot, filled
+ * before that call; its place is after this file's other slots (it is held
+ * only around that call, which takes none of their locks). */
 static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER;
 static void init_lock(void) { hm__mutex_lock(&g_init_lock); }
 static void init_unlock(void) { hm__mutex_unlock(&g_init_lock); }
+static const hm_fork_hooks_t g_init_hooks = {init_lock, init_unlock, init_unlock};
 
 /* Has jemalloc set itself up? (Tests: its set-up hands its fork handlers
  * to hm__jemalloc_pthread_atfork.) */
 int hm__jemalloc_started(void);
-int hm__jemalloc_started(void) { return g_je_prepare != NULL; }
+int hm__jemalloc_started(void) { return g_je_hooks.prepare != NULL; }
 
+/* No lock of the library is held here (jp_init): filling a slot waits for a
+ * fork in progress. */
 static void once_init(void) {
-    if (pthread_key_create(&g_key, tl_destructor) != 0 ||
-        pthread_atfork(init_lock, init_unlock, init_unlock) != 0) {
+    if (pthread_key_create(&g_key, tl_destructor) != 0) {
         g_once_failed = 1;
         return;
     }
+    hm__fork_enable(HM_FORK_JEMALLOC_INIT, &g_init_hooks);
     /* jemalloc's first call: its set-up; its handlers are known after it. */
     const char *version = NULL;
     size_t sz = sizeof(version);
     init_lock();
     (void)hm_je_mallctl("version", &version, &sz, NULL, 0);
     init_unlock();
-    atomic_store(&g_je_fork_registered, 1);
-    if (pthread_atfork(ranges_lock_all, ranges_unlock_all, ranges_unlock_all) != 0)
-        g_once_failed = 1;
-    if (g_je_prepare && pthread_atfork(g_je_prepare, g_je_parent, g_je_child) != 0)
-        g_once_failed = 1;
-    if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0) g_once_failed = 1;
+    hm__fork_enable(HM_FORK_JEMALLOC_POOLS, &g_pool_hooks);
+    if (g_je_hooks.prepare) hm__fork_enable(HM_FORK_JEMALLOC, &g_je_hooks);
+    hm__fork_enable(HM_FORK_JEMALLOC_RANGES, &g_ranges_hooks);
 }
 
 /* Take a thread-pointer word of the pool (by_tp slot or own_tp) for this
@@ -728,7 +734,7 @@ static hm_result_t jp_init(hm_pool_t *pool, const void *params_in, void **state)
     if (!hm_is_pow2(page)) page = JE_PAGE;
     pthread_once(&g_once, once_init);
     if (g_once_failed) {
-        HM_LOG_ERROR("jemalloc pool: pthread_key_create/pthread_atfork failed");
+        HM_LOG_ERROR("jemalloc pool: pthread_key_create failed");
         return HM_ERROR_OUT_OF_HOST_MEMORY;
     }
     jpool_t *jp = calloc(1, sizeof(*jp));

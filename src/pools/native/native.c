@@ -193,7 +193,8 @@ static void global_init(void) {
         hm__nv_cls_at8[i] = (uint16_t)NV_CLS_AT(c);
     }
     if (pthread_key_create(&g_key, tl_destructor)) HM_DIE("pthread_key_create failed");
-    /* The fork handlers (hm__native_atfork_*) are the library's (init.c). */
+    /* The fork hooks (hm__native_atfork_*) are the NATIVE slot of the
+     * library's fork list, filled by init.c (fork.h). */
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2780,8 +2781,9 @@ static hm_result_t nv_init(hm_pool_t *pool, const void *params, void **state) {
 
 /* ------------------------------------------------------------------------ */
 /* Fork: hold every lock across fork(); in the child, re-make them and       */
-/* abandon the heaps of threads that do not exist there. Called by the       */
-/* library's handlers (init.c), before the tracker's in prepare and child.   */
+/* abandon the heaps of threads that do not exist there. The NATIVE slot of */
+/* the fork list (fork.h): prepare after the call_rcu pause, before IPC and  */
+/* the tracker; parent and child in reverse.                                 */
 
 void hm__native_atfork_prepare(void) {
     hm__mutex_lock(&g_lock);
