@@ -190,13 +190,45 @@ void *hm_pool_calloc(hm_pool_t *pool, size_t num, size_t size) {
     } else if (pool->cpu_accessible) {
         r = pool->ops.alloc(pool->state, total, 0, &p);
         if (r == HM_SUCCESS) memset(p, 0, total);
+    } else if (pool->provider->ops.fill) {
+        /* Memory the CPU may not touch: zeroed by the provider (its driver's
+         * memset). */
+        r = pool->ops.alloc(pool->state, total, 0, &p);
+        if (r == HM_SUCCESS) {
+            r = hm_provider_fill(pool->provider, p, 0, total);
+            if (r != HM_SUCCESS) {
+                HM_LOG_ERROR("hm_pool_calloc(%s): provider '%s' could not zero %zu bytes: %s",
+                             pool->ops.name, pool->provider->info.name, total,
+                             hm_result_string(r));
+                pool->ops.free(pool->state, p);
+            }
+        }
     } else {
-        HM_LOG_ERROR("hm_pool_calloc(%s): memory is not CPU-accessible and the pool has no calloc",
-                     pool->ops.name);
+        HM_LOG_ERROR("hm_pool_calloc(%s): memory is not CPU-accessible, and neither the pool "
+                     "(calloc) nor provider '%s' (fill) can zero it", pool->ops.name,
+                     pool->provider->info.name);
         r = HM_ERROR_NOT_SUPPORTED;
     }
     if (r != HM_SUCCESS) return fail_errno(r);
     return p;
+}
+
+/* Can the front end move a block's bytes: the CPU, or the provider's copy. */
+static inline bool can_copy(const hm_pool_t *pool) {
+    return pool->cpu_accessible || pool->provider->ops.copy;
+}
+
+/* n bytes of the pool's memory from src to dst (two blocks of the pool). */
+static hm_result_t copy_block(hm_pool_t *pool, void *dst, const void *src, size_t n) {
+    if (pool->cpu_accessible) {
+        memcpy(dst, src, n);
+        return HM_SUCCESS;
+    }
+    hm_result_t r = hm_provider_copy(pool->provider, dst, src, n);
+    if (r != HM_SUCCESS)
+        HM_LOG_ERROR("hm_pool_realloc(%s): provider '%s' could not copy %zu bytes: %s",
+                     pool->ops.name, pool->provider->info.name, n, hm_result_string(r));
+    return r;
 }
 
 static hm_result_t free_tracked(hm_pool_t *pool, void *ptr, const hm_tracker_entry_t *e);
@@ -208,7 +240,7 @@ static hm_result_t free_tracked(hm_pool_t *pool, void *ptr, const hm_tracker_ent
 static HM_NOINLINE void *realloc_held(hm_pool_t *pool, void *ptr, size_t size,
                                       const hm_tracker_entry_t *e) {
     size_t old = pool->ops.usable_size ? pool->ops.usable_size(pool->state, ptr) : 0;
-    if (!old || !pool->cpu_accessible) {
+    if (!old || !can_copy(pool)) {
         HM_LOG_ERROR("hm_pool_realloc(%s): %p is exported with handles outstanding and "
                      "cannot be moved here", pool->ops.name, ptr);
         return fail_errno(HM_ERROR_BUSY);
@@ -216,7 +248,11 @@ static HM_NOINLINE void *realloc_held(hm_pool_t *pool, void *ptr, size_t size,
     void *out = NULL;
     hm_result_t r = pool->ops.alloc(pool->state, size, 0, &out);
     if (r != HM_SUCCESS) return fail_errno(r);
-    memcpy(out, ptr, old < size ? old : size);
+    r = copy_block(pool, out, ptr, old < size ? old : size);
+    if (r != HM_SUCCESS) {
+        pool->ops.free(pool->state, out);
+        return fail_errno(r);
+    }
     r = free_tracked(pool, ptr, e);
     if (r != HM_SUCCESS)
         HM_LOG_WARN("hm_pool_realloc(%s): the free of the old block %p failed: %s",
@@ -254,7 +290,7 @@ void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size) {
         return realloc_held(pool, ptr, size, &e);
     if (pool->ops.realloc) {
         r = pool->ops.realloc(pool->state, ptr, size, &out);
-    } else if (pool->cpu_accessible && pool->ops.usable_size) {
+    } else if (can_copy(pool) && pool->ops.usable_size) {
         size_t old = pool->ops.usable_size(pool->state, ptr);
         if (!old) {
             HM_LOG_ERROR("hm_pool_realloc(%s): %p is not an allocation of this pool",
@@ -264,11 +300,13 @@ void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size) {
         if (old >= size && old / 2 <= size) return ptr; /* fits, not wastefully */
         r = pool->ops.alloc(pool->state, size, 0, &out);
         if (r == HM_SUCCESS) {
-            memcpy(out, ptr, old < size ? old : size);
-            pool->ops.free(pool->state, ptr);
+            r = copy_block(pool, out, ptr, old < size ? old : size);
+            pool->ops.free(pool->state, r == HM_SUCCESS ? ptr : out);
         }
     } else {
-        HM_LOG_ERROR("hm_pool_realloc(%s): not supported on this memory", pool->ops.name);
+        HM_LOG_ERROR("hm_pool_realloc(%s): not supported on this memory (not CPU-accessible, "
+                     "and the pool has no realloc%s)", pool->ops.name,
+                     pool->ops.usable_size ? ", its provider no copy" : " nor usable_size");
         r = HM_ERROR_NOT_SUPPORTED;
     }
     if (r != HM_SUCCESS) return fail_errno(r); /* ptr untouched */

@@ -2,8 +2,9 @@
  * SPDX-License-Identifier: MIT
  *
  * Validates arguments once for every provider, answers NOT_SUPPORTED for a
- * NULL op in one place, and caches the provider's info (immutable after
- * create) so hot-path queries do not call into the provider. */
+ * NULL op in one place, and caches the provider's info and device
+ * (immutable after create) so hot-path queries do not call into the
+ * provider. Accepts ops tables of version 1 and 2 (provider.h). */
 #include "provider_internal.h"
 #include "ipc/ipc_internal.h"
 
@@ -20,8 +21,16 @@ static uint32_t caps_from_ops(const hm_provider_ops_t *ops) {
     if (!ops->ipc.handle_size || !ops->ipc.get || !ops->ipc.put || !ops->ipc.open ||
         !ops->ipc.close)
         c &= ~(uint32_t)HM_PROVIDER_CAP_IPC;
+    if (!ops->fill) c &= ~(uint32_t)HM_PROVIDER_CAP_FILL;
+    if (!ops->copy) c &= ~(uint32_t)HM_PROVIDER_CAP_COPY;
     return c;
 }
+
+/* A version 1 table ends where get_device begins. */
+#define OPS_V1_SIZE offsetof(hm_provider_ops_t, get_device)
+_Static_assert(OPS_V1_SIZE == offsetof(hm_provider_ops_t, ipc) +
+                                  sizeof(((hm_provider_ops_t *)0)->ipc),
+               "version 2 ops must start right after the version 1 table");
 
 hm_result_t hm_provider_create(const hm_provider_ops_t *ops, const void *params,
                                hm_provider_t **out) {
@@ -31,9 +40,9 @@ hm_result_t hm_provider_create(const hm_provider_ops_t *ops, const void *params,
         return HM_ERROR_INVALID_ARGUMENT;
     }
     *out = NULL;
-    if (ops->version != HM_PROVIDER_OPS_VERSION) {
-        HM_LOG_ERROR("hm_provider_create: ops version %u, this library speaks %u", ops->version,
-                     HM_PROVIDER_OPS_VERSION);
+    if (ops->version != 1u && ops->version != HM_PROVIDER_OPS_VERSION) {
+        HM_LOG_ERROR("hm_provider_create: ops version %u, this library speaks 1 to %u",
+                     ops->version, HM_PROVIDER_OPS_VERSION);
         return HM_ERROR_NOT_SUPPORTED;
     }
     if (!ops->init || !ops->fini || !ops->get_info || !ops->alloc) {
@@ -43,8 +52,14 @@ hm_result_t hm_provider_create(const hm_provider_ops_t *ops, const void *params,
     }
     hm_provider_t *p = calloc(1, sizeof(*p));
     if (!p) return HM_ERROR_OUT_OF_HOST_MEMORY;
-    p->ops = *ops;
-    if (!(caps_from_ops(ops) & HM_PROVIDER_CAP_IPC)) p->ops.ipc.close_many = NULL;
+    /* Only what the table's version has is read; the rest stays NULL. */
+    memcpy(&p->ops, ops, ops->version == 1u ? OPS_V1_SIZE : sizeof(*ops));
+    p->ops.version = HM_PROVIDER_OPS_VERSION;
+    uint32_t op_caps = caps_from_ops(&p->ops);
+    if (!(op_caps & HM_PROVIDER_CAP_IPC)) {
+        p->ops.ipc.close_many = NULL;
+        p->ops.ipc_compatible = NULL;
+    }
     hm_result_t r = ops->init(params, &p->state);
     if (r != HM_SUCCESS) {
         HM_LOG_INFO("provider '%s' init failed: %s", ops->name ? ops->name : "?",
@@ -54,7 +69,16 @@ hm_result_t hm_provider_create(const hm_provider_ops_t *ops, const void *params,
     }
     ops->get_info(p->state, &p->info);
     if (!p->info.name) p->info.name = ops->name ? ops->name : "unnamed";
-    p->info.caps &= caps_from_ops(ops);
+    p->info.caps &= op_caps;
+    /* FILL and COPY are the ops themselves. */
+    if (p->ops.fill) p->info.caps |= HM_PROVIDER_CAP_FILL;
+    if (p->ops.copy) p->info.caps |= HM_PROVIDER_CAP_COPY;
+    p->device.ordinal = -1;
+    if (p->ops.get_device) {
+        p->ops.get_device(p->state, &p->device);
+        if (p->device.ordinal < -1) p->device.ordinal = -1;
+        if (!p->device.has_uuid) memset(p->device.uuid, 0, sizeof(p->device.uuid));
+    }
     if (!hm_is_pow2(p->info.min_page_size)) p->info.min_page_size = 1;
     if (!hm_is_pow2(p->info.recommended_page_size) ||
         p->info.recommended_page_size < p->info.min_page_size)
@@ -189,6 +213,62 @@ hm_result_t hm_provider_merge(hm_provider_t *p, void *lo, void *hi, size_t total
     }
     if (!(p->info.caps & HM_PROVIDER_CAP_SPLIT_MERGE)) return HM_ERROR_NOT_SUPPORTED;
     return p->ops.merge(p->state, lo, hi, total);
+}
+
+/* [ptr, ptr + size) wraps around the address space (or ends at its very
+ * top, where ptr + size itself would wrap). */
+static bool wraps(const void *ptr, size_t size) { return (uintptr_t)ptr > UINTPTR_MAX - size; }
+
+hm_result_t hm_provider_fill(hm_provider_t *p, void *ptr, uint8_t value, size_t size) {
+    CHECK_PROVIDER(p, "hm_provider_fill");
+    if (hm_unlikely(!ptr)) {
+        HM_LOG_ERROR("hm_provider_fill(%s): ptr is NULL", p->info.name);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (!size) return HM_SUCCESS;
+    if (hm_unlikely(wraps(ptr, size))) {
+        HM_LOG_ERROR("hm_provider_fill(%s): [%p, +%zu) wraps around", p->info.name, ptr, size);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (!p->ops.fill) return HM_ERROR_NOT_SUPPORTED;
+    return p->ops.fill(p->state, ptr, value, size);
+}
+
+hm_result_t hm_provider_copy(hm_provider_t *p, void *dst, const void *src, size_t size) {
+    CHECK_PROVIDER(p, "hm_provider_copy");
+    if (hm_unlikely(!dst || !src)) {
+        HM_LOG_ERROR("hm_provider_copy(%s): %s is NULL", p->info.name, !dst ? "dst" : "src");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (!size) return HM_SUCCESS;
+    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+    if (hm_unlikely(wraps(dst, size) || wraps(src, size))) {
+        HM_LOG_ERROR("hm_provider_copy(%s): a range of %zu bytes at %s %p wraps around",
+                     p->info.name, size, wraps(dst, size) ? "dst" : "src",
+                     wraps(dst, size) ? dst : src);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (hm_unlikely(d < s + size && s < d + size)) {
+        HM_LOG_ERROR("hm_provider_copy(%s): dst %p and src %p overlap (%zu bytes)", p->info.name,
+                     dst, src, size);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (!p->ops.copy) return HM_ERROR_NOT_SUPPORTED;
+    return p->ops.copy(p->state, dst, src, size);
+}
+
+hm_result_t hm__provider_ipc_compatible(hm_provider_t *p, const void *payload) {
+    if (!p->ops.ipc_compatible) return HM_SUCCESS;
+    return p->ops.ipc_compatible(p->state, payload);
+}
+
+hm_result_t hm_provider_get_device(const hm_provider_t *p, hm_device_id_t *device) {
+    if (!p || !device) {
+        HM_LOG_ERROR("hm_provider_get_device: %s is NULL", !p ? "provider" : "device");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    *device = p->device;
+    return HM_SUCCESS;
 }
 
 hm_result_t hm_provider_get_info(const hm_provider_t *p, hm_provider_info_t *info) {

@@ -70,9 +70,14 @@ typedef struct hm_pool_ops {
     hm_result_t (*alloc)(void *state, size_t size, size_t alignment, void **ptr);
     hm_result_t (*free)(void *state, void *ptr);
 
-    /* Optional. calloc/realloc fall back to alloc+memset / alloc+copy+free
-     * in the front-end when the memory is CPU-accessible and usable_size
-     * exists. */
+    /* Optional. Without calloc the front-end does alloc + memset, or on
+     * memory the CPU may not touch alloc + the provider's fill
+     * (HM_PROVIDER_CAP_FILL). Without realloc, where usable_size exists, it
+     * does alloc + memcpy + free, or alloc + the provider's copy + free
+     * (HM_PROVIDER_CAP_COPY). A pool's own calloc or realloc over memory
+     * the CPU may not touch must not touch it either: it zeroes and moves
+     * bytes with hm_provider_fill/hm_provider_copy on its provider, or
+     * answers HM_ERROR_NOT_SUPPORTED. */
     size_t (*usable_size)(void *state, const void *ptr);
     hm_result_t (*calloc)(void *state, size_t size, void **ptr);
     hm_result_t (*realloc)(void *state, void *ptr, size_t size, void **out);
@@ -114,7 +119,11 @@ HM_API void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size);
 HM_API void *hm_pool_aligned_malloc(hm_pool_t *pool, size_t size, size_t alignment);
 /* hm_pool_realloc(pool, NULL, n) is hm_pool_malloc(pool, n);
  * hm_pool_realloc(pool, p, 0) frees p and returns NULL. On failure p is
- * untouched and NULL is returned with errno set. */
+ * untouched and NULL is returned with errno set.
+ * On memory the CPU may not touch (device memory), hm_pool_calloc zeroes
+ * through the pool's calloc or the provider's fill, and hm_pool_realloc
+ * moves bytes through the pool's realloc or the provider's copy; with
+ * neither they fail with ENOTSUP. */
 
 /* Free ptr (NULL is a no-op success). On a tracked pool a pointer that does
  * not belong to this pool returns HM_ERROR_INVALID_ARGUMENT and frees nothing. */

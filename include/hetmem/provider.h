@@ -39,7 +39,31 @@ enum {
     HM_PROVIDER_CAP_IPC = 1u << 4,         /* allocations can be exported/opened via IPC */
     HM_PROVIDER_CAP_CPU_ACCESS = 1u << 5,  /* the CPU may load/store this memory */
     HM_PROVIDER_CAP_NUMA = 1u << 6,        /* memory is bound to NUMA nodes as asked */
+    /* Set by the front-end exactly when the op is present (ops version 2). */
+    HM_PROVIDER_CAP_FILL = 1u << 7,        /* fill: set bytes of its memory (a memset) */
+    HM_PROVIDER_CAP_COPY = 1u << 8,        /* copy: its memory <-> host, and within it */
 };
+
+/* The device a provider's memory belongs to, as its driver names it.
+ * Filled by the provider's optional get_device op; the front-end starts it
+ * as "no device" (ordinal -1, no UUID), which is what providers without
+ * the op (host memory: os, fixed, file, devdax) report. It is not a field
+ * of hm_provider_info_t because hm_provider_get_info() writes that struct
+ * into the caller's storage: growing it would overrun programs built
+ * against an older header. Read it with hm_provider_get_device(). */
+#define HM_DEVICE_UUID_SIZE 16
+typedef struct hm_device_id {
+    /* The driver's index of the device: the CUDA device ordinal (CUdevice),
+     * the Level Zero device's index in zeDeviceGet's list for its driver.
+     * -1: no device (host memory) or none the driver numbers. */
+    int32_t ordinal;
+    /* uuid holds the driver's device UUID (CUuuid, ze_device_uuid_t: 16
+     * bytes each), which, unlike the ordinal, names the same device in
+     * every process (CUDA_VISIBLE_DEVICES or ZE_AFFINITY_MASK renumber
+     * ordinals). false: uuid is all zero. */
+    bool has_uuid;
+    uint8_t uuid[HM_DEVICE_UUID_SIZE];
+} hm_device_id_t;
 
 /* Provider families: used by IPC to decide which providers can open which
  * handles. User-written providers use HM_PROVIDER_FAMILY_USER or above. */
@@ -64,7 +88,12 @@ typedef struct hm_provider_info {
     size_t recommended_page_size; /* e.g. 2 MiB for huge pages or GPU granularity */
 } hm_provider_info_t;
 
-#define HM_PROVIDER_OPS_VERSION 1u
+/* Version 2 appended get_device, fill, copy and ipc_compatible. The
+ * front-end accepts tables of version 1 (they end before get_device, and
+ * only that much is read) and 2; a table always says the version of the
+ * header it was compiled against, so a program built against an older
+ * header keeps working unchanged. */
+#define HM_PROVIDER_OPS_VERSION 2u
 
 /* The provider interface. `state` is what init returned. Ops return
  * HM_SUCCESS or an error; on driver/OS failure they record the native error
@@ -116,6 +145,57 @@ typedef struct hm_provider_ops {
          * mapping it can; returns the first error. */
         hm_result_t (*close_many)(void *state, void *const *ptrs, const size_t *sizes, size_t n);
     } ipc;
+
+    /* ---- Version 2: every op below is optional (NULL: unsupported) ---- */
+
+    /* The device this provider's memory belongs to (hm_device_id_t). Called
+     * once, at create, after get_info, on a struct set to "no device";
+     * fill in what the driver gives. NULL: no device. */
+    void (*get_device)(void *state, hm_device_id_t *device);
+
+    /* Device operations, so that pools can zero and move memory the CPU
+     * may not touch (hm_pool_calloc, hm_pool_realloc). Both are
+     * synchronous: the bytes are in place when the op returns. The front-end
+     * calls them with non-NULL pointers and size > 0 (and, for copy,
+     * ranges that do not overlap); HM_PROVIDER_CAP_FILL/COPY follow them.
+     *
+     * fill: set size bytes at ptr, which lies in memory this provider
+     * allocated (alloc) or mapped (ipc.open), to value.
+     *
+     * copy: size bytes from src to dst, where each side is either in memory
+     * this provider allocated or mapped, or in host memory the CPU may
+     * access (ordinary memory of the process). Required combinations:
+     * provider -> provider (within one allocation or between two of this
+     * provider), host -> provider and provider -> host. A provider whose
+     * driver sees unified addresses (CUDA's cuMemcpy, Level Zero's
+     * zeCommandListAppendMemoryCopy) gets host -> host for free; it is not
+     * required. Memory of another provider on either side is outside the
+     * contract (the op may refuse it with HM_ERROR_INVALID_ARGUMENT).
+     *
+     * Errors: HM_ERROR_INVALID_ARGUMENT for a range that is not the
+     * provider's (or host memory where only its own is allowed), the
+     * driver's failure as HM_ERROR_DRIVER with the native error recorded. */
+    hm_result_t (*fill)(void *state, void *ptr, uint8_t value, size_t size);
+    hm_result_t (*copy)(void *state, void *dst, const void *src, size_t size);
+
+    /* IPC compatibility (optional even with the ipc five; cleared without
+     * them): can this provider open the memory that `payload` describes?
+     * payload is handle_size() bytes written by ipc.get of a provider of the
+     * same family, in another process, perhaps on another device: a
+     * provider whose memory belongs to a device writes that device's
+     * identity (its UUID) into its own payload in get(), and checks it
+     * here against the devices it can map (its own, and peers where the
+     * driver allows).
+     *   HM_SUCCESS               open() may be tried.
+     *   HM_ERROR_NOT_SUPPORTED   exported on a device this provider cannot
+     *                            map; the op logs one line naming both.
+     *   HM_ERROR_INVALID_HANDLE  the payload is malformed.
+     * NULL: every payload of the family can be opened (host memory). The
+     * IPC layer calls it in hm_ipc_open, once the handle is validated and
+     * before any descriptor is moved to this process or ipc.open is called,
+     * and returns its error as hm_ipc_open's; ipc.open must still refuse
+     * what it cannot map (the check is for a clear, early answer). */
+    hm_result_t (*ipc_compatible)(void *state, const void *payload);
 } hm_provider_ops_t;
 
 /* Create a provider. `params` is the provider's params object (may be NULL
@@ -140,14 +220,30 @@ HM_API hm_result_t hm_provider_split(hm_provider_t *provider, void *ptr, size_t 
                                      size_t first);
 HM_API hm_result_t hm_provider_merge(hm_provider_t *provider, void *lo, void *hi, size_t total);
 
+/* Device operations (see fill and copy in hm_provider_ops_t). size 0 does
+ * nothing and succeeds, as memset and memcpy would. NULL pointers, ranges
+ * that wrap around the address space and (copy) ranges that overlap:
+ * HM_ERROR_INVALID_ARGUMENT. A provider without the op:
+ * HM_ERROR_NOT_SUPPORTED. Thread-safe; the caller keeps the ranges alive
+ * and unwritten by others during the call. */
+HM_API hm_result_t hm_provider_fill(hm_provider_t *provider, void *ptr, uint8_t value,
+                                    size_t size);
+HM_API hm_result_t hm_provider_copy(hm_provider_t *provider, void *dst, const void *src,
+                                    size_t size);
+
 HM_API hm_result_t hm_provider_get_info(const hm_provider_t *provider, hm_provider_info_t *info);
+/* The device the provider's memory belongs to (hm_device_id_t; a provider
+ * of host memory: ordinal -1, no UUID). Immutable after create. */
+HM_API hm_result_t hm_provider_get_device(const hm_provider_t *provider, hm_device_id_t *device);
 HM_API const char *hm_provider_name(const hm_provider_t *provider);
 HM_API hm_memory_kind_t hm_provider_memory_kind(const hm_provider_t *provider);
 HM_API bool hm_provider_cpu_accessible(const hm_provider_t *provider);
 HM_API size_t hm_provider_min_page_size(const hm_provider_t *provider);
 HM_API size_t hm_provider_recommended_page_size(const hm_provider_t *provider);
 HM_API uint32_t hm_provider_caps(const hm_provider_t *provider);
-/* The ops table and state the provider was created with (for wrappers). */
+/* The ops table and state the provider was created with (for wrappers).
+ * The table is the front-end's copy, always of HM_PROVIDER_OPS_VERSION
+ * (the fields a version 1 table lacks are NULL). */
 HM_API const hm_provider_ops_t *hm_provider_get_ops(const hm_provider_t *provider);
 HM_API void *hm_provider_get_state(const hm_provider_t *provider);
 

@@ -47,8 +47,9 @@ hm_result_t hm_test_fixed_provider(void *buffer, size_t size, hm_memory_kind_t k
                                    hm_provider_t **out);
 
 /* The fault-injecting pass-through provider (fault_provider.c): wraps another
- * provider and forwards every op; fails the Nth call of an op with a chosen
- * result; counts calls; tracks what the inner provider holds. */
+ * provider and forwards every op (but fill, copy and ipc_compatible); fails
+ * the Nth call of an op with a chosen result; counts calls; tracks what the
+ * inner provider holds. */
 typedef enum hm_fault_op {
     HM_FAULT_ALLOC = 0,
     HM_FAULT_FREE,
@@ -110,5 +111,47 @@ void hm_fault_provider_arm_with(hm_provider_t *fault, hm_fault_op_t op, long nth
                                 hm_result_t result);
 /* Disarm every op. */
 void hm_fault_provider_disarm(hm_provider_t *fault);
+
+/* The 'device' provider (device_provider.c): memory the CPU must not touch
+ * (PROT_NONE views of memfds; the provider's fill and copy work through a
+ * read-write alias, as a DMA engine would), HM_MEMORY_DEVICE, a device
+ * ordinal and UUID, fill, copy, purge_force, and IPC with a device check
+ * (ipc_compatible). Every op on a range that is not its own is refused with
+ * HM_ERROR_INVALID_ARGUMENT, logged to stderr and counted as misuse. */
+#define HM_TEST_DEVICE_FAMILY ((hm_provider_family_t)(HM_PROVIDER_FAMILY_USER + 7))
+#define HM_TEST_DEVICE_MAX_PEERS 4
+typedef struct hm_test_device_params {
+    int32_t ordinal;                    /* reported (get_device) */
+    uint8_t uuid[HM_DEVICE_UUID_SIZE];  /* all zero: derived from the ordinal */
+    size_t capacity;                    /* device memory (0: 16 GiB); beyond: OUT_OF_MEMORY */
+    size_t page_size;                   /* min_page_size (0: the system page) */
+    size_t recommended_page_size;       /* 0: 2 MiB, a GPU's granularity */
+    const char *name;                   /* NULL: "test-device" (static storage) */
+    /* Devices whose exports this one can open, besides its own. */
+    uint8_t peers[HM_TEST_DEVICE_MAX_PEERS][HM_DEVICE_UUID_SIZE];
+    int npeers;
+} hm_test_device_params_t;
+
+typedef enum hm_test_device_op {
+    HM_TEST_DEVICE_FILL = 0,
+    HM_TEST_DEVICE_COPY,
+    HM_TEST_DEVICE_IPC_GET,
+    HM_TEST_DEVICE_IPC_COMPATIBLE,
+    HM_TEST_DEVICE_IPC_OPEN,
+    HM_TEST_DEVICE_OP_COUNT
+} hm_test_device_op_t;
+
+const hm_provider_ops_t *hm_test_device_provider_ops(void);
+/* params NULL: ordinal 0, defaults. */
+hm_result_t hm_test_device_provider(const hm_test_device_params_t *params, hm_provider_t **out);
+/* Calls of op so far (-1: not a device provider). */
+long hm_test_device_calls(hm_provider_t *dev, hm_test_device_op_t op);
+/* Fail the nth fill or copy call from now with HM_ERROR_DRIVER, touching
+ * nothing (0: never). */
+void hm_test_device_fail_nth(hm_provider_t *dev, hm_test_device_op_t op, long nth);
+/* Live allocations, open IPC mappings, refused calls. */
+long hm_test_device_live(hm_provider_t *dev);
+long hm_test_device_mappings(hm_provider_t *dev);
+long hm_test_device_misuse(hm_provider_t *dev);
 
 #endif

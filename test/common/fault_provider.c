@@ -1,9 +1,10 @@
 /* hetmem tests — the fault-injecting pass-through provider.
  * SPDX-License-Identifier: MIT
  *
- * Wraps another provider and forwards every op of the ops table: alloc,
- * free, both purges, split and merge through the inner provider's public
- * front-end; the ipc sub-table (handle_size, get, put, open, close,
+ * Wraps another provider and forwards the ops of its table: alloc, free,
+ * both purges, split, merge and get_device through the inner provider's
+ * public front-end (not fill, copy or ipc_compatible: a static table would
+ * claim them for every inner provider); the ipc sub-table (handle_size, get, put, open, close,
  * close_many) straight to the inner ops, as the IPC layer calls them. Per op
  * (hm_fault_op_t; init, fini and get_info run once, at create and destroy):
  *   - counts every call (injected failures included) and every call that
@@ -197,6 +198,11 @@ static void fault_get_info(void *state, hm_provider_info_t *info) {
     fault_t *f = state;
     hm_provider_get_info(f->inner, info);
     info->name = f->name;
+}
+
+static void fault_get_device(void *state, hm_device_id_t *device) {
+    fault_t *f = state;
+    hm_provider_get_device(f->inner, device);
 }
 
 static hm_result_t fault_alloc(void *state, size_t size, size_t alignment, void **ptr) {
@@ -509,6 +515,7 @@ static const hm_provider_ops_t fault_ops = {
     .init = fault_init,
     .fini = fault_fini,
     .get_info = fault_get_info,
+    .get_device = fault_get_device,
     .alloc = fault_alloc,
     .free = fault_free,
     .purge_lazy = fault_purge_lazy,
@@ -524,6 +531,7 @@ static const hm_provider_ops_t fault_ops_close_each = {
     .init = fault_init,
     .fini = fault_fini,
     .get_info = fault_get_info,
+    .get_device = fault_get_device,
     .alloc = fault_alloc,
     .free = fault_free,
     .purge_lazy = fault_purge_lazy,
@@ -539,6 +547,7 @@ static const hm_provider_ops_t fault_nofree_ops = {
     .init = fault_init,
     .fini = fault_fini,
     .get_info = fault_get_info,
+    .get_device = fault_get_device,
     .alloc = fault_alloc,
     .purge_lazy = fault_purge_lazy,
     .purge_force = fault_purge_force,
@@ -551,6 +560,7 @@ static const hm_provider_ops_t fault_nofree_ops_close_each = {
     .init = fault_init,
     .fini = fault_fini,
     .get_info = fault_get_info,
+    .get_device = fault_get_device,
     .alloc = fault_alloc,
     .purge_lazy = fault_purge_lazy,
     .purge_force = fault_purge_force,

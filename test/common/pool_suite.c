@@ -212,6 +212,57 @@ static void case_malloc(qsuite_t *s) {
     done(pool);
 }
 
+/* Memory the CPU may not touch, reached through the provider's copy
+ * (HM_PROVIDER_CAP_COPY): n bytes at dev into (or from) a host buffer. */
+static int dev_copies(const hm_pool_t *p) {
+    return !!(hm_provider_caps(hm_pool_get_provider(p)) & HM_PROVIDER_CAP_COPY);
+}
+static int dev_fills(const hm_pool_t *p) {
+    return !!(hm_provider_caps(hm_pool_get_provider(p)) & HM_PROVIDER_CAP_FILL);
+}
+static int dev_read(hm_pool_t *pool, void *host, const void *dev, size_t n) {
+    hm_result_t r = hm_provider_copy(hm_pool_get_provider(pool), host, dev, n);
+    CHECK_MSG(r == HM_SUCCESS, "provider copy of %zu bytes to the host -> %s", n,
+              hm_result_string(r));
+    return r == HM_SUCCESS;
+}
+static int dev_write(hm_pool_t *pool, void *dev, const void *host, size_t n) {
+    hm_result_t r = hm_provider_copy(hm_pool_get_provider(pool), dev, host, n);
+    CHECK_MSG(r == HM_SUCCESS, "provider copy of %zu bytes from the host -> %s", n,
+              hm_result_string(r));
+    return r == HM_SUCCESS;
+}
+
+/* The bytes of p: read directly (CPU memory) or through the provider's
+ * copy; NULL where neither can (the caller frees the copy with free_view). */
+static const unsigned char *view(hm_pool_t *pool, const void *p, size_t n) {
+    if (cpu(pool)) return p;
+    if (!dev_copies(pool)) return NULL;
+    unsigned char *h = malloc(n);
+    REQUIRE(h != NULL);
+    if (!dev_read(pool, h, p, n)) {
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+static void free_view(hm_pool_t *pool, const unsigned char *v) {
+    if (!cpu(pool)) free((void *)(uintptr_t)v);
+}
+
+/* Set n bytes of p to value (directly, or through the provider's copy). */
+static void dirty(hm_pool_t *pool, void *p, int value, size_t n) {
+    if (cpu(pool)) {
+        memset(p, value, n);
+    } else if (dev_copies(pool)) {
+        unsigned char *h = malloc(n);
+        REQUIRE(h != NULL);
+        memset(h, value, n);
+        dev_write(pool, p, h, n);
+        free(h);
+    }
+}
+
 static void case_calloc(qsuite_t *s) {
     set_case(s, "calloc");
     hm_pool_t *pool = fresh(s);
@@ -220,26 +271,29 @@ static void case_calloc(qsuite_t *s) {
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
         size_t num = shapes[i][0], size = shapes[i][1], total = num * size;
         /* Dirty memory first so a reusing pool must really zero. */
-        if (cpu(pool)) {
-            void *d = hm_pool_malloc(pool, total);
-            if (d) {
-                memset(d, 0xa5, total);
-                pfree(s, pool, d);
-            }
+        void *d = hm_pool_malloc(pool, total);
+        if (d) {
+            dirty(pool, d, 0xa5, total);
+            pfree(s, pool, d);
         }
         errno = 0;
         unsigned char *p = hm_pool_calloc(pool, num, size);
-        if (!cpu(pool)) {
-            /* Device memory: a pool without its own calloc cannot zero it. */
+        if (!cpu(pool) && !dev_fills(pool)) {
+            /* Device memory that neither the CPU nor the provider can zero:
+             * only a pool with its own calloc could. */
             CHECK_MSG(p || errno != 0, "calloc on device memory: NULL without errno");
             if (p) pfree(s, pool, p);
             continue;
         }
         CHECK_MSG(p != NULL, "hm_pool_calloc(%zu, %zu) -> NULL errno %d", num, size, errno);
         if (!p) continue;
-        size_t nz = 0;
-        for (size_t k = 0; k < total; k++) nz += p[k] != 0;
-        CHECK_MSG(nz == 0, "calloc(%zu, %zu): %zu non-zero bytes", num, size, nz);
+        const unsigned char *v = view(pool, p, total);
+        if (v) {
+            size_t nz = 0;
+            for (size_t k = 0; k < total; k++) nz += v[k] != 0;
+            CHECK_MSG(nz == 0, "calloc(%zu, %zu): %zu non-zero bytes", num, size, nz);
+            free_view(pool, v);
+        }
         check_alloc(s, pool, p, total, 0, 300 + i);
         pfree(s, pool, p);
     }
@@ -264,17 +318,32 @@ static void case_calloc(qsuite_t *s) {
 }
 
 /* A pattern that depends only on the position, so any prefix of a block
- * verifies on its own (realloc keeps a prefix). */
-static void pos_fill(void *p, size_t n, uint64_t seed) {
-    unsigned char *b = p;
+ * verifies on its own (realloc keeps a prefix). On memory the CPU may not
+ * touch, written and read through the provider's copy. */
+static void pos_fill_host(unsigned char *b, size_t n, uint64_t seed) {
     for (size_t i = 0; i < n; i++) b[i] = (unsigned char)(i * 31u + (i >> 8) + seed * 7u);
 }
 
-static int pos_verify(const void *p, size_t n, uint64_t seed) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++)
-        if (b[i] != (unsigned char)(i * 31u + (i >> 8) + seed * 7u)) return 0;
-    return 1;
+static void pos_fill(hm_pool_t *pool, void *p, size_t n, uint64_t seed) {
+    if (cpu(pool)) {
+        pos_fill_host(p, n, seed);
+        return;
+    }
+    unsigned char *h = malloc(n);
+    REQUIRE(h != NULL);
+    pos_fill_host(h, n, seed);
+    dev_write(pool, p, h, n);
+    free(h);
+}
+
+static int pos_verify(hm_pool_t *pool, const void *p, size_t n, uint64_t seed) {
+    const unsigned char *b = view(pool, p, n);
+    if (!b) return 0;
+    int ok = 1;
+    for (size_t i = 0; i < n && ok; i++)
+        if (b[i] != (unsigned char)(i * 31u + (i >> 8) + seed * 7u)) ok = 0;
+    free_view(pool, b);
+    return ok;
 }
 
 static void case_realloc(qsuite_t *s) {
@@ -292,9 +361,9 @@ static void case_realloc(qsuite_t *s) {
     check_alloc(s, pool, p, 100, 0, 500);
     errno = 0;
     CHECK(hm_pool_realloc(pool, NULL, 0) == NULL && errno == EINVAL);
-    if (!cpu(pool)) {
-        /* Not CPU memory: realloc works through the pool's own op or fails
-         * cleanly, leaving p alone. */
+    if (!cpu(pool) && !dev_copies(pool)) {
+        /* Memory that neither the CPU nor the provider can move: realloc
+         * works through the pool's own op or fails cleanly, leaving p alone. */
         errno = 0;
         void *q = hm_pool_realloc(pool, p, 5000);
         CHECK_MSG(q || errno != 0, "device realloc: NULL without errno");
@@ -304,7 +373,7 @@ static void case_realloc(qsuite_t *s) {
     }
     size_t cur = 100;
     uint64_t seed = 500;
-    pos_fill(p, cur, seed);
+    pos_fill(pool, p, cur, seed);
     const size_t steps[] = {5000, 5001, 200000, 1 * MIB + 7, 64, 10, 1, 3000, 65536};
     for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
         size_t want = steps[i];
@@ -313,19 +382,20 @@ static void case_realloc(qsuite_t *s) {
         CHECK_MSG(q != NULL, "realloc(%zu -> %zu) -> NULL errno %d", cur, want, errno);
         if (!q) break;
         size_t keep = cur < want ? cur : want;
-        CHECK_MSG(pos_verify(q, keep, seed), "realloc(%zu -> %zu) lost content", cur, want);
+        CHECK_MSG(pos_verify(pool, q, keep, seed), "realloc(%zu -> %zu) lost content", cur,
+                  want);
         p = q;
         cur = want;
         seed++;
         check_alloc(s, pool, p, cur, 0, seed);
-        pos_fill(p, cur, seed);
+        pos_fill(pool, p, cur, seed);
     }
     /* Failing realloc: NULL, ENOMEM, the block untouched. */
-    hm_test_fill(p, cur, 600);
+    pos_fill(pool, p, cur, 600);
     errno = 0;
     void *q = hm_pool_realloc(pool, p, SIZE_MAX - 64);
     CHECK_MSG(q == NULL && errno == ENOMEM, "realloc(SIZE_MAX - 64) -> %p errno %d", q, errno);
-    CHECK(hm_test_verify(p, cur, 600));
+    CHECK(pos_verify(pool, p, cur, 600));
     CHECK(hm_pool_by_ptr(p) == (tracked(pool) ? pool : NULL));
     /* realloc(p, 0) frees p and returns NULL (the front-end's documented choice). */
     void *r0 = hm_pool_realloc(pool, p, 0);

@@ -183,7 +183,24 @@ static void case_info(psuite_t *s) {
         if (info.caps & HM_PROVIDER_CAP_IPC)
             CHECK(ops->ipc.handle_size && ops->ipc.get && ops->ipc.put && ops->ipc.open &&
                   ops->ipc.close);
+        /* FILL and COPY are exactly the ops. */
+        CHECK_EQ(!!(info.caps & HM_PROVIDER_CAP_FILL), ops->fill != NULL);
+        CHECK_EQ(!!(info.caps & HM_PROVIDER_CAP_COPY), ops->copy != NULL);
+        if (!(info.caps & HM_PROVIDER_CAP_IPC)) CHECK(ops->ipc_compatible == NULL);
     }
+    /* The device: none for host memory without a get_device op. */
+    hm_device_id_t dev;
+    memset(&dev, 0x5a, sizeof(dev));
+    CHECK_OK(hm_provider_get_device(p, &dev));
+    CHECK_RES(hm_provider_get_device(NULL, &dev), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_provider_get_device(p, NULL), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_MSG(dev.ordinal >= -1, "device ordinal %d", (int)dev.ordinal);
+    if (!dev.has_uuid) {
+        static const uint8_t zero[HM_DEVICE_UUID_SIZE];
+        CHECK(memcmp(dev.uuid, zero, sizeof(zero)) == 0);
+    }
+    if (ops && !ops->get_device) CHECK_EQ(dev.ordinal, -1);
+    if (ops && !ops->get_device) CHECK(!dev.has_uuid);
     CHECK_MSG(frees(p) == !!s->can_free, "caps say free %s, the test expects %s",
               frees(p) ? "supported" : "unsupported", s->can_free ? "supported" : "unsupported");
     done(p);
@@ -468,6 +485,84 @@ static void case_split_merge(psuite_t *s) {
     done(p);
 }
 
+/* fill and copy: the bytes, read back through copy (or the CPU). */
+static int read_back(hm_provider_t *p, void *host, const void *mem, size_t n) {
+    if (cpu(p)) {
+        memcpy(host, mem, n);
+        return 1;
+    }
+    hm_result_t r = hm_provider_copy(p, host, mem, n);
+    CHECK_MSG(r == HM_SUCCESS, "copy of %zu bytes to the host -> %s", n, hm_result_string(r));
+    return r == HM_SUCCESS;
+}
+
+static size_t count_not(const unsigned char *b, size_t n, unsigned char v) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += b[i] != v;
+    return k;
+}
+
+static void case_fill_copy(psuite_t *s) {
+    if (s->max_alloc < 4 * 4096) return;
+    set_case(s, "fill/copy");
+    hm_provider_t *p = fresh(s);
+    if (!p) return;
+    uint32_t caps = hm_provider_caps(p);
+    int fill = !!(caps & HM_PROVIDER_CAP_FILL), copy = !!(caps & HM_PROVIDER_CAP_COPY);
+    const size_t n = 3 * 4096 + 17;
+    void *a = NULL, *b = NULL;
+    CHECK_OK(hm_provider_alloc(p, n, 0, &a));
+    CHECK_OK(hm_provider_alloc(p, n, 0, &b));
+    unsigned char *h = malloc(n), *h2 = malloc(n);
+    REQUIRE(h && h2);
+    if (!a || !b) goto out;
+    /* Arguments, whatever the ops. */
+    CHECK_RES(hm_provider_fill(NULL, a, 0, n), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_provider_fill(p, NULL, 0, n), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_provider_copy(NULL, a, h, n), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_provider_copy(p, NULL, h, n), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_provider_copy(p, a, NULL, n), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_provider_copy(p, a, (char *)a + 1, n - 1), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_provider_copy(p, (char *)a + 1, a, n - 1), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_provider_fill(p, (void *)(UINTPTR_MAX - 15), 0, 32), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_provider_fill(p, a, 0, 0), HM_SUCCESS);
+    CHECK_RES(hm_provider_copy(p, a, h, 0), HM_SUCCESS);
+    if (!fill) CHECK_RES(hm_provider_fill(p, a, 0, n), HM_ERROR_NOT_SUPPORTED);
+    if (!copy) CHECK_RES(hm_provider_copy(p, a, h, n), HM_ERROR_NOT_SUPPORTED);
+    if (fill && (copy || cpu(p))) {
+        CHECK_OK(hm_provider_fill(p, a, 0xc3, n));
+        if (read_back(p, h, a, n)) CHECK_EQ(count_not(h, n, 0xc3), 0);
+        /* An interior piece, unaligned. */
+        CHECK_OK(hm_provider_fill(p, (char *)a + 5, 0, 4096));
+        if (read_back(p, h, a, n)) {
+            CHECK_EQ(count_not(h, 5, 0xc3), 0);
+            CHECK_EQ(count_not(h + 5, 4096, 0), 0);
+            CHECK_EQ(count_not(h + 5 + 4096, n - 5 - 4096, 0xc3), 0);
+        }
+    }
+    if (copy) {
+        /* host -> provider -> provider -> host */
+        hm_test_fill(h, n, 77);
+        CHECK_OK(hm_provider_copy(p, a, h, n));
+        CHECK_OK(hm_provider_copy(p, b, a, n));
+        memset(h2, 0, n);
+        CHECK_OK(hm_provider_copy(p, h2, b, n));
+        CHECK(hm_test_verify(h2, n, 77));
+        /* Within one allocation, unaligned, not overlapping. */
+        CHECK_OK(hm_provider_copy(p, (char *)a + 4096 + 3, (char *)a + 1, 4096));
+        memset(h2, 0, n);
+        CHECK_OK(hm_provider_copy(p, h2, a, n));
+        CHECK(memcmp(h2 + 4096 + 3, h + 1, 4096) == 0);
+        CHECK(memcmp(h2, h, 4096 + 3) == 0);
+    }
+out:
+    free(h);
+    free(h2);
+    if (a) CHECK_RES(hm_provider_free(p, a, n), free_expect(p));
+    if (b) CHECK_RES(hm_provider_free(p, b, n), free_expect(p));
+    done(p);
+}
+
 /* ---- many threads at once ---- */
 
 typedef struct pthread_arg {
@@ -619,6 +714,7 @@ void hm_test_provider_suite(const char *label, hm_test_provider_factory make, vo
     case_free(&s);
     case_purge(&s);
     case_split_merge(&s);
+    case_fill_copy(&s);
     case_exhaust(&s);
     case_threads(&s);
     hm_test_set_context(NULL);

@@ -60,6 +60,7 @@ typedef struct jpool {
     unsigned arena;
     int arena_flags;  /* MALLOCX_ARENA(arena) */
     bool cpu;         /* the CPU may touch the memory */
+    bool can_fill, can_copy; /* else: the provider's fill and copy (HM_PROVIDER_CAP_FILL/COPY) */
     bool can_free;    /* the provider takes memory back */
     bool can_purge_lazy, can_purge_force;
     size_t page;      /* the provider's page size */
@@ -519,7 +520,7 @@ static void *h_alloc(extent_hooks_t *h, void *new_addr, size_t size, size_t alig
     /* Providers cannot place memory at a chosen address (jemalloc asks when
      * growing a large block in place): decline, jemalloc moves it instead. */
     if (new_addr) return NULL;
-    if (*zero && !jp->cpu) return NULL; /* cannot zero device memory */
+    if (*zero && !jp->cpu && !jp->can_fill) return NULL; /* cannot zero device memory */
     void *p = NULL;
     hm_result_t r = hm_pool_provider_alloc(jp->pool, size, alignment > JE_PAGE ? alignment : 0, &p);
     if (r != HM_SUCCESS) {
@@ -528,15 +529,22 @@ static void *h_alloc(extent_hooks_t *h, void *new_addr, size_t size, size_t alig
     }
     if (hm_unlikely(!hm__range_below((uintptr_t)p, size, HM_JEMALLOC_ADDR_BITS)))
         return refuse_high(jp, p, size);
+    /* The provider does not promise zeroed memory: zero it when asked, by
+     * the CPU (below) or, on memory the CPU may not touch, the provider. */
+    if (*zero && !jp->cpu &&
+        hm_provider_fill(hm_pool_get_provider(jp->pool), p, 0, size) != HM_SUCCESS) {
+        if (hm_pool_provider_free(jp->pool, p, size) != HM_SUCCESS)
+            HM_LOG_WARN("jemalloc pool '%s': [%p, +%zu) kept after its provider failed to zero "
+                        "it", hm_pool_name(jp->pool), p, size);
+        return NULL;
+    }
     if (!range_add(jp, p, size)) {
         if (hm_pool_provider_free(jp->pool, p, size) != HM_SUCCESS)
             HM_LOG_WARN("jemalloc pool '%s': [%p, +%zu) kept after running out of host memory",
                         hm_pool_name(jp->pool), p, size);
         return NULL;
     }
-    /* The provider does not promise zeroed memory: zero it when asked (CPU
-     * memory only, checked above). */
-    if (*zero) memset(p, 0, size);
+    if (*zero && jp->cpu) memset(p, 0, size);
     *commit = true; /* provider memory is always usable */
     return p;
 }
@@ -744,6 +752,8 @@ static hm_result_t jp_init(hm_pool_t *pool, const void *params_in, void **state)
     jp->page = page;
     pthread_mutex_init(&jp->range_lock, NULL);
     jp->cpu = hm_provider_cpu_accessible(prov);
+    jp->can_fill = (caps & HM_PROVIDER_CAP_FILL) != 0;
+    jp->can_copy = (caps & HM_PROVIDER_CAP_COPY) != 0;
     jp->can_free = (caps & HM_PROVIDER_CAP_FREE) != 0;
     jp->can_purge_lazy = (caps & HM_PROVIDER_CAP_PURGE_LAZY) != 0;
     jp->can_purge_force = (caps & HM_PROVIDER_CAP_PURGE_FORCE) != 0;
@@ -911,13 +921,57 @@ static size_t jp_usable_size(void *state, const void *ptr) {
     return hm__je_fast_check(&jp->key, ptr);
 }
 
-static hm_result_t jp_calloc(void *state, size_t size, void **ptr) {
-    jpool_t *jp = state;
-    if (!jp->cpu) {
-        HM_LOG_ERROR("jemalloc pool '%s': calloc on memory the CPU cannot touch",
-                     hm_pool_name(jp->pool));
+/* calloc on memory the CPU may not touch: a block, zeroed by the provider. */
+static HM_NOINLINE hm_result_t calloc_device(jpool_t *jp, size_t size, void **ptr) {
+    if (!jp->can_fill) {
+        HM_LOG_ERROR("jemalloc pool '%s': calloc on memory the CPU cannot touch, and provider "
+                     "'%s' has no fill", hm_pool_name(jp->pool),
+                     hm_provider_name(hm_pool_get_provider(jp->pool)));
         return HM_ERROR_NOT_SUPPORTED;
     }
+    void *p = NULL;
+    hm_result_t r = hm__je_fast_alloc(jp, size, 0, &p);
+    if (r != HM_SUCCESS) return r;
+    r = hm_provider_fill(hm_pool_get_provider(jp->pool), p, 0, size);
+    if (r != HM_SUCCESS) {
+        HM_LOG_ERROR("jemalloc pool '%s': provider could not zero %zu bytes: %s",
+                     hm_pool_name(jp->pool), size, hm_result_string(r));
+        (void)hm__je_fast_free(jp, p);
+        return r;
+    }
+    *ptr = p;
+    return HM_SUCCESS;
+}
+
+/* realloc on memory the CPU may not touch, when the block cannot be
+ * resized in place: a new block, the bytes moved by the provider. */
+static HM_NOINLINE hm_result_t realloc_device(jpool_t *jp, void *ptr, size_t size, void **out) {
+    if (!jp->can_copy) {
+        HM_LOG_ERROR("jemalloc pool '%s': realloc(%p, %zu) cannot resize in place, and provider "
+                     "'%s' has no copy to move memory the CPU cannot touch",
+                     hm_pool_name(jp->pool), ptr, size,
+                     hm_provider_name(hm_pool_get_provider(jp->pool)));
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    size_t old = hm__je_fast_check(&jp->key, ptr);
+    void *p = NULL;
+    hm_result_t r = hm__je_fast_alloc(jp, size, 0, &p);
+    if (r != HM_SUCCESS) return r;
+    r = hm_provider_copy(hm_pool_get_provider(jp->pool), p, ptr, old < size ? old : size);
+    if (r != HM_SUCCESS) {
+        HM_LOG_ERROR("jemalloc pool '%s': provider could not move %zu bytes: %s",
+                     hm_pool_name(jp->pool), old < size ? old : size, hm_result_string(r));
+        (void)hm__je_fast_free(jp, p);
+        return r;
+    }
+    (void)hm__je_fast_free(jp, ptr);
+    *out = p;
+    return HM_SUCCESS;
+}
+
+static hm_result_t jp_calloc(void *state, size_t size, void **ptr) {
+    jpool_t *jp = state;
+    if (!jp->cpu) return calloc_device(jp, size, ptr);
     tl_hook_refused = false;
     void *p = hm_je_mallocx(size, flags_of(jp) | MALLOCX_ZERO);
     tcache_refresh(jp);
@@ -930,19 +984,17 @@ static hm_result_t jp_realloc(void *state, void *ptr, size_t size, void **out) {
     jpool_t *jp = state;
     if (hm_unlikely(!hm__je_fast_check(&jp->key, ptr))) return hm__je_refuse(jp, ptr, "realloc");
     int flags = flags_of(jp);
+    if (size > ((size_t)1 << 62)) return HM_ERROR_OUT_OF_MEMORY;
     if (!jp->cpu) {
-        /* No copy through the CPU: in place or not at all. */
+        /* No copy through the CPU: in place, else through the provider. */
         size_t got = hm_je_xallocx(ptr, size, 0, flags);
         tcache_refresh(jp);
         if (got >= size) {
             *out = ptr;
             return HM_SUCCESS;
         }
-        HM_LOG_ERROR("jemalloc pool '%s': realloc(%p, %zu) cannot resize in place and memory "
-                     "the CPU cannot touch cannot be copied", hm_pool_name(jp->pool), ptr, size);
-        return HM_ERROR_NOT_SUPPORTED;
+        return realloc_device(jp, ptr, size, out);
     }
-    if (size > ((size_t)1 << 62)) return HM_ERROR_OUT_OF_MEMORY;
     tl_hook_refused = false;
     void *p = hm_je_rallocx(ptr, size, flags);
     tcache_refresh(jp);
