@@ -822,6 +822,10 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
     }
     hm_result_t r = open_verify(w);
     if (r != HM_SUCCESS) return r;
+    /* Memory of a device the importing provider cannot open: refused before
+     * a descriptor moves or the driver is asked (the provider logs why). */
+    r = hm__provider_ipc_compatible(prov, w->payload);
+    if (r != HM_SUCCESS) return r;
     int fd = -1, own_fd = -1;
     if (w->flags & HM__WIRE_HAS_FD) {
         if (fd_in >= 0) {

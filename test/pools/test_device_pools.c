@@ -441,9 +441,9 @@ static int importer(int sock, const hm_test_device_params_t *same,
     int fd = -1;
     if (hm_ipc_channel_recv(ch, buf, sizeof(buf), &len, &fd) != HM_SUCCESS || fd < 0) return 11;
     const hm_ipc_handle_t *h = (const hm_ipc_handle_t *)buf;
-    /* Another device, no peer access: refused, nothing mapped. The refusal
-     * comes from ipc_compatible where the IPC layer asks it, else from
-     * ipc.open; either way no mapping is made. */
+    /* Another device, no peer access: refused by ipc_compatible, which the
+     * IPC layer asks before the driver's open: the open is never called,
+     * nothing is mapped. */
     hm_provider_t *po, *ps;
     hm_pool_t *other_pool = proxy_on(other, &po);
     if (!other_pool) return 12;
@@ -451,8 +451,8 @@ static int importer(int sock, const hm_test_device_params_t *same,
     hm_result_t r = hm_ipc_open_fd(other_pool, h, len, fd, &q);
     if (r != HM_ERROR_NOT_SUPPORTED || q) return 13;
     if (hm_test_device_mappings(po) != 0) return 14;
-    if (hm_test_device_calls(po, HM_TEST_DEVICE_IPC_COMPATIBLE) +
-            hm_test_device_calls(po, HM_TEST_DEVICE_IPC_OPEN) < 1)
+    if (hm_test_device_calls(po, HM_TEST_DEVICE_IPC_COMPATIBLE) != 1 ||
+        hm_test_device_calls(po, HM_TEST_DEVICE_IPC_OPEN) != 0)
         return 15;
     /* The same device (another process's provider, the same UUID). */
     hm_pool_t *pool = proxy_on(same, &ps);
