@@ -3,9 +3,10 @@
  * the per-pool IPC state, fork handling and the small public calls.
  * SPDX-License-Identifier: MIT
  *
- *  Lock order (fork prepare takes them all in this order): hm__ipc_pilist_lock ->
- *  every pi->lock -> the import side's (gc.lock, imp_arena) -> the export
- *  side's (gx.lock, the file holds, the view arenas) -> the pidfd cache.
+ *  Lock order (the IPC fork slot's prepare takes them all in this order,
+ *  src/fork.h): pilist_lock -> every pi->lock -> the import side's
+ *  (gc.lock, imp_arena) -> the export side's (gx.lock, the view arenas) ->
+ *  the pidfd cache.
  *  pi->lock guards the import side's per-pool index; the export side's
  *  per-pool fields (xhead, held) are gx.lock's. ident_lock nests with
  *  nothing. */
