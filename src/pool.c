@@ -284,8 +284,8 @@ void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size) {
     void *out = NULL;
     hm_result_t r;
     hm_tracker_entry_t e;
-    if (hm_unlikely(atomic_load_explicit(&pool->ipc, memory_order_relaxed) != NULL) &&
-        pool->tracked && hm__tracker_lookup(ptr, &e) && !(e.flags & HM_TRACK_IMPORTED) &&
+    if (hm_unlikely(hm__pool_maybe_held(pool, ptr)) && pool->tracked &&
+        hm__tracker_lookup(ptr, &e) && !(e.flags & HM_TRACK_IMPORTED) &&
         hm__ipc_is_held(pool, ptr, &e))
         return realloc_held(pool, ptr, size, &e);
     if (pool->ops.realloc) {

@@ -343,26 +343,36 @@ static bool xholds(const xent_t *x, uintptr_t p, size_t n) {
     return false;
 }
 
+/* The block's extent, where the pool can tell it (*n; 0: it cannot, any
+ * pointer counts), so that only a block holding an exported pointer waits.
+ * false: ptr is no block of the pool (the pool's own call refuses it). */
+static bool block_extent(hm_pool_t *pool, const void *ptr, size_t *n) {
+    *n = pool->ops.usable_size ? pool->ops.usable_size(pool->state, ptr) : 0;
+    return *n || !pool->ops.usable_size;
+}
+
+/* The live export of pi's range *e with gets outstanding that holds the
+ * block [ptr, +n), or NULL (gx.lock held). */
+static xent_t *xheld(hm_ipc_pool_t *pi, const void *ptr, size_t n, const hm_tracker_entry_t *e) {
+    xent_t *x = xfind(e->base);
+    if (x && x->live && x->id == e->id && x->refs && x->pi == pi && xholds(x, (uintptr_t)ptr, n))
+        return x;
+    return NULL;
+}
+
 hm_result_t hm__ipc_free_held(hm_pool_t *pool, void *ptr, const hm_tracker_entry_t *e,
                               bool *done) {
     *done = false;
     xdue_check();
     hm_ipc_pool_t *pi = hm__ipc_pool(pool);
-    if (!pi || !atomic_load_explicit(&pi->held, memory_order_relaxed)) return HM_SUCCESS;
-    /* The block's extent, where the pool can tell it: only a free of a
-     * block that holds an exported pointer waits. A pointer that is no
-     * block of the pool (0) goes on to the pool's free, which refuses it. */
-    size_t n = 0;
-    if (pool->ops.usable_size) {
-        n = pool->ops.usable_size(pool->state, ptr);
-        if (!n) return HM_SUCCESS;
-    }
+    size_t n;
+    if (!pi || !atomic_load_explicit(&pi->held, memory_order_relaxed) ||
+        !block_extent(pool, ptr, &n))
+        return HM_SUCCESS;
     hm_result_t r = HM_SUCCESS;
     hm__mutex_lock(&gx.lock);
-    xent_t *x = xfind(e->base);
-    if (!x || !x->live || x->id != e->id || !x->refs || x->pi != pi ||
-        !xholds(x, (uintptr_t)ptr, n))
-        goto out; /* not held: the pool frees it now */
+    xent_t *x = xheld(pi, ptr, n, e);
+    if (!x) goto out; /* not held: the pool frees it now */
     *done = true;
     for (uint32_t i = 0; i < x->ndfr; i++)
         if (x->dfr[i] == ptr) {
@@ -391,12 +401,12 @@ out:
 
 bool hm__ipc_is_held(hm_pool_t *pool, const void *ptr, const hm_tracker_entry_t *e) {
     hm_ipc_pool_t *pi = hm__ipc_pool(pool);
-    if (!pi || !atomic_load_explicit(&pi->held, memory_order_relaxed)) return false;
-    size_t n = pool->ops.usable_size ? pool->ops.usable_size(pool->state, ptr) : 0;
+    size_t n;
+    if (!pi || !atomic_load_explicit(&pi->held, memory_order_relaxed) ||
+        !block_extent(pool, ptr, &n))
+        return false;
     hm__mutex_lock(&gx.lock);
-    xent_t *x = xfind(e->base);
-    bool held = x && x->live && x->id == e->id && x->refs && x->pi == pi &&
-                xholds(x, (uintptr_t)ptr, n);
+    bool held = xheld(pi, ptr, n, e) != NULL;
     hm__mutex_unlock(&gx.lock);
     return held;
 }
@@ -717,24 +727,13 @@ hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size) 
     uint64_t offset = (uintptr_t)ptr - te.base;
     hm_ipc_pool_t *pi = hm__ipc_pool_make(te.pool);
     if (hm_unlikely(!pi)) return HM_ERROR_OUT_OF_HOST_MEMORY;
+    hm__ipc_lazy_init(); /* the export cache's bound, before its first entry */
     hm_result_t r = HM_SUCCESS;
     hm__mutex_lock(&gx.lock);
     xent_t *x = xfind(te.base);
     if (hm_unlikely(x && (x->id != te.id || x->size != te.size))) {
         xdetach(x); /* freed and reallocated at the same address */
         x = NULL;
-    }
-    if (hm_unlikely(!x)) {
-        /* The fork handlers are registered before any provider export
-         * exists (the providers' hold tables rely on them). */
-        hm__mutex_unlock(&gx.lock);
-        hm__ipc_lazy_init();
-        hm__mutex_lock(&gx.lock);
-        x = xfind(te.base);
-        if (x && (x->id != te.id || x->size != te.size)) {
-            xdetach(x);
-            x = NULL;
-        }
     }
     if (hm_unlikely(!x)) {
         r = xcreate(&te, pi, &x);

@@ -29,7 +29,7 @@
  * The checksum catches corruption and truncation, not forgery. A forged
  * handle with a valid checksum is stopped by the importer's comparison
  * with the exporter's own copy at `origin` (read from the exporter's
- * memory: ipc.c, open_verify), which covers every field and the payload;
+ * memory: import.c, open_verify), which covers every field and the payload;
  * where the importer may not read it, by the identity check (pid + start
  * time), the provider's payload validation and the fd's size check. */
 #ifndef HM_IPC_WIRE_H

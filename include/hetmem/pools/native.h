@@ -83,12 +83,10 @@
  * (a pointer of the pool, the start of a block, not free already), never
  * against the block itself. Allocators that keep their free lists in the
  * blocks (tcmalloc, mimalloc) do none of that, and on random frees of small
- * blocks (8-128 B), where the checks are most of the work, they are faster:
- * bench/bench_native (2 CPUs) measures the native pool at 1.3-1.6x their
- * time there (and at 1.3x tcmalloc's on malloc/free pairs of such blocks),
- * and at about 1.0-1.3x the fastest's on mixes of larger blocks. It is
- * faster than glibc on every mix, and 1.4 to 6 times faster than any of
- * them when threads free each other's blocks. */
+ * blocks, where the checks are most of the work, they are faster; where
+ * threads free each other's blocks the native pool is faster than any of
+ * them. bench/bench_native measures each mix (figures: the performance
+ * report, not this header). */
 #ifndef HETMEM_POOLS_NATIVE_H
 #define HETMEM_POOLS_NATIVE_H
 
