@@ -59,6 +59,7 @@ hm_result_t hm_provider_create(const hm_provider_ops_t *ops, const void *params,
     if (!(op_caps & HM_PROVIDER_CAP_IPC)) {
         p->ops.ipc.close_many = NULL;
         p->ops.ipc_compatible = NULL;
+        p->ops.ipc_context = NULL;
     }
     hm_result_t r = ops->init(params, &p->state);
     if (r != HM_SUCCESS) {
@@ -79,6 +80,7 @@ hm_result_t hm_provider_create(const hm_provider_ops_t *ops, const void *params,
         if (p->device.ordinal < -1) p->device.ordinal = -1;
         if (!p->device.has_uuid) memset(p->device.uuid, 0, sizeof(p->device.uuid));
     }
+    if (p->ops.ipc_context) p->ipc_context = p->ops.ipc_context(p->state);
     if (!hm_is_pow2(p->info.min_page_size)) p->info.min_page_size = 1;
     if (!hm_is_pow2(p->info.recommended_page_size) ||
         p->info.recommended_page_size < p->info.min_page_size)

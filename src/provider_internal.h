@@ -16,6 +16,7 @@ struct hm_provider {
     void *state;
     hm_provider_info_t info;
     hm_device_id_t device; /* from ops.get_device; ordinal -1 and no UUID without it */
+    uint64_t ipc_context;  /* from ops.ipc_context; 0: mappings are not shared */
 };
 
 int hm__provider_is_live(const hm_provider_t *p);

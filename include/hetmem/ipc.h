@@ -60,6 +60,15 @@
  *    After the last put the bytes are reused normally: a mapping still open
  *    in an importer then sees the new allocation's bytes (the medium is
  *    shared) — close before putting where that matters.
+ *  - Pools whose providers name one driver context (ipc_context in
+ *    provider.h: GPU providers) share one mapping of each handle: opening
+ *    it through a second such pool returns the same pointer without a
+ *    second driver open; the driver's close comes when the last of them
+ *    lets go (its destroy, an eviction of its entry, the last close), and
+ *    until then hm_pool_destroy() of one leaves the mapping valid for the
+ *    others. hm_pool_by_ptr() gives the pool that opened it first, or,
+ *    once that one has let go, another that holds it; hm_ipc_close()
+ *    drops a reference taken through any of them.
  *  - Opened mappings are cached process-wide, keyed by (exporter, remote
  *    base, importing pool) and validated by the exporter's allocation id: a
  *    repeated open of the same allocation returns the same mapping and takes
@@ -75,7 +84,8 @@
  *    32, closed when that exporter exits or the slot is reused), so a miss
  *    costs no pidfd_open or /proc read.
  *  - hm_pool_destroy() closes every mapping opened through that pool (a
- *    warning names those still open); pointers into them become invalid.
+ *    warning names those still open); pointers into them become invalid
+ *    (except shared mappings another pool still holds: above).
  *  - Opened mappings are tracked: hm_pool_by_ptr() gives the importing pool,
  *    hm_allocation_info() reports HM_ALLOCATION_IMPORTED. hm_free() and
  *    hm_pool_free() of an opened pointer return HM_ERROR_INVALID_ARGUMENT

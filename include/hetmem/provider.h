@@ -88,7 +88,7 @@ typedef struct hm_provider_info {
     size_t recommended_page_size; /* e.g. 2 MiB for huge pages or GPU granularity */
 } hm_provider_info_t;
 
-/* Version 2 appended get_device, fill, copy and ipc_compatible. The
+/* Version 2 appended get_device, fill, copy, ipc_compatible and ipc_context. The
  * front-end accepts tables of version 1 (they end before get_device, and
  * only that much is read) and 2; a table always says the version of the
  * header it was compiled against, so a program built against an older
@@ -196,6 +196,20 @@ typedef struct hm_provider_ops {
      * and returns its error as hm_ipc_open's; ipc.open must still refuse
      * what it cannot map (the check is for a clear, early answer). */
     hm_result_t (*ipc_compatible)(void *state, const void *payload);
+
+    /* IPC mapping context (optional even with the ipc five; cleared without
+     * them): a nonzero key naming the driver context that ipc.open maps
+     * into, for drivers that map a handle once per context (a second
+     * cuIpcOpenMemHandle of one handle in one CUDA context must not
+     * happen). Called once, at create. Pools whose providers are of one
+     * family and answer the same key share one mapping of each handle: the
+     * IPC layer calls ipc.open once, through the first pool that opens it,
+     * and ipc.close once, through the last pool that drops it — so every
+     * provider answering a key must accept close, fill and copy of a
+     * mapping that another provider of the same key opened, as one driver
+     * context does. NULL or 0: each importing pool opens its own mapping
+     * (host memory: each open is its own mmap). */
+    uint64_t (*ipc_context)(void *state);
 } hm_provider_ops_t;
 
 /* Create a provider. `params` is the provider's params object (may be NULL

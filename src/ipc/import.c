@@ -12,6 +12,10 @@
  *         of the handle); else the handle is decoded and validated, and hits
  *         if imp_same() holds (the same test on the decoded fields).
  *   also  by local base in the same pool's second hash (close slow path).
+ *   map   for providers that name a driver context: the shared mapping
+ *         (smap, "shared mappings" below) whose members are the entries of
+ *         every pool over that context that opened the handle; one driver
+ *         open and one close per mapping, however many pools hold it.
  *   ring  a process-wide CLOCK ring of every cached mapping (F. J. Corbato,
  *         "A paging experiment with the Multics system", 1968: second-chance
  *         approximation of LRU), for the count/byte bound.
@@ -32,7 +36,8 @@
  * with no lock held. Hit counters are per pool; in-use counts are summed
  * when the statistics are read: no shared counter on a hit.
  *
- *  Lock order: pool lock (pi->lock) -> ring lock (gc.lock);
+ *  Lock order: shared mappings (gs.lock) -> pool lock (pi->lock) -> ring
+ *  lock (gc.lock);
  *  hm__ipc_pilist_lock -> pi->lock (statistics, fork). gx.lock and the arenas' locks nest
  *  with nothing.
  *
@@ -139,6 +144,7 @@ typedef struct imp {
     struct imp *rprev, *rnext; /* CLOCK ring (gc.lock) */
     struct imp *fnext;         /* arena free list (arena lock) */
     struct hm_ipc_pool *pi;
+    struct smap *map;            /* the shared mapping it is a member of, or NULL (fixed) */
     bool in_key, in_local;       /* pi->lock */
     bool in_ring, claimed, dead; /* gc.lock */
     /* Counted in the cache (in_ring) but off the ring's links: the evictor
@@ -628,12 +634,301 @@ static void closing_finish(closing_t *cl, hm_pool_t *pool) {
     free(cl->size);
 }
 
+/* ------------------------------------------------------------------------ */
+/* shared mappings                                                          */
+/*
+ * Providers that name a driver context (ipc_context != 0) map a handle once
+ * per context, so pools over providers of one family and one context share
+ * one mapping of it. An smap per (context, family, exporter pid, nonce,
+ * remote base, allocation id, size); its members are the entries (one per
+ * importing pool) that use it. The driver's open happens once, through the
+ * provider of the first member, and its close once, through the provider
+ * of the last member to leave. The mapping's tracker record belongs to one
+ * member's pool (owner) and moves to another member's pool
+ * (hm__tracker_rehome) when the owner's entry leaves, so hm_pool_by_ptr()
+ * never names a pool that no longer holds the mapping.
+ *
+ *   state    OPENING (the first member's driver open is in flight), READY,
+ *            CLOSING (the last member's driver close is in flight). An
+ *            open that meets OPENING or CLOSING waits on gs.cv: a handle is
+ *            never in two driver opens of one context at once, nor opened
+ *            while it closes.
+ *   members  gs.lock. A listed member's entry is not recycled (it leaves
+ *            first), and its pool is alive (a destroy makes its entries
+ *            leave before it frees the pool's IPC state).
+ *   Lock order: gs.lock -> pi->lock -> gc.lock. No provider call is made
+ *   under gs.lock (opens and closes run in the OPENING/CLOSING states).
+ * Each pool's entry counts in the cache's bound on its own (a mapping
+ * shared by two pools counts twice). */
+enum { SM_OPENING, SM_READY, SM_CLOSING };
+typedef struct smap {
+    uint64_t ctx, pid, nonce, rbase, alloc_id, size;
+    uint32_t family;
+    int state;
+    uintptr_t local;
+    hm_pool_t *owner; /* holds the tracker record (READY) */
+    imp_t **mem;      /* members: mem_inline or the heap */
+    size_t n, cap;
+    imp_t *mem_inline[2];
+    struct smap *knext, *lnext;
+    bool in_local;
+} smap_t;
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    smap_t **kb, **lb; /* chained hashes by key and by local base: cap buckets */
+    size_t cap, n;
+} gs = {.lock = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static inline size_t sm_kslot(uint64_t ctx, uint64_t pid, uint64_t nonce, uint64_t rbase) {
+    return hm__ipc_mix64(key_hash(pid, nonce, rbase) ^ ctx) & (gs.cap - 1);
+}
+static inline size_t sm_lslot(uintptr_t local) { return hm__ipc_mix64(local) & (gs.cap - 1); }
+
+static smap_t *sm_find(uint64_t ctx, const hm_wire_t *w) {
+    if (!gs.cap) return NULL;
+    for (smap_t *m = gs.kb[sm_kslot(ctx, w->pid, w->nonce, w->base)]; m; m = m->knext)
+        if (m->ctx == ctx && m->family == w->family && m->pid == w->pid &&
+            m->nonce == w->nonce && m->rbase == w->base && m->alloc_id == w->alloc_id &&
+            m->size == w->size)
+            return m;
+    return NULL;
+}
+static smap_t *sm_lfind(uintptr_t local) {
+    if (!gs.cap) return NULL;
+    for (smap_t *m = gs.lb[sm_lslot(local)]; m; m = m->lnext)
+        if (m->local == local) return m;
+    return NULL;
+}
+static void sm_kunlink(smap_t *m) {
+    smap_t **p = &gs.kb[sm_kslot(m->ctx, m->pid, m->nonce, m->rbase)];
+    while (*p != m) p = &(*p)->knext;
+    *p = m->knext;
+    gs.n--;
+}
+static void sm_lunlink(smap_t *m) {
+    if (!m->in_local) return;
+    smap_t **p = &gs.lb[sm_lslot(m->local)];
+    while (*p != m) p = &(*p)->lnext;
+    *p = m->lnext;
+    m->in_local = false;
+}
+/* Room for one more (false: out of memory). */
+static bool sm_grow(void) {
+    if (gs.n < gs.cap) return true;
+    size_t cap = gs.cap ? gs.cap * 2 : 64;
+    smap_t **kb = calloc(cap, sizeof(*kb)), **lb = calloc(cap, sizeof(*lb));
+    if (!kb || !lb) {
+        free(kb);
+        free(lb);
+        return gs.cap && gs.n < gs.cap * 4; /* longer chains, still correct */
+    }
+    size_t old = gs.cap;
+    smap_t **okb = gs.kb, **olb = gs.lb;
+    gs.kb = kb;
+    gs.lb = lb;
+    gs.cap = cap;
+    for (size_t i = 0; i < old; i++) {
+        for (smap_t *m = okb[i], *nx; m; m = nx) {
+            nx = m->knext;
+            size_t b = sm_kslot(m->ctx, m->pid, m->nonce, m->rbase);
+            m->knext = kb[b];
+            kb[b] = m;
+        }
+        for (smap_t *m = olb[i], *nx; m; m = nx) {
+            nx = m->lnext;
+            size_t b = sm_lslot(m->local);
+            m->lnext = lb[b];
+            lb[b] = m;
+        }
+    }
+    free(okb);
+    free(olb);
+    return true;
+}
+static bool sm_add_member(smap_t *m, imp_t *e) {
+    if (m->n == m->cap) {
+        size_t cap = m->cap * 2;
+        imp_t **a = malloc(cap * sizeof(*a));
+        if (!a) return false;
+        memcpy(a, m->mem, m->n * sizeof(*a));
+        if (m->mem != m->mem_inline) free(m->mem);
+        m->mem = a;
+        m->cap = cap;
+    }
+    m->mem[m->n++] = e;
+    e->map = m;
+    return true;
+}
+static void sm_free(smap_t *m) {
+    if (m->mem != m->mem_inline) free(m->mem);
+    free(m);
+}
+
+/* Join e (a fresh entry of an importing pool whose provider names context
+ * ctx) to the shared mapping of handle w: *local is the mapping's address
+ * when there is one (nothing to open); else *local is 0 and *made is a new
+ * OPENING mapping whose only member is e: the caller opens the handle and
+ * calls map_ready, or map_abort if that fails. */
+static hm_result_t map_join(uint64_t ctx, const hm_wire_t *w, imp_t *e, smap_t **made,
+                            uintptr_t *local) {
+    *made = NULL;
+    *local = 0;
+    hm__mutex_lock(&gs.lock);
+    smap_t *m;
+    while ((m = sm_find(ctx, w)) && m->state != SM_READY)
+        if (pthread_cond_wait(&gs.cv, &gs.lock) != 0) HM_DIE("pthread_cond_wait failed");
+    if (m) {
+        bool ok = sm_add_member(m, e);
+        if (ok) *local = m->local;
+        hm__mutex_unlock(&gs.lock);
+        return ok ? HM_SUCCESS : HM_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    m = sm_grow() ? calloc(1, sizeof(*m)) : NULL;
+    if (!m) {
+        hm__mutex_unlock(&gs.lock);
+        return HM_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    m->ctx = ctx;
+    m->family = w->family;
+    m->pid = w->pid;
+    m->nonce = w->nonce;
+    m->rbase = w->base;
+    m->alloc_id = w->alloc_id;
+    m->size = w->size;
+    m->state = SM_OPENING;
+    m->mem = m->mem_inline;
+    m->cap = 2;
+    (void)sm_add_member(m, e); /* inline room */
+    size_t b = sm_kslot(ctx, w->pid, w->nonce, w->base);
+    m->knext = gs.kb[b];
+    gs.kb[b] = m;
+    gs.n++;
+    hm__mutex_unlock(&gs.lock);
+    *made = m;
+    return HM_SUCCESS;
+}
+
+/* The first member's open succeeded: the mapping is at local, tracked for pool. */
+static void map_ready(smap_t *m, uintptr_t local, hm_pool_t *pool) {
+    hm__mutex_lock(&gs.lock);
+    m->local = local;
+    m->owner = pool;
+    m->state = SM_READY;
+    size_t b = sm_lslot(local);
+    m->lnext = gs.lb[b];
+    gs.lb[b] = m;
+    m->in_local = true;
+    pthread_cond_broadcast(&gs.cv);
+    hm__mutex_unlock(&gs.lock);
+}
+
+/* The first member's open failed: the mapping never existed. */
+static void map_abort(smap_t *m) {
+    hm__mutex_lock(&gs.lock);
+    sm_kunlink(m);
+    m->mem[0]->map = NULL;
+    pthread_cond_broadcast(&gs.cv);
+    hm__mutex_unlock(&gs.lock);
+    sm_free(m);
+}
+
+/* e (out of its pool's hashes, or never in them) leaves its shared
+ * mapping. Returns the mapping, now CLOSING, when e was its last member:
+ * the caller closes it (tracker and driver) and then calls map_closed;
+ * NULL when other pools still hold it (if e's pool held the tracker record,
+ * it moves to one of theirs). */
+static smap_t *map_leave(imp_t *e) {
+    smap_t *m = e->map;
+    hm_pool_t *pool = e->pi->pool;
+    hm__mutex_lock(&gs.lock);
+    size_t i = 0;
+    while (m->mem[i] != e) i++;
+    m->mem[i] = m->mem[--m->n];
+    e->map = NULL;
+    if (m->n) {
+        if (m->owner == pool) {
+            hm_pool_t *heir = m->mem[0]->pi->pool;
+            hm_result_t r = hm__tracker_rehome(m->local, (size_t)m->size, &heir->index, heir,
+                                               heir->provider);
+            if (r != HM_SUCCESS)
+                HM_LOG_ERROR("IPC: the shared mapping [%p, +%llu) could not move to pool '%s' "
+                             "(%s): it stays mapped but untracked until that pool lets go",
+                             (void *)m->local, (unsigned long long)m->size, heir->ops.name,
+                             hm_result_string(r));
+            m->owner = heir;
+        }
+        m = NULL;
+    } else {
+        m->state = SM_CLOSING;
+    }
+    hm__mutex_unlock(&gs.lock);
+    return m;
+}
+
+/* The last member closed m: forget it, and let waiting opens through. */
+static void map_closed(smap_t *m) {
+    hm__mutex_lock(&gs.lock);
+    sm_kunlink(m);
+    sm_lunlink(m);
+    pthread_cond_broadcast(&gs.cv);
+    hm__mutex_unlock(&gs.lock);
+    sm_free(m);
+}
+
+/* e's mapping out of the cache (no lock held; e out of its pool's hashes
+ * and still the caller's): its own mapping closed, or its place in a shared
+ * one given up (closed when it was the last). */
+static void unmap_entry(imp_t *e) {
+    hm_pool_t *pool = e->pi->pool;
+    uintptr_t local = e->local;
+    size_t size = (size_t)e->size;
+    if (!e->map) {
+        close_mapping(pool, local, size);
+        return;
+    }
+    smap_t *m = map_leave(e);
+    if (m) {
+        close_mapping(pool, local, size);
+        map_closed(m);
+    }
+}
+
+/* Fork: gs.lock is taken first (it comes before every pool lock). The
+ * child drops the mappings whose open or close was in flight in a thread
+ * that does not exist there (phase: 0 prepare, 1 parent, 2 child). */
+void hm__ipc_import_share_atfork(int phase) {
+    if (phase == 0) {
+        hm__mutex_lock(&gs.lock);
+        return;
+    }
+    if (phase == 2) {
+        for (size_t i = 0; i < gs.cap; i++) {
+            for (smap_t *m = gs.kb[i], *nx; m; m = nx) {
+                nx = m->knext;
+                if (m->state == SM_READY) continue;
+                for (size_t k = 0; k < m->n; k++) m->mem[k]->map = NULL;
+                sm_kunlink(m);
+                sm_lunlink(m);
+                sm_free(m);
+            }
+        }
+        pthread_cond_init(&gs.cv, NULL);
+    }
+    hm__mutex_unlock(&gs.lock);
+}
+
 /* e is out of both pool hashes, killed, unused; the caller is its closer. */
 static void retire(imp_t *e) {
     hm_pool_t *pool = e->pi->pool;
     uintptr_t local = e->local;
     size_t size = e->size;
     bool free_it = true;
+    /* Leave a shared mapping while e is still ours (an evictor's claim may
+     * free it once it is dead). */
+    bool shared = e->map != NULL;
+    smap_t *last = shared ? map_leave(e) : NULL;
     hm__mutex_lock(&gc.lock);
     if (e->in_ring) ring_unlink(e);
     if (e->claimed) { /* an evictor holds it: it frees it */
@@ -641,7 +936,8 @@ static void retire(imp_t *e) {
         free_it = false;
     }
     hm__mutex_unlock(&gc.lock);
-    close_mapping(pool, local, size);
+    if (!shared || last) close_mapping(pool, local, size);
+    if (last) map_closed(last);
     if (free_it) imp_free(e);
 }
 
@@ -706,7 +1002,7 @@ static void evict_over_bound(void) {
         }
         hm__mutex_unlock(&pi->lock);
         if (outcome == 0) {
-            close_mapping(pi->pool, v->local, v->size);
+            unmap_entry(v);
             imp_free(v);
             atomic_fetch_add_explicit(&gc.evictions, 1, memory_order_relaxed);
         } else if (outcome == 2) {
@@ -813,19 +1109,14 @@ static hm_result_t open_verify(const hm_wire_t *w) {
     return HM_ERROR_INVALID_HANDLE;
 }
 
-static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, const hm_wire_t *w,
-                                         uint64_t kh, int fd_in, void **ptr) {
+/* The driver's open of handle w through pool's provider, tracked for pool:
+ * the importer's copy of the descriptor fetched where the handle has one
+ * (unless the caller gave it: fd_in), the provider's open, the tracker
+ * record. Nothing is left behind on failure. */
+static hm_result_t open_mapping(hm_pool_t *pool, const hm_wire_t *w, int fd_in,
+                                uintptr_t *out) {
     hm_provider_t *prov = pool->provider;
-    if (!hm__handle_is_live(pool, HM_HANDLE_POOL)) {
-        HM_LOG_ERROR("hm_ipc_open: %p is not a live pool", (void *)pool);
-        return HM_ERROR_INVALID_ARGUMENT;
-    }
-    hm_result_t r = open_verify(w);
-    if (r != HM_SUCCESS) return r;
-    /* Memory of a device the importing provider cannot open: refused before
-     * a descriptor moves or the driver is asked (the provider logs why). */
-    r = hm__provider_ipc_compatible(prov, w->payload);
-    if (r != HM_SUCCESS) return r;
+    hm_result_t r;
     int fd = -1, own_fd = -1;
     if (w->flags & HM__WIRE_HAS_FD) {
         if (fd_in >= 0) {
@@ -850,17 +1141,54 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
         HM_LOG_ERROR("hm_ipc_open: provider '%s' returned success and NULL", prov->info.name);
         return HM_ERROR_UNKNOWN;
     }
-    imp_t *e = imp_alloc(w);
-    if (!e) {
-        r = HM_ERROR_OUT_OF_HOST_MEMORY;
-        goto fail_entry;
-    }
     uint32_t tflags = HM_TRACK_IMPORTED | (pool->cpu_accessible ? HM_TRACK_HOST_ACCESSIBLE : 0);
     r = hm__tracker_insert(&pool->index, pool, prov, (uintptr_t)local, (size_t)w->size, tflags,
                            NULL);
-    if (r != HM_SUCCESS) goto fail_track;
+    if (r != HM_SUCCESS) {
+        close_or_keep(pool, (uintptr_t)local, (size_t)w->size);
+        return r;
+    }
+    *out = (uintptr_t)local;
+    return HM_SUCCESS;
+}
+
+static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, const hm_wire_t *w,
+                                         uint64_t kh, int fd_in, void **ptr) {
+    hm_provider_t *prov = pool->provider;
+    if (!hm__handle_is_live(pool, HM_HANDLE_POOL)) {
+        HM_LOG_ERROR("hm_ipc_open: %p is not a live pool", (void *)pool);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    hm_result_t r = open_verify(w);
+    if (r != HM_SUCCESS) return r;
+    /* Memory of a device the importing provider cannot open: refused before
+     * a descriptor moves or the driver is asked (the provider logs why). */
+    r = hm__provider_ipc_compatible(prov, w->payload);
+    if (r != HM_SUCCESS) return r;
+    imp_t *e = imp_alloc(w);
+    if (!e) return HM_ERROR_OUT_OF_HOST_MEMORY;
     e->pi = pi;
-    e->local = (uintptr_t)local;
+    /* A provider that names its driver context shares the mapping with
+     * every pool over that context: joined, nothing is opened. */
+    smap_t *made = NULL;
+    uintptr_t local = 0;
+    if (prov->ipc_context) {
+        r = map_join(prov->ipc_context, w, e, &made, &local);
+        if (r != HM_SUCCESS) {
+            imp_free(e);
+            return r;
+        }
+    }
+    if (!local) {
+        r = open_mapping(pool, w, fd_in, &local);
+        if (r != HM_SUCCESS) {
+            if (made) map_abort(made);
+            imp_free(e);
+            return r;
+        }
+        if (made) map_ready(made, local, pool);
+    }
+    e->local = local;
 
     imp_t *victim = NULL;
     uint32_t gen = 0;
@@ -876,7 +1204,7 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
         if (ok) pi->hits++;
         hm__mutex_unlock(&pi->lock);
         if (ok) tc_note(o, gen, theirs, theirs_size);
-        close_mapping(pool, (uintptr_t)local, (size_t)w->size);
+        unmap_entry(e);
         imp_free(e); /* never published */
         if (!ok) {
             HM_LOG_ERROR("hm_ipc_open: mapping opened %u times, never closed", ST_REFS);
@@ -887,9 +1215,9 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
     }
     if (hm_unlikely(!grow(pi))) {
         hm__mutex_unlock(&pi->lock);
-        r = HM_ERROR_OUT_OF_HOST_MEMORY;
-        (void)hm__tracker_remove((uintptr_t)local, (size_t)w->size);
-        goto fail_track;
+        unmap_entry(e);
+        imp_free(e);
+        return HM_ERROR_OUT_OF_HOST_MEMORY;
     }
     if (o) victim = unlink_stale(pi, o);
     kinsert(pi, kh, e);
@@ -908,12 +1236,6 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
     if (over_bound()) evict_over_bound();
     *ptr = (char *)local + w->offset;
     return HM_SUCCESS;
-
-fail_track:
-    imp_free(e);
-fail_entry:
-    close_or_keep(pool, (uintptr_t)local, (size_t)w->size);
-    return r;
 }
 
 /* Everything but a fast hit: full validation (checksum and fields), then
@@ -1018,6 +1340,53 @@ hm_result_t hm_ipc_open(hm_pool_t *pool, const hm_ipc_handle_t *handle, size_t s
     return hm_ipc_open_fd(pool, handle, size, -1, ptr);
 }
 
+/* Close of a shared mapping without the per-thread slot: one reference of
+ * any member that has one (the mapping stays while any member holds it, so
+ * which pool's count drops changes only which entry becomes evictable). */
+static HM_NOINLINE hm_result_t close_shared(void *ptr, uintptr_t base) {
+    hm__mutex_lock(&gs.lock);
+    smap_t *m = sm_lfind(base);
+    if (hm_unlikely(!m)) {
+        hm__mutex_unlock(&gs.lock);
+        HM_LOG_ERROR("hm_ipc_close(%p): no open mapping there (closed concurrently?)", ptr);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    imp_t *x = NULL;
+    bool last = false, retire_now = false;
+    for (size_t i = 0; i < m->n && !x; i++) {
+        imp_t *e = m->mem[i];
+        hm_ipc_pool_t *pi = e->pi;
+        hm__mutex_lock(&pi->lock);
+        if (e->in_local) {
+            uint64_t w = atomic_load_explicit(&e->state, memory_order_relaxed);
+            while (st_refs(w) &&
+                   !atomic_compare_exchange_weak_explicit(&e->state, &w, w - 1,
+                                                          memory_order_seq_cst,
+                                                          memory_order_relaxed)) {
+            }
+            if (st_refs(w)) {
+                x = e;
+                last = st_refs(w) == 1;
+                if (last) unpark_check(e);
+                if (last && !e->in_key) { /* stale: its last user is gone */
+                    lunlink(pi, e);
+                    imp_kill(e);
+                    retire_now = true;
+                }
+            }
+        }
+        hm__mutex_unlock(&pi->lock);
+    }
+    hm__mutex_unlock(&gs.lock);
+    if (hm_unlikely(!x)) {
+        HM_LOG_ERROR("hm_ipc_close(%p): closed more times than opened", ptr);
+        return HM_ERROR_DOUBLE_FREE;
+    }
+    if (retire_now) retire(x);
+    else if (last && over_bound()) evict_over_bound();
+    return HM_SUCCESS;
+}
+
 /* Close through the tracker and the pool's local-address hash. */
 static HM_NOINLINE hm_result_t close_slow(void *ptr) {
     hm_tracker_entry_t te;
@@ -1029,6 +1398,7 @@ static HM_NOINLINE hm_result_t close_slow(void *ptr) {
         HM_LOG_ERROR("hm_ipc_close(%p): not a mapping opened through IPC", ptr);
         return HM_ERROR_INVALID_ARGUMENT;
     }
+    if (te.provider && te.provider->ipc_context) return close_shared(ptr, te.base);
     hm_ipc_pool_t *pi = hm__ipc_pool(te.pool);
     if (hm_unlikely(!pi)) {
         HM_LOG_ERROR("hm_ipc_close(%p): the pool has no IPC state", ptr);
@@ -1159,7 +1529,12 @@ void hm__ipc_import_pool_destroy(hm_pool_t *pool, hm_ipc_pool_t *pi) {
         hm__mutex_unlock(&pi->lock);
         if (!k) break;
         n += k;
-        bool mine[DESTROY_BATCH];
+        bool mine[DESTROY_BATCH], shared[DESTROY_BATCH];
+        smap_t *last[DESTROY_BATCH];
+        for (size_t i = 0; i < k; i++) { /* while the entries are still ours */
+            shared[i] = batch[i]->map != NULL;
+            last[i] = shared[i] ? map_leave(batch[i]) : NULL;
+        }
         hm__mutex_lock(&gc.lock);
         for (size_t i = 0; i < k; i++) {
             if (batch[i]->in_ring) ring_unlink(batch[i]);
@@ -1168,7 +1543,12 @@ void hm__ipc_import_pool_destroy(hm_pool_t *pool, hm_ipc_pool_t *pi) {
         }
         hm__mutex_unlock(&gc.lock);
         for (size_t i = 0; i < k; i++) {
-            closing_add(&cl, pool, local[i], size[i]);
+            if (last[i]) { /* the last pool to hold a shared mapping: closed now */
+                close_mapping(pool, local[i], size[i]);
+                map_closed(last[i]);
+            } else if (!shared[i]) {
+                closing_add(&cl, pool, local[i], size[i]);
+            }
             if (mine[i]) imp_free(batch[i]);
         }
     }

@@ -4,7 +4,8 @@
  * SPDX-License-Identifier: MIT
  *
  *  Lock order (the IPC fork slot's prepare takes them all in this order,
- *  src/fork.h): pilist_lock -> every pi->lock -> the import side's
+ *  src/fork.h): the shared mappings' lock (import.c's gs.lock) ->
+ *  pilist_lock -> every pi->lock -> the import side's
  *  (gc.lock, imp_arena) -> the export side's (gx.lock, the view arenas) ->
  *  the pidfd cache.
  *  pi->lock guards the import side's per-pool index; the export side's
@@ -151,6 +152,7 @@ void hm__ipc_pool_destroy(hm_pool_t *pool) {
 /* fork                                                                     */
 
 void hm__ipc_atfork_prepare(void) {
+    hm__ipc_import_share_atfork(0);
     hm__mutex_lock(&hm__ipc_pilist_lock);
     for (hm_ipc_pool_t *pi = hm__ipc_pilist; pi; pi = pi->gnext) hm__mutex_lock(&pi->lock);
     hm__ipc_import_atfork(0);
@@ -164,6 +166,7 @@ static void ipc_atfork_release(int phase) {
     hm__ipc_import_atfork(phase);
     for (hm_ipc_pool_t *pi = hm__ipc_pilist; pi; pi = pi->gnext) hm__mutex_unlock(&pi->lock);
     hm__mutex_unlock(&hm__ipc_pilist_lock);
+    hm__ipc_import_share_atfork(phase);
 }
 void hm__ipc_atfork_parent(void) { ipc_atfork_release(1); }
 void hm__ipc_atfork_child(void) {

@@ -124,5 +124,7 @@ void hm__ipc_import_pool_destroy(hm_pool_t *pool, hm_ipc_pool_t *pi);
 void hm__ipc_import_fold_hits(hm_ipc_pool_t *pi);
 void hm__ipc_import_init(size_t max_entries, size_t max_bytes);
 void hm__ipc_import_atfork(int phase);
+/* The shared mappings' lock: taken before every pool lock (0 prepare, 1 parent, 2 child). */
+void hm__ipc_import_share_atfork(int phase);
 
 #endif

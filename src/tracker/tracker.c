@@ -1153,6 +1153,45 @@ hm_result_t hm__tracker_split(uintptr_t base, size_t total, size_t first) {
     return HM_SUCCESS;
 }
 
+hm_result_t hm__tracker_rehome(uintptr_t base, size_t size, hm_tracker_index_t *idx,
+                               hm_pool_t *pool, hm_provider_t *provider) {
+    if (hm_unlikely(!idx || !range_ok(base, size))) {
+        HM_LOG_ERROR("tracker rehome: invalid arguments [%#lx, +%zu)", (unsigned long)base, size);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    root_t *root = atomic_load_explicit(&g_root, memory_order_acquire);
+    if (!root) return HM_ERROR_NOT_FOUND;
+    rec_t *nr = rec_new(idx, pool, provider, base, size, 0, 0);
+    if (!nr) {
+        HM_LOG_ERROR("tracker rehome: out of host memory");
+        return HM_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    rd_t rd = rd_lock();
+    rec_t *r = claim(base, size);
+    if (!r) {
+        rd_unlock(rd);
+        free(nr);
+        return HM_ERROR_NOT_FOUND;
+    }
+    nr->id = r->id;
+    nr->flags = r->flags;
+    op_t op = {.kind = OP_REPLACE, .old = {r}, .n_old = 1, .nw = {nr}, .n_new = 1, .root = root};
+    run_op(&op, base, base + size);
+    rd_unlock(rd);
+    op_report_conflicts(&op, "rehome", base, base + size);
+    hm_tracker_index_t *old_idx = r->idx;
+    hm__mutex_lock(&old_idx->lock);
+    index_unlink(old_idx, r);
+    hm__mutex_unlock(&old_idx->lock);
+    hm__mutex_lock(&idx->lock);
+    index_link(idx, nr);
+    hm__mutex_unlock(&idx->lock);
+    atomic_store_explicit(&nr->state, REC_LIVE, memory_order_release);
+    op_retire(&op, r);
+    op_flush_retired(&op);
+    return HM_SUCCESS;
+}
+
 hm_result_t hm__tracker_merge(uintptr_t lo, uintptr_t hi, size_t total) {
     if (hm_unlikely(!range_ok(lo, total) || hi <= lo || hi - lo >= total)) {
         HM_LOG_ERROR("tracker merge: invalid arguments [%#lx, %#lx, +%zu)", (unsigned long)lo,

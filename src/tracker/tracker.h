@@ -26,6 +26,7 @@
  * Operations on disjoint ranges:
  *
  *              | lookup | insert | remove | split | merge | drain(other idx)
+ *   (rehome: as split, for the old index and the new)
  *   lookup     |   ok   |   ok   |   ok   |  ok   |  ok   |  ok
  *   insert     |   ok   |   ok   |   ok   |  ok   |  ok   |  ok
  *   remove     |   ok   |   ok   |   ok   |  ok   |  ok   |  ok
@@ -136,6 +137,16 @@ hm_pool_t *hm__tracker_lookup_pool(const void *ptr);              /* NULL if unk
  * none. The new ranges get fresh ids (split: the lower part keeps the id). */
 hm_result_t hm__tracker_split(uintptr_t base, size_t total, size_t first);
 hm_result_t hm__tracker_merge(uintptr_t lo, uintptr_t hi, size_t total);
+
+/* Give the record of exactly [base, base+size) to another pool: the same
+ * range, id and flags, now in idx for pool/provider. Atomic for lookups
+ * (they see the old owner or the new one, never none), like split. A
+ * mapping shared by several importing pools moves to another of them when
+ * the pool that holds its record lets go (src/ipc/import.c). Unknown range:
+ * NOT_FOUND; no memory for the new record: OUT_OF_HOST_MEMORY (nothing
+ * changed). */
+hm_result_t hm__tracker_rehome(uintptr_t base, size_t size, hm_tracker_index_t *idx,
+                               hm_pool_t *pool, hm_provider_t *provider);
 
 /* Remove every record of idx; for each, after it is unreachable by lookups,
  * call cb(arg, entry). Cost proportional to idx's own records. */

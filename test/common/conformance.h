@@ -130,6 +130,14 @@ typedef struct hm_test_device_params {
     /* Devices whose exports this one can open, besides its own. */
     uint8_t peers[HM_TEST_DEVICE_MAX_PEERS][HM_DEVICE_UUID_SIZE];
     int npeers;
+    /* A driver context shared by every device provider made with the same
+     * nonzero value (0: its own). Its opened IPC mappings belong to the
+     * context, as a GPU context's do: any provider of the context may
+     * close, fill and copy them, and a second open of an allocation that
+     * is open in the context already fails (HM_ERROR_DRIVER, counted as
+     * misuse), as a second cuIpcOpenMemHandle in one CUDA context must
+     * never be made. The provider answers ipc_context with this value. */
+    uint64_t context;
 } hm_test_device_params_t;
 
 typedef enum hm_test_device_op {
@@ -138,6 +146,7 @@ typedef enum hm_test_device_op {
     HM_TEST_DEVICE_IPC_GET,
     HM_TEST_DEVICE_IPC_COMPATIBLE,
     HM_TEST_DEVICE_IPC_OPEN,
+    HM_TEST_DEVICE_IPC_CLOSE,
     HM_TEST_DEVICE_OP_COUNT
 } hm_test_device_op_t;
 
@@ -149,7 +158,8 @@ long hm_test_device_calls(hm_provider_t *dev, hm_test_device_op_t op);
 /* Fail the nth fill or copy call from now with HM_ERROR_DRIVER, touching
  * nothing (0: never). */
 void hm_test_device_fail_nth(hm_provider_t *dev, hm_test_device_op_t op, long nth);
-/* Live allocations, open IPC mappings, refused calls. */
+/* Live allocations, open IPC mappings (of its context, when it has one),
+ * refused calls. */
 long hm_test_device_live(hm_provider_t *dev);
 long hm_test_device_mappings(hm_provider_t *dev);
 long hm_test_device_misuse(hm_provider_t *dev);

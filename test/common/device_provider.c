@@ -12,15 +12,19 @@
  * memfd; the payload names the exporting device's UUID; ipc_compatible and
  * ipc.open accept the provider's own UUID and its configured peers and
  * refuse others with HM_ERROR_NOT_SUPPORTED; an opened mapping is device
- * memory of the importer (fill and copy work on it).
+ * memory of the importer (fill and copy work on it). Providers made with
+ * one nonzero params.context share a driver context: its mappings belong
+ * to all of them, and an allocation is opened at most once in it.
  *
  * Test hooks: counts fill and copy calls, fails the Nth one on request (with
  * HM_ERROR_DRIVER, touching nothing), counts live allocations and mappings,
  * and refuses (HM_ERROR_INVALID_ARGUMENT, logged to stderr, counted as
  * misuse) any op on a range that is not one of its own.
  *
- * Concurrency: counters are atomics; the table of ranges is under one mutex,
- * held for lookups and updates only (a fill or copy runs unlocked: its
+ * Concurrency: counters are atomics; the table of allocations is under the
+ * provider's mutex, the table of mappings under its context's (ctx_lock
+ * guards the list of contexts and their users), each held for lookups and
+ * updates only (a fill or copy runs unlocked: its
  * caller keeps the range alive). */
 #include "conformance.h"
 
@@ -40,17 +44,40 @@ typedef struct drange {
     size_t size;     /* as asked (alloc) or opened */
     int fd;          /* the memfd; -1 for mappings (ipc.open) */
     int imported;
+    dev_t fdev;      /* mappings: the file opened (a second open of it fails) */
+    ino_t fino;
 } drange_t;
+
+/* Ranges sorted by base. */
+typedef struct dtable {
+    drange_t *r;
+    size_t n, cap;
+} dtable_t;
+
+/* A driver context: the opened IPC mappings of its providers. Shared by
+ * the providers made with one nonzero params.context (ctx_list), private
+ * to a provider made with 0. */
+typedef struct dctx {
+    uint64_t key;
+    int users;            /* ctx_lock */
+    pthread_mutex_t lock; /* guards t */
+    dtable_t t;
+    _Atomic long mappings;
+    struct dctx *next;    /* ctx_list (ctx_lock) */
+} dctx_t;
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static dctx_t *ctx_list;
 
 typedef struct dev {
     hm_test_device_params_t p;
     size_t page, rec_page, capacity;
-    pthread_mutex_t lock; /* guards r, n, cap, used */
-    drange_t *r;          /* sorted by base */
-    size_t n, cap, used;
+    pthread_mutex_t lock; /* guards t (its own allocations), used */
+    dtable_t t;
+    size_t used;
+    dctx_t *cx;           /* its mappings */
     _Atomic long calls[HM_TEST_DEVICE_OP_COUNT];
     _Atomic long fail_at[HM_TEST_DEVICE_OP_COUNT]; /* absolute call number; 0 never */
-    _Atomic long misuse, allocs, mappings;
+    _Atomic long misuse, allocs;
 } tdev_t;
 
 typedef struct dev_payload {
@@ -60,12 +87,14 @@ typedef struct dev_payload {
     uint64_t len, size;
 } dev_payload_t;
 
-static void lock(tdev_t *d) {
-    if (pthread_mutex_lock(&d->lock) != 0) abort();
+static void mx_lock(pthread_mutex_t *m) {
+    if (pthread_mutex_lock(m) != 0) abort();
 }
-static void unlock(tdev_t *d) {
-    if (pthread_mutex_unlock(&d->lock) != 0) abort();
+static void mx_unlock(pthread_mutex_t *m) {
+    if (pthread_mutex_unlock(m) != 0) abort();
 }
+static void lock(tdev_t *d) { mx_lock(&d->lock); }
+static void unlock(tdev_t *d) { mx_unlock(&d->lock); }
 
 static void misuse(tdev_t *d, const char *what, const void *ptr, size_t size) {
     atomic_fetch_add(&d->misuse, 1);
@@ -81,10 +110,10 @@ static int inject(tdev_t *d, hm_test_device_op_t op) {
     return at > 0 && n == at;
 }
 
-/* ---- the range table (callers hold d->lock) ---- */
+/* ---- range tables (callers hold the table's lock) ---- */
 
 /* Index of the first range whose base is > addr. */
-static size_t upper(const tdev_t *d, uintptr_t addr) {
+static size_t upper(const dtable_t *d, uintptr_t addr) {
     size_t lo = 0, hi = d->n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -96,7 +125,7 @@ static size_t upper(const tdev_t *d, uintptr_t addr) {
 
 /* The range holding [addr, addr + size), or NULL; *partial set when the
  * bytes overlap one of the ranges without lying inside it. */
-static drange_t *containing(tdev_t *d, uintptr_t addr, size_t size, int *partial) {
+static drange_t *containing(dtable_t *d, uintptr_t addr, size_t size, int *partial) {
     *partial = 0;
     size_t i = upper(d, addr);
     if (i > 0) {
@@ -111,7 +140,7 @@ static drange_t *containing(tdev_t *d, uintptr_t addr, size_t size, int *partial
     return NULL;
 }
 
-static int table_insert(tdev_t *d, const drange_t *nr) {
+static int table_insert(dtable_t *d, const drange_t *nr) {
     if (d->n == d->cap) {
         size_t nc = d->cap ? d->cap * 2 : 64;
         drange_t *t = realloc(d->r, nc * sizeof(*t));
@@ -127,7 +156,7 @@ static int table_insert(tdev_t *d, const drange_t *nr) {
 }
 
 /* Take the range starting exactly at base (with `imported` as given). */
-static int table_take(tdev_t *d, uintptr_t base, int imported, drange_t *out) {
+static int table_take(dtable_t *d, uintptr_t base, int imported, drange_t *out) {
     size_t i = upper(d, base);
     if (i == 0 || d->r[i - 1].base != base || d->r[i - 1].imported != imported) return 0;
     *out = d->r[i - 1];
@@ -193,18 +222,55 @@ static hm_result_t dev_init(const void *params, void **state) {
     }
     d->rec_page = d->p.recommended_page_size ? d->p.recommended_page_size : (size_t)2 << 20;
     d->capacity = d->p.capacity ? d->p.capacity : (size_t)16 << 30;
+    mx_lock(&ctx_lock);
+    dctx_t *cx = NULL;
+    for (cx = d->p.context ? ctx_list : NULL; cx && cx->key != d->p.context; cx = cx->next) {
+    }
+    if (!cx && (cx = calloc(1, sizeof(*cx)))) {
+        cx->key = d->p.context;
+        pthread_mutex_init(&cx->lock, NULL);
+        if (cx->key) {
+            cx->next = ctx_list;
+            ctx_list = cx;
+        }
+    }
+    if (cx) cx->users++;
+    mx_unlock(&ctx_lock);
+    if (!cx) {
+        free(d);
+        return HM_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    d->cx = cx;
     pthread_mutex_init(&d->lock, NULL);
     *state = d;
     return HM_SUCCESS;
 }
 
+static void table_fini(dtable_t *t) {
+    for (size_t i = 0; i < t->n; i++) {
+        unmap_views(&t->r[i]);
+        if (t->r[i].fd >= 0) close(t->r[i].fd);
+    }
+    free(t->r);
+}
+
 static void dev_fini(void *state) {
     tdev_t *d = state;
-    for (size_t i = 0; i < d->n; i++) {
-        unmap_views(&d->r[i]);
-        if (d->r[i].fd >= 0) close(d->r[i].fd);
+    table_fini(&d->t);
+    dctx_t *cx = d->cx;
+    mx_lock(&ctx_lock);
+    int last = --cx->users == 0;
+    if (last && cx->key) {
+        dctx_t **pp = &ctx_list;
+        while (*pp != cx) pp = &(*pp)->next;
+        *pp = cx->next;
     }
-    free(d->r);
+    mx_unlock(&ctx_lock);
+    if (last) { /* the context goes with its last provider */
+        table_fini(&cx->t);
+        pthread_mutex_destroy(&cx->lock);
+        free(cx);
+    }
     pthread_mutex_destroy(&d->lock);
     free(d);
 }
@@ -244,7 +310,7 @@ static hm_result_t dev_alloc(void *state, size_t size, size_t alignment, void **
     r = map_views(nr.fd, len, alignment > d->page ? alignment : d->page, &nr.base, &nr.alias);
     if (r != HM_SUCCESS) goto fail_fd;
     lock(d);
-    int ok = table_insert(d, &nr);
+    int ok = table_insert(&d->t, &nr);
     unlock(d);
     if (!ok) {
         r = HM_ERROR_OUT_OF_HOST_MEMORY;
@@ -269,9 +335,9 @@ static hm_result_t dev_free(void *state, void *ptr, size_t size) {
     tdev_t *d = state;
     drange_t r;
     lock(d);
-    int ok = table_take(d, (uintptr_t)ptr, 0, &r);
+    int ok = table_take(&d->t, (uintptr_t)ptr, 0, &r);
     if (ok && r.size != size) { /* another size than asked: put it back */
-        table_insert(d, &r);
+        table_insert(&d->t, &r);
         ok = 0;
     }
     if (ok) d->used -= r.len;
@@ -286,12 +352,18 @@ static hm_result_t dev_free(void *state, void *ptr, size_t size) {
     return HM_SUCCESS;
 }
 
-/* The read-write address of [ptr, ptr + size) of the provider's memory. */
+/* The read-write address of [ptr, ptr + size) of the provider's memory:
+ * its allocations, or the mappings of its context. */
 static char *alias_of(tdev_t *d, const void *ptr, size_t size, int *partial) {
     lock(d);
-    drange_t *r = containing(d, (uintptr_t)ptr, size, partial);
+    drange_t *r = containing(&d->t, (uintptr_t)ptr, size, partial);
     char *a = r ? r->alias + ((uintptr_t)ptr - r->base) : NULL;
     unlock(d);
+    if (a || *partial) return a;
+    mx_lock(&d->cx->lock);
+    r = containing(&d->cx->t, (uintptr_t)ptr, size, partial);
+    a = r ? r->alias + ((uintptr_t)ptr - r->base) : NULL;
+    mx_unlock(&d->cx->lock);
     return a;
 }
 
@@ -357,14 +429,14 @@ static hm_result_t dev_ipc_get(void *state, void *ptr, size_t size, void *payloa
     dev_payload_t pl = {.magic = DEV_MAGIC, .ordinal = d->p.ordinal};
     memcpy(pl.uuid, d->p.uuid, sizeof(pl.uuid));
     lock(d);
-    size_t i = upper(d, (uintptr_t)ptr);
+    size_t i = upper(&d->t, (uintptr_t)ptr);
     /* Like real drivers: the base of one of its own allocations only. */
-    int ok = i > 0 && d->r[i - 1].base == (uintptr_t)ptr && !d->r[i - 1].imported &&
-             size <= d->r[i - 1].len;
+    const drange_t *r = i > 0 ? &d->t.r[i - 1] : NULL;
+    int ok = r && r->base == (uintptr_t)ptr && size <= r->len;
     if (ok) {
-        pl.len = d->r[i - 1].len;
+        pl.len = r->len;
         pl.size = size;
-        *fd = d->r[i - 1].fd;
+        *fd = r->fd;
     }
     unlock(d);
     if (!ok) {
@@ -408,34 +480,56 @@ static hm_result_t dev_ipc_open(void *state, const void *payload, int fd, size_t
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0 || (uint64_t)st.st_size < pl.len)
         return HM_ERROR_INVALID_HANDLE;
-    drange_t nr = {.len = (size_t)pl.len, .size = size, .fd = -1, .imported = 1};
+    drange_t nr = {.len = (size_t)pl.len, .size = size, .fd = -1, .imported = 1,
+                   .fdev = st.st_dev, .fino = st.st_ino};
+    /* One open of an allocation per shared context, as CUDA requires (a
+     * provider of its own context, 0, maps a handle as often as asked). */
+    dctx_t *cx = d->cx;
+    mx_lock(&cx->lock);
+    int twice = 0;
+    for (size_t i = 0; cx->key && i < cx->t.n; i++)
+        twice |= cx->t.r[i].fdev == nr.fdev && cx->t.r[i].fino == nr.fino;
+    mx_unlock(&cx->lock);
+    if (twice) {
+        atomic_fetch_add(&d->misuse, 1);
+        fprintf(stderr, "device provider '%s': a second open of one allocation in one context\n",
+                d->p.name);
+        fflush(stderr);
+        return HM_ERROR_DRIVER;
+    }
     hm_result_t r = map_views(fd, nr.len, d->page, &nr.base, &nr.alias);
     if (r != HM_SUCCESS) return r;
-    lock(d);
-    int ok = table_insert(d, &nr);
-    unlock(d);
+    mx_lock(&cx->lock);
+    int ok = table_insert(&cx->t, &nr);
+    mx_unlock(&cx->lock);
     if (!ok) {
         unmap_views(&nr);
         return HM_ERROR_OUT_OF_HOST_MEMORY;
     }
-    atomic_fetch_add(&d->mappings, 1);
+    atomic_fetch_add(&cx->mappings, 1);
     *ptr = (void *)nr.base;
     return HM_SUCCESS;
 }
 
 static hm_result_t dev_ipc_close(void *state, void *ptr, size_t size) {
     tdev_t *d = state;
+    atomic_fetch_add(&d->calls[HM_TEST_DEVICE_IPC_CLOSE], 1);
     drange_t r;
-    lock(d);
-    int ok = table_take(d, (uintptr_t)ptr, 1, &r);
-    unlock(d);
+    mx_lock(&d->cx->lock);
+    int ok = table_take(&d->cx->t, (uintptr_t)ptr, 1, &r);
+    mx_unlock(&d->cx->lock);
     if (!ok) {
         misuse(d, "ipc.close", ptr, size);
         return HM_ERROR_INVALID_ARGUMENT;
     }
     unmap_views(&r);
-    atomic_fetch_sub(&d->mappings, 1);
+    atomic_fetch_sub(&d->cx->mappings, 1);
     return HM_SUCCESS;
+}
+
+static uint64_t dev_ipc_context(void *state) {
+    tdev_t *d = state;
+    return d->p.context;
 }
 
 static const hm_provider_ops_t dev_ops = {
@@ -459,6 +553,7 @@ static const hm_provider_ops_t dev_ops = {
     .fill = dev_fill,
     .copy = dev_copy,
     .ipc_compatible = dev_ipc_compatible,
+    .ipc_context = dev_ipc_context,
 };
 
 const hm_provider_ops_t *hm_test_device_provider_ops(void) { return &dev_ops; }
@@ -495,7 +590,7 @@ long hm_test_device_live(hm_provider_t *p) {
 
 long hm_test_device_mappings(hm_provider_t *p) {
     tdev_t *d = dev_of(p);
-    return d ? atomic_load(&d->mappings) : -1;
+    return d ? atomic_load(&d->cx->mappings) : -1;
 }
 
 long hm_test_device_misuse(hm_provider_t *p) {
