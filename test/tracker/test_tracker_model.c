@@ -1,11 +1,11 @@
 /* hetmem tests — the tracker against a reference model.
  * SPDX-License-Identifier: MIT
  *
- * Random insert/remove/split/merge (and overlapping inserts that must fail)
+ * Random insert/remove/split/merge/rehome (and overlapping inserts that must fail)
  * over synthetic addresses — sub-page ranges, page ranges, multi-MiB and
  * >1 GiB ranges — compared after every step with a sorted array: for every
  * range, lookups just before, at, inside, at the last byte of and just after
- * it. Then: per-pool drain leaves the other indexes untouched; ids unique;
+ * it; rehome moves a record to another pool's index. Then: per-pool drain leaves the other indexes untouched; ids unique;
  * bad arguments rejected. The tracker never touches the memory it tracks. */
 #include "harness.h"
 #include "internal.h"
@@ -23,6 +23,7 @@ typedef struct mrange {
     size_t size;
     int pool;
     uint64_t id;
+    int fpool; /* the flags: the pool it was inserted for (rehome keeps them) */
 } mrange_t;
 
 static mrange_t model[MAX_RANGES * 2];
@@ -58,6 +59,13 @@ static int model_find(uintptr_t a) {
     return a - m->base < m->size ? lo - 1 : -1;
 }
 
+/* The model has a range of exactly [base, base+size) (a neighbour of
+ * another: a "wrong" range that is in fact right). */
+static int starts_at(uintptr_t base, size_t size) {
+    int i = model_find(base);
+    return i >= 0 && model[i].base == base && model[i].size == size;
+}
+
 static int model_overlaps(uintptr_t base, size_t size) {
     for (int i = 0; i < n_model; i++)
         if (base < model[i].base + model[i].size && model[i].base < base + size) return 1;
@@ -80,7 +88,7 @@ static void model_delete(int i) {
 }
 
 static long checks;
-static long n_ins, n_overlap, n_rem, n_split, n_merge;
+static long n_ins, n_overlap, n_rem, n_split, n_merge, n_rehome;
 
 static void check_addr(uintptr_t a, const char *what) {
     if (a == 0 || a >= ((uintptr_t)1 << 57)) return;
@@ -96,7 +104,7 @@ static void check_addr(uintptr_t a, const char *what) {
     }
     const mrange_t *m = &model[mi];
     int ok = found && e.base == m->base && e.size == m->size && e.pool == pool_of(m->pool) &&
-             e.provider == prov_of(m->pool) && e.id == m->id && e.flags == (uint32_t)m->pool &&
+             e.provider == prov_of(m->pool) && e.id == m->id && e.flags == (uint32_t)m->fpool &&
              pool == pool_of(m->pool);
     CHECK_MSG(ok, "%s %#lx: model [%#lx,+%zu) id %llu, tracker %s [%#lx,+%zu) id %llu", what,
               (unsigned long)a, (unsigned long)m->base, m->size, (unsigned long long)m->id,
@@ -192,7 +200,7 @@ static void do_insert(void) {
     CHECK_MSG(id > max_id, "id %llu not new (max %llu)", (unsigned long long)id,
               (unsigned long long)max_id);
     max_id = id;
-    model_insert((mrange_t){base, size, p, id});
+    model_insert((mrange_t){base, size, p, id, p});
     n_ins++;
 }
 
@@ -202,7 +210,8 @@ static void do_remove(void) {
     mrange_t m = model[i];
     /* wrong sizes first: must not remove */
     if (m.size > 1) CHECK_RES(hm__tracker_remove(m.base, m.size - 1), HM_ERROR_NOT_FOUND);
-    CHECK_RES(hm__tracker_remove(m.base + 1, m.size), HM_ERROR_NOT_FOUND);
+    if (!starts_at(m.base + 1, m.size))
+        CHECK_RES(hm__tracker_remove(m.base + 1, m.size), HM_ERROR_NOT_FOUND);
     CHECK_OK(hm__tracker_remove(m.base, m.size));
     CHECK_RES(hm__tracker_remove(m.base, m.size), HM_ERROR_NOT_FOUND);
     model_delete(i);
@@ -234,7 +243,7 @@ static void do_split(void) {
     CHECK_MSG(hi.id > max_id, "split: upper id %llu not new", (unsigned long long)hi.id);
     max_id = hi.id;
     model[i].size = first; /* lower part keeps the id */
-    model_insert((mrange_t){m.base + first, m.size - first, m.pool, hi.id});
+    model_insert((mrange_t){m.base + first, m.size - first, m.pool, hi.id, m.fpool});
     n_split++;
 }
 
@@ -266,6 +275,23 @@ static void do_merge(void) {
     /* No neighbours: make some by splitting. A wrong merge must fail. */
     mrange_t a = model[0];
     CHECK_RES(hm__tracker_merge(a.base, a.base + a.size, a.size + 1), HM_ERROR_NOT_FOUND);
+}
+
+/* A record moves to another pool's index: same range, id and flags. */
+static void do_rehome(void) {
+    if (!n_model) return;
+    int i = (int)rnd_below((uint64_t)n_model);
+    mrange_t m = model[i];
+    int q = (int)rnd_below(N_POOLS);
+    if (m.size > 1)
+        CHECK_RES(hm__tracker_rehome(m.base, m.size - 1, &idx[q], pool_of(q), prov_of(q)),
+                  HM_ERROR_NOT_FOUND);
+    if (!starts_at(m.base + 1, m.size))
+        CHECK_RES(hm__tracker_rehome(m.base + 1, m.size, &idx[q], pool_of(q), prov_of(q)),
+                  HM_ERROR_NOT_FOUND);
+    CHECK_OK(hm__tracker_rehome(m.base, m.size, &idx[q], pool_of(q), prov_of(q)));
+    model[i].pool = q;
+    n_rehome++;
 }
 
 static size_t drained_count;
@@ -365,8 +391,10 @@ int main(int argc, char **argv) {
                 do_remove();
             else if (op < 82)
                 do_split();
-            else
+            else if (op < 94)
                 do_merge();
+            else
+                do_rehome();
             check_all();
             if (hm_test_failed_count() > 20) break;
         }
@@ -374,9 +402,11 @@ int main(int argc, char **argv) {
         test_drain((int)(round % N_POOLS));
     }
     printf("%ld lookups checked; %ld inserts, %ld overlaps rejected, %ld removes, %ld splits, "
-           "%ld merges; %d ranges left, max id %llu\n",
-           checks, n_ins, n_overlap, n_rem, n_split, n_merge, n_model, (unsigned long long)max_id);
-    CHECK(n_ins > 100 && n_overlap > 10 && n_rem > 100 && n_split > 100 && n_merge > 50);
+           "%ld merges, %ld rehomes; %d ranges left, max id %llu\n",
+           checks, n_ins, n_overlap, n_rem, n_split, n_merge, n_rehome, n_model,
+           (unsigned long long)max_id);
+    CHECK(n_ins > 100 && n_overlap > 10 && n_rem > 100 && n_split > 100 && n_merge > 50 &&
+          n_rehome > 50);
     for (int p = 0; p < N_POOLS; p++) {
         hm__tracker_index_drain(&idx[p], NULL, NULL);
         hm__tracker_index_fini(&idx[p]);
