@@ -71,6 +71,10 @@ hm_result_t hm_provider_create(const hm_provider_ops_t *ops, const void *params,
     ops->get_info(p->state, &p->info);
     if (!p->info.name) p->info.name = ops->name ? ops->name : "unnamed";
     p->info.caps &= op_caps;
+    if (!(p->info.caps & HM_PROVIDER_CAP_IPC)) { /* this provider's memory has no IPC */
+        p->ops.ipc_compatible = NULL;
+        p->ops.ipc_context = NULL;
+    }
     /* FILL and COPY are the ops themselves. */
     if (p->ops.fill) p->info.caps |= HM_PROVIDER_CAP_FILL;
     if (p->ops.copy) p->info.caps |= HM_PROVIDER_CAP_COPY;

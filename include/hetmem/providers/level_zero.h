@@ -50,7 +50,8 @@
  *
  * Driver errors are logged with the native ze_result_t, kept in
  * hm_last_native_error(), and returned as HM_ERROR_DRIVER;
- * ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY is HM_ERROR_OUT_OF_MEMORY and
+ * ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY (and UNSUPPORTED_SIZE: more than the
+ * device's largest allocation) is HM_ERROR_OUT_OF_MEMORY and
  * ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY HM_ERROR_OUT_OF_HOST_MEMORY.
  *
  * Thread safety: every op is thread-safe (fill and copy share the

@@ -106,10 +106,11 @@ static hm_result_t ze_fail(ze_result_t zr, const char *call) {
     hm_result_t r = hm__native_error((int64_t)zr, "Level Zero %s failed (ze_result_t 0x%x)", call,
                                      (unsigned)zr);
     switch (zr) {
-    case ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY: return HM_ERROR_OUT_OF_MEMORY;
+    case ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY:
+    case ZE_RESULT_ERROR_UNSUPPORTED_SIZE: /* more than the device's largest allocation */
+        return HM_ERROR_OUT_OF_MEMORY;
     case ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY: return HM_ERROR_OUT_OF_HOST_MEMORY;
     case ZE_RESULT_ERROR_UNSUPPORTED_ALIGNMENT:
-    case ZE_RESULT_ERROR_UNSUPPORTED_SIZE:
     case ZE_RESULT_ERROR_INVALID_ARGUMENT:
     case ZE_RESULT_ERROR_INVALID_SIZE: return HM_ERROR_INVALID_ARGUMENT;
     default: return r;
