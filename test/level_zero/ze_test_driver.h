@@ -1,0 +1,168 @@
+/* hetmem tests — libze_test.so.1, a Level Zero driver for machines without
+ * an Intel GPU, loaded by the real loader (libze_loader.so.1) through
+ * ZE_ENABLE_ALT_DRIVERS=/abs/path/libze_test.so.1, and its control API.
+ * SPDX-License-Identifier: MIT
+ *
+ * What the driver models
+ *  - One driver with N GPU devices (env HM_ZE_TEST_DEVICES, 1..8, default 2):
+ *    vendor 0x8086, device id 0x7a54 (made up), a UUID that is distinct per
+ *    device and the same in every process (IPC peers compare them), no
+ *    sub-devices, one memory (totalSize = maxMemAllocSize = the limit), one
+ *    command queue group (compute + copy, fill patterns up to 128 bytes).
+ *    The driver reports API version 1.4 and accepts any 1.x request.
+ *  - Memory: every allocation is a memfd of its own. Device memory is handed
+ *    out as a PROT_NONE mapping (a CPU touch faults, as on a GPU) and the
+ *    driver keeps a private read-write alias of the same memfd for its
+ *    command lists; host and shared memory are read-write MAP_SHARED
+ *    mappings. Device and shared memory come in 64 KiB pages and are at
+ *    least 64 KiB aligned; host memory in 4 KiB pages. Sizes are rounded up
+ *    to a page inside the driver; zeMemGetAddressRange reports the size
+ *    asked for, zeMemGetAllocProperties the page size.
+ *  - Limits: device + shared memory count against their device, host memory
+ *    (and shared memory with no device) against a host limit. Both are
+ *    HM_ZE_TEST_DEVICE_MEM bytes (suffix K, M or G allowed; default 256 MiB)
+ *    until hm_ze_test_set_mem_limit() changes them. A request larger than
+ *    the limit is ZE_RESULT_ERROR_UNSUPPORTED_SIZE (maxMemAllocSize), one
+ *    that does not fit in what is left ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY
+ *    (ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY for the host limit).
+ *  - Every allocation (and every opened IPC mapping) gets an id unique in
+ *    the process for its life; ids are never reused.
+ *  - Pointers belong to their context: zeMemFree, zeMemGetAllocProperties,
+ *    zeMemGetAddressRange and zeMemGetIpcHandle see only the memory of the
+ *    context they are given (anything else is foreign: UNKNOWN type, or
+ *    ZE_RESULT_ERROR_INVALID_ARGUMENT). zeMemFree takes base pointers of
+ *    allocations only; an opened IPC mapping is closed with
+ *    zeMemCloseIpcHandle. Command lists resolve every pointer: the driver's
+ *    memory of any context (device memory through the alias), anything else
+ *    as plain process memory used directly. A range that starts in the
+ *    driver's memory and runs past its allocation, or plain memory that runs
+ *    into a driver mapping, is ZE_RESULT_ERROR_INVALID_SIZE.
+ *  - zeContextDestroy with memory alive succeeds, frees that memory (and
+ *    closes its opened IPC mappings) and counts each one in `leaks`; with
+ *    command lists, queues or event pools alive it is
+ *    ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE.
+ *  - IPC (device memory only: host and shared memory are refused with
+ *    ZE_RESULT_ERROR_INVALID_ARGUMENT, as are interior pointers and opened
+ *    mappings). The 64-byte handle has the real Linux layout at its start:
+ *      [0,8)   the allocation's memfd number, valid only in the exporter
+ *      [8,16)  u64 offset (0)
+ *      [16]    u8 memory type (ZE_MEMORY_TYPE_DEVICE)
+ *    then the driver's own: [17] u8 device index, [18,20) u16 0x5a54 tag,
+ *    [20,24) exporter pid, [24,32) allocation id, [32,40) size,
+ *    [40,48) the memfd's st_ino, [48,56) st_dev, [56,64) a random nonce of
+ *    the exporting process (new in each fork child).
+ *    zeMemOpenIpcHandle needs the importer's own copy of the fd (SCM_RIGHTS
+ *    or pidfd_getfd) written over bytes [0,8): an fd that is not open here
+ *    or is another file (fstat st_ino/st_dev) is
+ *    ZE_RESULT_ERROR_INVALID_ARGUMENT, as is an open in the exporting
+ *    process itself. The driver does not keep or close that fd. The memory
+ *    is mapped as device memory of the importer's hDevice (PROT_NONE view +
+ *    alias, so command lists work on it). A second open of the same handle
+ *    (exporter pid, nonce, allocation id) in the same context while the
+ *    first is open returns the same pointer and takes a reference; each
+ *    zeMemCloseIpcHandle drops one, the last one unmaps. A handle stays
+ *    openable as long as some process holds its fd: the memfd keeps the
+ *    pages after the exporter's zeMemFree, as a dma-buf does.
+ *  - Command lists: immediate lists run each command before the call
+ *    returns; regular lists record commands, run them at
+ *    zeCommandQueueExecuteCommandLists (closed lists only) and re-check
+ *    their memory then (memory freed since: ZE_RESULT_ERROR_DEVICE_LOST, as
+ *    a GPU page fault is). Fill (power-of-two patterns of 1..128 bytes; a
+ *    size that is not a multiple ends with a partial pattern), copy,
+ *    barrier, signal/wait/reset event. No fences: hFence must be NULL.
+ *  - Events: pools and events with host signal/reset/query/synchronize.
+ *    Nothing runs concurrently, so a wait on an event that is not signaled
+ *    when its command runs is ZE_RESULT_ERROR_NOT_AVAILABLE, and
+ *    zeEventHostSynchronize of an unsignaled event is ZE_RESULT_NOT_READY
+ *    whatever the timeout.
+ *  - Handles are pointers to objects the driver keeps in registries: NULL is
+ *    ZE_RESULT_ERROR_INVALID_NULL_HANDLE, a pointer the driver did not hand
+ *    out (or already destroyed) ZE_RESULT_ERROR_INVALID_ARGUMENT; the driver
+ *    never reads through an unknown handle.
+ *  - Calls before the driver's zeInit are ZE_RESULT_ERROR_UNINITIALIZED.
+ *    zeInit is idempotent and thread-safe. All entry points are thread-safe
+ *    (one mutex); a fork child keeps working (the mutex is taken around
+ *    fork by pthread_atfork handlers).
+ *  - Every zes and zet table is empty; so are the Fence, Image, Kernel,
+ *    Module, ModuleBuildLog, PhysicalMem, Sampler and VirtualMem tables.
+ *    Loader 1.8.12 answers a call to an empty slot with
+ *    ZE_RESULT_ERROR_UNSUPPORTED_FEATURE, but with
+ *    ZE_RESULT_ERROR_UNINITIALIZED when its intercept is on
+ *    (ZE_ENABLE_LOADER_INTERCEPT=1), validation layer or not.
+ *  - Level Zero 1.4 (the headers this is built with) has no
+ *    zeCommandListHostSynchronize, zeMemPutIpcHandle or zeInitDrivers slot;
+ *    the driver has none of them.
+ *
+ * Control API
+ * A test reaches these through the very library the loader loaded:
+ *     void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);  (after zeInit)
+ *     hm_ze_test_get_stats_fn get = (hm_ze_test_get_stats_fn)dlsym(h, "hm_ze_test_get_stats");
+ * with `path` exactly the string given in ZE_ENABLE_ALT_DRIVERS. They may be
+ * called at any time, from any thread, also before zeInit.
+ */
+#ifndef HM_ZE_TEST_DRIVER_H
+#define HM_ZE_TEST_DRIVER_H
+
+#include <level_zero/ze_api.h>
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HM_ZE_TEST_MAX_DEVICES 8
+
+/* Counters since the last hm_ze_test_reset(). A call counts whatever its
+ * result (an injected failure and a refused argument too), but only calls
+ * that reach the driver: the loader's validation layer answers some
+ * itself. The live_* fields are states, not counters: reset leaves them. */
+typedef struct hm_ze_test_stats {
+    uint64_t context_create;  /* zeContextCreate + zeContextCreateEx */
+    uint64_t context_destroy;
+    uint64_t alloc_device, alloc_host, alloc_shared;
+    uint64_t free;            /* zeMemFree + zeMemFreeExt */
+    uint64_t ipc_get, ipc_open, ipc_close;
+    uint64_t fill, copy;      /* appends, on any command list */
+    uint64_t leaks;           /* memory freed by zeContextDestroy */
+    uint64_t live_contexts;
+    uint64_t live_allocs;       /* allocations made and not freed */
+    uint64_t live_ipc_mappings; /* opened IPC mappings (one per pointer) */
+    uint64_t live_ipc_refs;     /* references on them (opens not yet closed) */
+    uint64_t live_command_lists;
+    uint64_t device_used[HM_ZE_TEST_MAX_DEVICES]; /* bytes, rounded to pages */
+    uint64_t host_used;
+} hm_ze_test_stats_t;
+
+/* Counters to 0 and every pending failure injection dropped. */
+void hm_ze_test_reset(void);
+typedef void (*hm_ze_test_reset_fn)(void);
+
+void hm_ze_test_get_stats(hm_ze_test_stats_t *out);
+typedef void (*hm_ze_test_get_stats_fn)(hm_ze_test_stats_t *out);
+
+/* Calls of one entry point by its API name ("zeMemAllocDevice",
+ * "zeCommandListAppendMemoryFill", ...) since the last reset; UINT64_MAX for
+ * a name the driver does not implement. */
+uint64_t hm_ze_test_call_count(const char *api_name);
+typedef uint64_t (*hm_ze_test_call_count_fn)(const char *api_name);
+
+/* The nth next call of api_name (nth = 1: the next one) returns `result`
+ * at once, touching nothing (no out-parameter, no state; it still counts
+ * as a call). One injection per API: a new one replaces the old; nth = 0
+ * cancels. Returns 0, or -1 for a name the driver does not implement or a
+ * `result` of ZE_RESULT_SUCCESS. */
+int hm_ze_test_fail_next(const char *api_name, unsigned nth, ze_result_t result);
+typedef int (*hm_ze_test_fail_next_fn)(const char *api_name, unsigned nth, ze_result_t result);
+
+/* The limit of every device and of host memory, in bytes (> 0), for the
+ * allocations that follow; live memory stays. Also what
+ * zeDeviceGetMemoryProperties and maxMemAllocSize report from then on. */
+void hm_ze_test_set_mem_limit(uint64_t bytes);
+typedef void (*hm_ze_test_set_mem_limit_fn)(uint64_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
