@@ -13,16 +13,17 @@ profile=${1:-test}
 
 # Building the library (C and C++ are both enabled: a C++ test includes every
 # public header): compilers, libc headers, make, cmake, pkg-config, hwloc for
-# NUMA topology, liburcu (urcu-bp, cds) for the tracker.
-build=(cmake make gcc g++ libc6-dev pkg-config libhwloc-dev liburcu-dev)
+# NUMA topology, liburcu (urcu-bp, cds) for the tracker, the Level Zero headers
+# and loader (libze-dev, with libze1) for the Level Zero provider, which opens
+# the loader at run time (no GPU is needed to build or run it).
+build=(cmake make gcc g++ libc6-dev pkg-config libhwloc-dev liburcu-dev libze-dev)
 # Tests and optional parts: valgrind (leak checks of error paths), clang
 # (a second compiler for the header test), jemalloc (HM_WITH_JEMALLOC pool),
-# the Level Zero loader headers (HM_WITH_LEVEL_ZERO provider), and
-# util-linux for setarch (TSan on kernels with high mmap entropy).
+# and util-linux for setarch (TSan on kernels with high mmap entropy).
 # python3 and git are real programs run under the malloc-replacement
 # library; libclang-rt-14-dev gives clang's libFuzzer runtime (IPC decoder
 # fuzz test); the allocators compared in bench/ come as their Debian packages.
-extra=(valgrind clang libclang-rt-14-dev libjemalloc-dev libze-dev util-linux binutils
+extra=(valgrind clang libclang-rt-14-dev libjemalloc-dev util-linux binutils
        python3 git libjemalloc2 libmimalloc2.0 libtcmalloc-minimal4 debian-archive-keyring)
 
 case "$profile" in

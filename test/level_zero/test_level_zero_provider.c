@@ -11,7 +11,8 @@
  * and a pool destroyed with a mapping open.
  * SPDX-License-Identifier: MIT
  *
- * Usage: test_level_zero_provider [unit|provider|pools|ipc|all]
+ * Usage: test_level_zero_provider [unit|provider|pools|ipc|all|hardware]
+ *        (hardware: the machine's own driver, skipped without an Intel GPU)
  *        test_level_zero_provider importer <socket fd> <transport>  (internal) */
 #include "conformance.h"
 #include "ze_test_driver.h"
@@ -555,9 +556,23 @@ int main(int argc, char **argv) {
     g_part = argc > 1 ? argv[1] : "unit";
     if (strcmp(g_part, "noloader") == 0) return no_loader_child();
     if (strcmp(g_part, "importer") == 0 && argc > 3) return importer(atoi(argv[2]), atoi(argv[3]));
+    hm_provider_t *probe;
+    if (strcmp(g_part, "hardware") == 0) {
+        /* The machine's own driver (no ZE_ENABLE_ALT_DRIVERS): the suites
+         * where an Intel GPU is found. */
+        if (getenv("ZE_ENABLE_ALT_DRIVERS")) HM_TEST_SKIP("a test driver is configured");
+        hm_result_t r = lz_provider(HM_LEVEL_ZERO_MEMORY_DEVICE, 0, &probe);
+        if (r == HM_ERROR_NOT_SUPPORTED) HM_TEST_SKIP("no Level Zero GPU on this machine");
+        REQUIRE_OK(r);
+        run_suites_provider();
+        lzf_t f = {.type = HM_LEVEL_ZERO_MEMORY_DEVICE, .pool = 1};
+        hm_test_suite_opts_t opts = {.max_alloc = 32 * MIB};
+        hm_test_pool_suite("native over level_zero device (hardware)", make_pool, &f, &opts);
+        CHECK_OK(hm_provider_destroy(probe));
+        return hm_test_finish();
+    }
     if (!getenv("ZE_ENABLE_ALT_DRIVERS"))
         HM_TEST_SKIP("ZE_ENABLE_ALT_DRIVERS is not set (CTest sets it to the test driver)");
-    hm_provider_t *probe;
     hm_result_t r = lz_provider(HM_LEVEL_ZERO_MEMORY_DEVICE, 0, &probe);
     if (r == HM_ERROR_NOT_SUPPORTED) HM_TEST_SKIP("no Level Zero loader or driver");
     REQUIRE_OK(r);
