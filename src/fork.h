@@ -142,4 +142,19 @@ void hm__fork_enable(hm_fork_slot_t slot, const hm_fork_hooks_t *hooks);
 typedef enum hm_fork_phase { HM_FORK_PREPARE, HM_FORK_PARENT, HM_FORK_CHILD } hm_fork_phase_t;
 size_t hm__fork_trace(hm_fork_phase_t phase, hm_fork_slot_t *out, size_t cap);
 
+/* Drivers (platform/dl.h) may register fork handlers of their own when they
+ * are loaded or set up, after the library registered its list. glibc runs
+ * prepare handlers newest first, so theirs would take the driver's locks
+ * before the library's prepare takes its own — while another thread, inside
+ * the library, holds one of the library's locks and waits in the driver for
+ * the driver's lock: a deadlock. Called after a provider's init when a
+ * library was loaded since the last call, this registers the library's
+ * handlers once more (the same three: only the newest registration's calls
+ * do the work), so the library's prepare runs before every driver's loaded
+ * so far, and its parent and child after theirs. At most one registration
+ * per driver library loaded (the libraries are never unloaded). A driver
+ * that registers fork handlers later still (at its first allocation, say)
+ * is not covered. */
+void hm__fork_after_drivers(void);
+
 #endif

@@ -11,6 +11,7 @@
 #include "internal.h"
 #include "fork.h"
 #include "ipc/ipc_internal.h"
+#include "platform/dl.h"
 #include "platform/prim.h"
 #include "tracker/tracker.h"
 
@@ -123,7 +124,17 @@ static void trace_add(hm_fork_phase_t phase, int slot) {
     fork_list.trace[phase][fork_list.ntrace[phase]++] = (unsigned char)slot;
 }
 
+/* Registrations of the three handlers below (see hm__fork_after_drivers):
+ * of a fork's calls, the forking thread's first prepare (the newest
+ * registration's: glibc runs prepare handlers newest first) and its last
+ * parent or child call (the newest's again: those run oldest first) do the
+ * work; the others only count. Per thread, so that forks of two threads
+ * count apart; a child inherits the count of the thread that forked. */
+static __thread unsigned t_fork_depth;
+static _Atomic unsigned fork_registrations;
+
 static void fork_prepare(void) {
+    if (t_fork_depth++ != 0) return;
     hm__mutex_lock(&fork_list.lock);
     memset(fork_list.ntrace, 0, sizeof(fork_list.ntrace));
     for (int i = 0; i < HM_FORK_SLOTS; i++) {
@@ -137,6 +148,7 @@ static void fork_prepare(void) {
 }
 
 static void fork_parent(void) {
+    if (--t_fork_depth != 0) return;
     for (int i = HM_FORK_SLOTS; i-- > 0;) {
         const hm_fork_hooks_t *h = fork_list.taken[i];
         if (!h) continue;
@@ -149,6 +161,7 @@ static void fork_parent(void) {
 /* The child releases fork_lock first (the forking thread, its only one,
  * holds it), so that a child hook may start a module (hm__fork_enable). */
 static void fork_child(void) {
+    if (--t_fork_depth != 0) return;
     const hm_fork_hooks_t *taken[HM_FORK_SLOTS];
     memcpy(taken, fork_list.taken, sizeof(taken));
     for (int i = HM_FORK_SLOTS; i-- > 0;)
@@ -158,10 +171,24 @@ static void fork_child(void) {
         if (taken[i] && taken[i]->child) taken[i]->child();
 }
 
-/* The library's one pthread_atfork call (per copy of the library: the
- * proxy's is its own; see fork.h). */
+/* The library's one pthread_atfork call site (per copy of the library: the
+ * proxy's is its own; see fork.h): once at the first slot, again after a
+ * driver's set-up (hm__fork_after_drivers). */
 static void fork_register(void) {
     if (pthread_atfork(fork_prepare, fork_parent, fork_child)) HM_DIE("pthread_atfork failed");
+    atomic_fetch_add_explicit(&fork_registrations, 1, memory_order_relaxed);
+}
+
+void hm__fork_after_drivers(void) {
+    static _Atomic size_t seen;
+    size_t loaded = hm__dl_loaded();
+    size_t was = atomic_load_explicit(&seen, memory_order_relaxed);
+    if (loaded == was ||
+        !atomic_compare_exchange_strong_explicit(&seen, &was, loaded, memory_order_relaxed,
+                                                 memory_order_relaxed))
+        return;
+    if (pthread_once(&fork_list.once, fork_register)) HM_DIE("pthread_once failed");
+    fork_register();
 }
 
 void hm__fork_enable(hm_fork_slot_t slot, const hm_fork_hooks_t *hooks) {

@@ -6,6 +6,7 @@
  * (immutable after create) so hot-path queries do not call into the
  * provider. Accepts ops tables of version 1 and 2 (provider.h). */
 #include "provider_internal.h"
+#include "fork.h"
 #include "ipc/ipc_internal.h"
 
 #include <errno.h>
@@ -68,6 +69,9 @@ hm_result_t hm_provider_create(const hm_provider_ops_t *ops, const void *params,
         free(p);
         return r;
     }
+    /* A driver loaded by this init may have registered fork handlers: the
+     * library's go before them again (fork.h). */
+    hm__fork_after_drivers();
     ops->get_info(p->state, &p->info);
     if (!p->info.name) p->info.name = ops->name ? ops->name : "unnamed";
     p->info.caps &= op_caps;

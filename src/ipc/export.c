@@ -612,7 +612,11 @@ static void xevict(void) {
     }
 }
 
-static hm_result_t xcreate(const hm_tracker_entry_t *te, hm_ipc_pool_t *pi, xent_t **out) {
+/* The provider's export of te's range into a fresh entry, made with no
+ * lock held: a driver's own locks never nest under gx.lock here (a driver
+ * may hold them across fork in handlers of its own, which run before the
+ * library's). */
+static hm_result_t xmake(const hm_tracker_entry_t *te, xent_t **out) {
     hm_provider_t *prov = te->provider;
     size_t plen = prov->ops.ipc.handle_size(prov->state);
     if (plen > HM_IPC_PAYLOAD_MAX) {
@@ -620,27 +624,43 @@ static hm_result_t xcreate(const hm_tracker_entry_t *te, hm_ipc_pool_t *pi, xent
                      prov->info.name, plen, HM_IPC_PAYLOAD_MAX);
         return HM_ERROR_NOT_SUPPORTED;
     }
-    hm_result_t r = xgrow();
-    if (r) return r;
-    xevict();
     xent_t *x = calloc(1, sizeof(*x) + plen);
     if (!x) return HM_ERROR_OUT_OF_HOST_MEMORY;
     int fd = -1;
-    r = prov->ops.ipc.get(prov->state, (void *)te->base, te->size, x->payload, &fd);
+    hm_result_t r = prov->ops.ipc.get(prov->state, (void *)te->base, te->size, x->payload, &fd);
     if (r != HM_SUCCESS) {
         HM_LOG_ERROR("hm_ipc_get: provider '%s' could not export [%p, +%zu): %s",
                      prov->info.name, (void *)te->base, te->size, hm_result_string(r));
         free(x);
         return r;
     }
+    x->fd = fd;
+    x->payload_len = (uint32_t)plen;
+    *out = x;
+    return HM_SUCCESS;
+}
+
+/* An entry xmake made and nobody else saw: its export back (no lock held). */
+static void xunmake(xent_t *x, hm_provider_t *prov) {
+    hm_result_t r = prov->ops.ipc.put(prov->state, x->payload);
+    if (r != HM_SUCCESS)
+        HM_LOG_WARN("IPC: provider '%s' put of an unused export failed: %s", prov->info.name,
+                    hm_result_string(r));
+    free(x);
+}
+
+/* Publish x (from xmake) for te's range in pi (gx.lock held). */
+static hm_result_t xlink(xent_t *x, const hm_tracker_entry_t *te, hm_ipc_pool_t *pi) {
+    hm_provider_t *prov = te->provider;
+    hm_result_t r = xgrow();
+    if (r) return r;
+    xevict();
     x->pi = pi;
     x->opool = pi->pool;
     x->prov = prov;
     x->base = te->base;
     x->size = te->size;
     x->id = te->id;
-    x->fd = fd;
-    x->payload_len = (uint32_t)plen;
     x->live = true;
     size_t k = xbucket(x->base);
     x->hnext = gx.b[k];
@@ -649,7 +669,6 @@ static hm_result_t xcreate(const hm_tracker_entry_t *te, hm_ipc_pool_t *pi, xent
     xlist_push(&pi->xhead, x);
     gx.n++;
     atomic_store_explicit(&gx.count, gx.n, memory_order_relaxed);
-    *out = x;
     return HM_SUCCESS;
 }
 
@@ -729,6 +748,7 @@ hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size) 
     if (hm_unlikely(!pi)) return HM_ERROR_OUT_OF_HOST_MEMORY;
     hm__ipc_lazy_init(); /* the export cache's bound, before its first entry */
     hm_result_t r = HM_SUCCESS;
+    xent_t *spare = NULL; /* made here, not needed: given back after the unlock */
     hm__mutex_lock(&gx.lock);
     xent_t *x = xfind(te.base);
     if (hm_unlikely(x && (x->id != te.id || x->size != te.size))) {
@@ -736,8 +756,30 @@ hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size) 
         x = NULL;
     }
     if (hm_unlikely(!x)) {
-        r = xcreate(&te, pi, &x);
-        if (r != HM_SUCCESS) goto out;
+        hm__mutex_unlock(&gx.lock);
+        xent_t *fresh = NULL;
+        r = xmake(&te, &fresh);
+        if (r != HM_SUCCESS) return r;
+        hm__mutex_lock(&gx.lock);
+        hm_tracker_entry_t now;
+        x = xfind(te.base);
+        if (hm_unlikely(x && (x->id != te.id || x->size != te.size))) {
+            xdetach(x);
+            x = NULL;
+        }
+        if (hm_unlikely(x)) { /* another thread exported it meanwhile: use theirs */
+            spare = fresh;
+        } else if (hm_unlikely(!hm__tracker_lookup(ptr, &now) || now.id != te.id)) {
+            spare = fresh; /* freed meanwhile (a caller's race) */
+            HM_LOG_ERROR("hm_ipc_get(%p): the allocation was freed during the export", ptr);
+            r = HM_ERROR_NOT_FOUND;
+            goto out;
+        } else if ((r = xlink(fresh, &te, pi)) != HM_SUCCESS) {
+            spare = fresh;
+            goto out;
+        } else {
+            x = fresh;
+        }
         /* Importers read the exporter's copy of a handle (open_verify) and
          * fetch its descriptor: both need ptrace access to this process. */
         if (atomic_load_explicit(&ptrace_epoch, memory_order_relaxed) !=
@@ -760,6 +802,7 @@ hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size) 
     *size = v->len;
 out:
     hm__mutex_unlock(&gx.lock);
+    if (spare) xunmake(spare, te.provider);
     return r;
 }
 

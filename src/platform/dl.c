@@ -27,6 +27,9 @@ struct hm_dl_lib {
 };
 
 static hm_dl_lib_t *_Atomic g_libs;
+static _Atomic size_t g_loaded; /* libraries dlopen() loaded */
+
+size_t hm__dl_loaded(void) { return atomic_load_explicit(&g_loaded, memory_order_relaxed); }
 
 static hm_dl_lib_t *find(hm_dl_lib_t *from, const char *path) {
     for (hm_dl_lib_t *e = from; e; e = e->next)
@@ -93,6 +96,7 @@ hm_result_t hm__dl_open(const char *soname, const char *env_var, const char *wha
         (void)dlerror(); /* clear a stale message of this thread */
         n->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
         if (!n->handle) copy_dlerror(n->error, sizeof(n->error));
+        else atomic_fetch_add_explicit(&g_loaded, 1, memory_order_relaxed);
         e = publish(n);
     }
     if (!e->handle) {

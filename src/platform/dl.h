@@ -94,6 +94,10 @@ void *hm__dl_sym(hm_dl_lib_t *lib, const char *name);
 
 /* The path the library was opened by, and dlopen's handle (NULL for a
  * library that failed to load). */
+/* How many libraries this process has loaded through hm__dl_open (only
+ * grows; fork.h's hm__fork_after_drivers compares it). */
+size_t hm__dl_loaded(void);
+
 const char *hm__dl_path(const hm_dl_lib_t *lib);
 void *hm__dl_handle(const hm_dl_lib_t *lib);
 

@@ -23,6 +23,8 @@
 #endif
 
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -552,6 +554,53 @@ static void test_ipc(const char *self, int transport) {
     hm_ipc_channel_destroy(ch);
 }
 
+/* fork() while other threads export and free through the driver: the
+ * driver takes its lock in fork handlers of its own (as drivers may), and
+ * the library calls it under the export cache's lock (a range freed while
+ * exported goes back to the driver at the last put). The library's fork
+ * handlers run before the driver's (fork.h, hm__fork_after_drivers), so
+ * neither waits for the other: no deadlock (the alarm fails the test). */
+static _Atomic int g_fork_stop;
+static void *export_loop(void *arg) {
+    hm_pool_t *pool = arg;
+    while (!atomic_load(&g_fork_stop)) {
+        void *p = hm_pool_malloc(pool, 64 * KIB);
+        hm_ipc_handle_t *h;
+        size_t len;
+        if (!p || hm_ipc_get(p, &h, &len) != HM_SUCCESS) {
+            atomic_store(&g_fork_stop, 2);
+            break;
+        }
+        (void)hm_pool_free(pool, p); /* held until the put */
+        (void)hm_ipc_put(h);         /* the driver's free, under the export lock */
+    }
+    return NULL;
+}
+static void test_fork_while_exporting(void) {
+    hm_test_set_context("fork while exporting through the driver");
+    hm_provider_t *prov;
+    REQUIRE_OK(lz_provider(HM_LEVEL_ZERO_MEMORY_DEVICE, 0, &prov));
+    hm_pool_t *pool;
+    REQUIRE_OK(pool_over(0, prov, HM_POOL_FLAG_OWN_PROVIDER, &pool));
+    atomic_store(&g_fork_stop, 0);
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) REQUIRE(pthread_create(&t[i], NULL, export_loop, pool) == 0);
+    alarm(60);
+    int forks = 0;
+    for (; forks < 300 && atomic_load(&g_fork_stop) == 0; forks++) {
+        pid_t pid = fork();
+        if (pid == 0) _exit(0);
+        REQUIRE(pid > 0);
+        waitpid(pid, NULL, 0);
+    }
+    alarm(0);
+    int why = atomic_exchange(&g_fork_stop, 1);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    CHECK_MSG(why == 0, "an export failed while forking");
+    CHECK_EQ(forks, 300);
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
 int main(int argc, char **argv) {
     g_part = argc > 1 ? argv[1] : "unit";
     if (strcmp(g_part, "noloader") == 0) return no_loader_child();
@@ -598,6 +647,7 @@ int main(int argc, char **argv) {
         ran++;
         test_ipc(argv[0], 0);
         test_ipc(argv[0], 1);
+        test_fork_while_exporting();
     }
     CHECK_OK(hm_provider_destroy(probe));
     CHECK_EQ(stats().live_contexts, 0); /* hetmem's own context went with its last provider */
