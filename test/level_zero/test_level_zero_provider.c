@@ -11,7 +11,7 @@
  * and a pool destroyed with a mapping open.
  * SPDX-License-Identifier: MIT
  *
- * Usage: test_level_zero_provider [unit|provider|pools|ipc|all|hardware]
+ * Usage: test_level_zero_provider [unit|provider|pools|ipc|all|hardware|twodrivers]
  *        (hardware: the machine's own driver, skipped without an Intel GPU)
  *        test_level_zero_provider importer <socket fd> <transport>  (internal) */
 #include "conformance.h"
@@ -601,6 +601,47 @@ static void test_fork_while_exporting(void) {
     CHECK_OK(hm_pool_destroy(pool));
 }
 
+/* Two drivers (the test driver loaded twice, from two paths): ordinals run
+ * over both; a context of one with a device of the other is refused. */
+static void test_two_drivers(void) {
+    hm_test_set_context("two drivers");
+    hm_provider_t *p2;
+    REQUIRE_OK(lz_provider(HM_LEVEL_ZERO_MEMORY_DEVICE, 2, &p2)); /* the second driver's first */
+    hm_device_id_t id;
+    CHECK_OK(hm_provider_get_device(p2, &id));
+    CHECK_EQ(id.ordinal, 2);
+    void *m = NULL;
+    CHECK_OK(hm_provider_alloc(p2, 4096, 0, &m));
+    hm_level_zero_allocation_t ai;
+    CHECK_OK(hm_level_zero_allocation_info(p2, m, &ai));
+    void *dev2 = ai.device;
+    CHECK_OK(hm_provider_free(p2, m, 4096));
+    void *loader = dlopen("libze_loader.so.1", RTLD_NOW | RTLD_NOLOAD);
+    REQUIRE(loader != NULL);
+    __typeof__(zeDriverGet) *drv_get = (__typeof__(zeDriverGet) *)dlsym(loader, "zeDriverGet");
+    __typeof__(zeContextCreate) *ctx_create =
+        (__typeof__(zeContextCreate) *)dlsym(loader, "zeContextCreate");
+    __typeof__(zeContextDestroy) *ctx_destroy =
+        (__typeof__(zeContextDestroy) *)dlsym(loader, "zeContextDestroy");
+    REQUIRE(drv_get && ctx_create && ctx_destroy);
+    uint32_t nd = 2;
+    ze_driver_handle_t drivers[2];
+    REQUIRE(drv_get(&nd, drivers) == ZE_RESULT_SUCCESS);
+    CHECK_EQ(nd, 2u);
+    ze_context_desc_t cd = {.stype = ZE_STRUCTURE_TYPE_CONTEXT_DESC};
+    ze_context_handle_t ctx1;
+    REQUIRE(ctx_create(drivers[0], &cd, &ctx1) == ZE_RESULT_SUCCESS);
+    hm_level_zero_params_t *p;
+    REQUIRE_OK(hm_level_zero_params_create(&p));
+    CHECK_OK(hm_level_zero_params_set_context(p, ctx1, dev2));
+    hm_provider_t *bad = NULL;
+    CHECK_RES(hm_level_zero_provider_create(p, &bad), HM_ERROR_INVALID_ARGUMENT);
+    CHECK(bad == NULL);
+    hm_level_zero_params_destroy(p);
+    CHECK(ctx_destroy(ctx1) == ZE_RESULT_SUCCESS);
+    CHECK_OK(hm_provider_destroy(p2));
+}
+
 int main(int argc, char **argv) {
     g_part = argc > 1 ? argv[1] : "unit";
     if (strcmp(g_part, "noloader") == 0) return no_loader_child();
@@ -622,6 +663,10 @@ int main(int argc, char **argv) {
     }
     if (!getenv("ZE_ENABLE_ALT_DRIVERS"))
         HM_TEST_SKIP("ZE_ENABLE_ALT_DRIVERS is not set (CTest sets it to the test driver)");
+    if (strcmp(g_part, "twodrivers") == 0) { /* ZE_ENABLE_ALT_DRIVERS names two copies */
+        test_two_drivers();
+        return hm_test_finish();
+    }
     hm_result_t r = lz_provider(HM_LEVEL_ZERO_MEMORY_DEVICE, 0, &probe);
     if (r == HM_ERROR_NOT_SUPPORTED) HM_TEST_SKIP("no Level Zero loader or driver");
     REQUIRE_OK(r);
