@@ -23,7 +23,7 @@ builds=${HM_TEST_BUILDS:-release asan tsan}
 jobs=${HM_JOBS:-$(nproc 2>/dev/null || echo 2)}
 ctest_jobs=${HM_CTEST_JOBS:-2}
 read -r -a extra_args <<<"${HM_TEST_EXTRA_CMAKE_ARGS:-}"
-extra_args=("-DHM_WITH_JEMALLOC=${HM_TEST_JEMALLOC:-ON}" "-DHM_WITH_LEVEL_ZERO=${HM_TEST_LEVEL_ZERO:-ON}" "${extra_args[@]}")
+extra_args=("-DHM_WITH_JEMALLOC=${HM_TEST_JEMALLOC:-ON}" "-DHM_WITH_LEVEL_ZERO=${HM_TEST_LEVEL_ZERO:-ON}" "-DHM_WITH_CUDA=${HM_TEST_CUDA:-ON}" "${extra_args[@]}")
 cc=${CC:-cc}
 
 # ThreadSanitizer (GCC 12's runtime) aborts with "unexpected memory mapping"

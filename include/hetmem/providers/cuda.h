@@ -1,0 +1,127 @@
+/* hetmem — the CUDA provider: NVIDIA device, host-pinned and managed memory.
+ * SPDX-License-Identifier: MIT
+ *
+ * Memory of one CUDA device, allocated with cuMemAlloc_v2 (device),
+ * cuMemHostAlloc (host-pinned) or cuMemAllocManaged (managed). The library
+ * links no CUDA library and needs no CUDA header: the driver, libcuda.so.1,
+ * is opened at the first create (the environment variable HM_CUDA_DRIVER
+ * names another path) and every entry point is resolved by its exact
+ * versioned name (cuMemAlloc_v2, not the old cuMemAlloc with 32-bit sizes).
+ * Without a driver or a device, create answers HM_ERROR_NOT_SUPPORTED with
+ * one log line, and nothing else in hetmem changes.
+ *
+ * Context: either the caller's (hm_cuda_params_set_context: a CUcontext
+ * and the CUdevice it is on, both kept alive by the caller longer than the
+ * provider), or a device ordinal (hm_cuda_params_set_ordinal), whose
+ * primary context hetmem retains at create and releases at destroy: the
+ * context the CUDA runtime uses, so memory of such a provider is the
+ * runtime's as well. The current context is per thread: every op that needs
+ * the provider's context current checks it (cuCtxGetCurrent) and switches
+ * (cuCtxPushCurrent_v2 ... cuCtxPopCurrent_v2) only when another is
+ * current, so a thread's current context is the same after the op as
+ * before. Driver calls per op when the provider's context is current:
+ * alloc 2 (cuCtxGetCurrent + the allocation: cuMemAlloc_v2 allocates in
+ * whatever context is current, so it cannot be skipped without risking
+ * memory of a foreign context), free 1 (the free alone; only when the
+ * driver answers CUDA_ERROR_INVALID_CONTEXT, no context being current, is
+ * the context pushed and the free made again).
+ *
+ * Memory types (hm_cuda_params_set_memory_type):
+ *   DEVICE   HM_MEMORY_DEVICE, the CPU must not touch it; fill and copy
+ *            (cuMemsetD8_v2, cuMemcpy, then cuStreamSynchronize of the
+ *            legacy stream) let pools zero and move it.
+ *   HOST     HM_MEMORY_HOST_PINNED; flags HM_CUDA_HOST_PORTABLE, _MAPPED,
+ *            _WRITE_COMBINED (cuMemHostAlloc's).
+ *   MANAGED  HM_MEMORY_SHARED; attach HM_CUDA_ATTACH_GLOBAL (default) or
+ *            _HOST (cuMemAllocManaged's).
+ * IPC (device memory only; host-pinned and managed: hm_ipc_get answers
+ * HM_ERROR_NOT_SUPPORTED): cuIpcGetMemHandle, the 64-byte handle carried by
+ * value in hetmem's handle (no descriptor moves), cuIpcOpenMemHandle_v2 with
+ * lazy peer access in the importer, cuIpcCloseMemHandle. The driver opens a
+ * handle once per context: pools over providers of one context share that
+ * mapping (provider.h, ipc_context). An importer opens memory of its own
+ * device, or of a device it can access as a peer (cuDeviceCanAccessPeer).
+ *
+ * Alignment: any power of two. The driver's own alignment is used where it
+ * is enough (large allocations come 2 MiB aligned); otherwise the provider
+ * allocates size + alignment and hands out the aligned part, freed and
+ * exported by its base (hm_cuda_allocation_info reports both).
+ * min_page_size: 2 MiB for device and managed memory (the driver's
+ * granularity), the system page for host-pinned memory.
+ *
+ * Driver errors are logged with the native CUresult and its name
+ * (cuGetErrorName where the driver has it), kept in hm_last_native_error(),
+ * and returned as HM_ERROR_DRIVER; CUDA_ERROR_OUT_OF_MEMORY is
+ * HM_ERROR_OUT_OF_MEMORY.
+ *
+ * Thread safety: every op is thread-safe. */
+#ifndef HETMEM_PROVIDERS_CUDA_H
+#define HETMEM_PROVIDERS_CUDA_H
+
+#include <hetmem/provider.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum hm_cuda_memory_type {
+    HM_CUDA_MEMORY_DEVICE = 0,
+    HM_CUDA_MEMORY_HOST = 1,
+    HM_CUDA_MEMORY_MANAGED = 2,
+} hm_cuda_memory_type_t;
+
+/* Host-pinned flags (cuMemHostAlloc's CU_MEMHOSTALLOC_*). */
+enum {
+    HM_CUDA_HOST_PORTABLE = 0x01,
+    HM_CUDA_HOST_MAPPED = 0x02,
+    HM_CUDA_HOST_WRITE_COMBINED = 0x04,
+};
+/* Managed attach flags (cuMemAllocManaged's CU_MEM_ATTACH_*). */
+enum {
+    HM_CUDA_ATTACH_GLOBAL = 0x1,
+    HM_CUDA_ATTACH_HOST = 0x2,
+};
+
+typedef struct hm_cuda_params hm_cuda_params_t;
+
+HM_API const hm_provider_ops_t *hm_cuda_provider_ops(void);
+
+/* Defaults: device ordinal 0 (its primary context), device memory. */
+HM_API hm_result_t hm_cuda_params_create(hm_cuda_params_t **params);
+HM_API hm_result_t hm_cuda_params_destroy(hm_cuda_params_t *params);
+/* The caller's CUcontext (non-NULL) and the CUdevice it is on (replaces an
+ * ordinal). A device the context is not on is refused at create with
+ * HM_ERROR_INVALID_ARGUMENT. */
+HM_API hm_result_t hm_cuda_params_set_context(hm_cuda_params_t *params, void *cu_context,
+                                              int cu_device);
+/* A device ordinal (>= 0; replaces a context); one that does not exist is
+ * refused at create with HM_ERROR_INVALID_ARGUMENT. */
+HM_API hm_result_t hm_cuda_params_set_ordinal(hm_cuda_params_t *params, int ordinal);
+HM_API hm_result_t hm_cuda_params_set_memory_type(hm_cuda_params_t *params,
+                                                  hm_cuda_memory_type_t type);
+/* HOST: HM_CUDA_HOST_* bits (other bits: HM_ERROR_INVALID_ARGUMENT);
+ * MANAGED: exactly one of HM_CUDA_ATTACH_*. Checked against the memory type
+ * at create. 0: the defaults (no host flags; ATTACH_GLOBAL). */
+HM_API hm_result_t hm_cuda_params_set_flags(hm_cuda_params_t *params, unsigned flags);
+
+/* What the driver says of memory of a CUDA provider (any pointer inside an
+ * allocation or inside a mapping it opened). */
+typedef struct hm_cuda_allocation {
+    hm_cuda_memory_type_t type;
+    int device;          /* ordinal */
+    void *context;       /* CUcontext */
+    uint64_t buffer_id;  /* unique in the process for its life */
+    uint64_t base;       /* the driver's allocation (before any alignment offset) */
+    size_t size;
+} hm_cuda_allocation_t;
+HM_API hm_result_t hm_cuda_allocation_info(hm_provider_t *provider, const void *ptr,
+                                           hm_cuda_allocation_t *info);
+
+/* Convenience: params as given (NULL: the defaults). */
+HM_API hm_result_t hm_cuda_provider_create(const hm_cuda_params_t *params,
+                                           hm_provider_t **provider);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

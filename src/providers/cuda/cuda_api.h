@@ -1,0 +1,104 @@
+/* hetmem — the part of the CUDA driver API the CUDA provider uses, declared
+ * here so that hetmem builds without cuda.h. SPDX-License-Identifier: MIT
+ *
+ * Every type, constant and signature below is the driver's (cuda.h, CUDA
+ * 13), under hetmem's own names. test/cuda/test_cuda_decls.c checks each
+ * against cuda.h where that header is present: values, sizes and the
+ * function types of the versioned entry points (HM_CU_FN lists them with
+ * the exact names the driver exports). */
+#ifndef HM_PROVIDERS_CUDA_API_H
+#define HM_PROVIDERS_CUDA_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int hm_cu_result_t;                 /* CUresult */
+typedef int hm_cu_device_t;                 /* CUdevice */
+typedef unsigned long long hm_cu_ptr_t;     /* CUdeviceptr (64-bit) */
+typedef struct CUctx_st *hm_cu_context_t;   /* CUcontext */
+typedef struct CUstream_st *hm_cu_stream_t; /* CUstream */
+typedef struct {
+    char bytes[16];
+} hm_cu_uuid_t;                             /* CUuuid */
+#define HM_CU_IPC_HANDLE_SIZE 64
+typedef struct {
+    char reserved[HM_CU_IPC_HANDLE_SIZE];
+} hm_cu_ipc_handle_t;                       /* CUipcMemHandle */
+
+enum {
+    HM_CUDA_SUCCESS = 0,
+    HM_CUDA_ERROR_INVALID_VALUE = 1,
+    HM_CUDA_ERROR_OUT_OF_MEMORY = 2,
+    HM_CUDA_ERROR_NOT_INITIALIZED = 3,
+    HM_CUDA_ERROR_NO_DEVICE = 100,
+    HM_CUDA_ERROR_INVALID_DEVICE = 101,
+    HM_CUDA_ERROR_INVALID_CONTEXT = 201,
+    HM_CUDA_ERROR_ALREADY_MAPPED = 208,
+    HM_CUDA_ERROR_NOT_SUPPORTED = 801,
+};
+
+/* CUpointer_attribute */
+enum {
+    HM_CU_POINTER_ATTRIBUTE_CONTEXT = 1,
+    HM_CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+    HM_CU_POINTER_ATTRIBUTE_BUFFER_ID = 7,
+    HM_CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
+    HM_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    HM_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
+    HM_CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+};
+/* CUmemorytype */
+enum { HM_CU_MEMORYTYPE_HOST = 1, HM_CU_MEMORYTYPE_DEVICE = 2 };
+/* cuMemHostAlloc flags, cuMemAllocManaged flags, cuIpcOpenMemHandle flags */
+enum {
+    HM_CU_MEMHOSTALLOC_PORTABLE = 0x01,
+    HM_CU_MEMHOSTALLOC_DEVICEMAP = 0x02,
+    HM_CU_MEMHOSTALLOC_WRITECOMBINED = 0x04,
+    HM_CU_MEM_ATTACH_GLOBAL = 0x1,
+    HM_CU_MEM_ATTACH_HOST = 0x2,
+    HM_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1,
+};
+
+/* X(field, exported name, return type, parameters), required entry points. */
+#define HM_CU_FN(X)                                                                           \
+    X(Init, "cuInit", hm_cu_result_t, (unsigned int flags))                                   \
+    X(DeviceGet, "cuDeviceGet", hm_cu_result_t, (hm_cu_device_t *device, int ordinal))        \
+    X(DeviceGetCount, "cuDeviceGetCount", hm_cu_result_t, (int *count))                       \
+    X(DeviceGetUuid, "cuDeviceGetUuid_v2", hm_cu_result_t,                                    \
+      (hm_cu_uuid_t *uuid, hm_cu_device_t dev))                                               \
+    X(DeviceCanAccessPeer, "cuDeviceCanAccessPeer", hm_cu_result_t,                           \
+      (int *can, hm_cu_device_t dev, hm_cu_device_t peer))                                    \
+    X(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", hm_cu_result_t,                     \
+      (hm_cu_context_t *pctx, hm_cu_device_t dev))                                            \
+    X(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", hm_cu_result_t,                \
+      (hm_cu_device_t dev))                                                                   \
+    X(CtxGetCurrent, "cuCtxGetCurrent", hm_cu_result_t, (hm_cu_context_t *pctx))              \
+    X(CtxPushCurrent, "cuCtxPushCurrent_v2", hm_cu_result_t, (hm_cu_context_t ctx))           \
+    X(CtxPopCurrent, "cuCtxPopCurrent_v2", hm_cu_result_t, (hm_cu_context_t *pctx))           \
+    X(CtxGetDevice, "cuCtxGetDevice", hm_cu_result_t, (hm_cu_device_t *device))               \
+    X(MemAlloc, "cuMemAlloc_v2", hm_cu_result_t, (hm_cu_ptr_t *dptr, size_t bytesize))        \
+    X(MemFree, "cuMemFree_v2", hm_cu_result_t, (hm_cu_ptr_t dptr))                            \
+    X(MemHostAlloc, "cuMemHostAlloc", hm_cu_result_t,                                         \
+      (void **pp, size_t bytesize, unsigned int flags))                                       \
+    X(MemFreeHost, "cuMemFreeHost", hm_cu_result_t, (void *p))                                \
+    X(MemAllocManaged, "cuMemAllocManaged", hm_cu_result_t,                                   \
+      (hm_cu_ptr_t *dptr, size_t bytesize, unsigned int flags))                               \
+    X(MemGetAddressRange, "cuMemGetAddressRange_v2", hm_cu_result_t,                          \
+      (hm_cu_ptr_t *pbase, size_t *psize, hm_cu_ptr_t dptr))                                  \
+    X(MemsetD8, "cuMemsetD8_v2", hm_cu_result_t,                                              \
+      (hm_cu_ptr_t dst, unsigned char uc, size_t n))                                          \
+    X(Memcpy, "cuMemcpy", hm_cu_result_t, (hm_cu_ptr_t dst, hm_cu_ptr_t src, size_t n))      \
+    X(StreamSynchronize, "cuStreamSynchronize", hm_cu_result_t, (hm_cu_stream_t stream))      \
+    X(PointerGetAttributes, "cuPointerGetAttributes", hm_cu_result_t,                         \
+      (unsigned int n, unsigned int *attributes, void **data, hm_cu_ptr_t ptr))                        \
+    X(IpcGetMemHandle, "cuIpcGetMemHandle", hm_cu_result_t,                                   \
+      (hm_cu_ipc_handle_t *handle, hm_cu_ptr_t dptr))                                         \
+    X(IpcOpenMemHandle, "cuIpcOpenMemHandle_v2", hm_cu_result_t,                              \
+      (hm_cu_ptr_t *pdptr, hm_cu_ipc_handle_t handle, unsigned int flags))                    \
+    X(IpcCloseMemHandle, "cuIpcCloseMemHandle", hm_cu_result_t, (hm_cu_ptr_t dptr))
+
+/* Optional. */
+#define HM_CU_FN_OPTIONAL(X)                                                                  \
+    X(GetErrorName, "cuGetErrorName", hm_cu_result_t, (hm_cu_result_t error, const char **str))
+
+#endif
