@@ -29,13 +29,13 @@
 
 /* ---- entry points ---- */
 
-#define CU_FIELD(field, name, ret, params) ret(*field) params;
+#define CU_FIELD(field, sym, ret, params) ret(*field) params;
 static struct {
     HM_CU_FN(CU_FIELD)
     HM_CU_FN_OPTIONAL(CU_FIELD)
 } cu;
-#define CU_REQ(field, name, ret, params) HM_DL_REQUIRED(name, &cu.field),
-#define CU_OPT(field, name, ret, params) HM_DL_OPTIONAL(name, &cu.field),
+#define CU_REQ(field, sym, ret, params) HM_DL_REQUIRED(#sym, &cu.field),
+#define CU_OPT(field, sym, ret, params) HM_DL_OPTIONAL(#sym, &cu.field),
 static const hm_dl_sym_t cu_syms[] = {HM_CU_FN(CU_REQ) HM_CU_FN_OPTIONAL(CU_OPT)};
 
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
@@ -48,7 +48,7 @@ static void cu_load(void) {
         return;
     hm_cu_result_t r = cu.Init(0);
     if (r != HM_CUDA_SUCCESS) {
-        HM_LOG_INFO("CUDA: cuInit failed (CUresult %d): no usable device", r);
+        HM_LOG_INFO("CUDA: cuInit failed (CUresult %u): no usable device", r);
         return;
     }
     cu_loaded = HM_SUCCESS;
@@ -58,7 +58,7 @@ static void cu_load(void) {
 static hm_result_t cu_fail(hm_cu_result_t r, const char *call) {
     const char *name = NULL;
     if (cu.GetErrorName && cu.GetErrorName(r, &name) != HM_CUDA_SUCCESS) name = NULL;
-    hm_result_t res = hm__native_error((int64_t)r, "CUDA %s failed: %s (CUresult %d)", call,
+    hm_result_t res = hm__native_error((int64_t)r, "CUDA %s failed: %s (CUresult %u)", call,
                                        name ? name : "?", r);
     switch (r) {
     case HM_CUDA_ERROR_OUT_OF_MEMORY: return HM_ERROR_OUT_OF_MEMORY;

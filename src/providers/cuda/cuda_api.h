@@ -12,18 +12,26 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef int hm_cu_result_t;                 /* CUresult */
+/* The driver's own struct tags, so that the test that includes cuda.h as
+ * well compares the very types (it includes cuda.h first: CUDA_VERSION is
+ * then defined and the structs are cuda.h's). An enum is its underlying
+ * type here (unsigned int: the driver's enums have no negative values). */
+typedef unsigned int hm_cu_result_t;        /* CUresult */
 typedef int hm_cu_device_t;                 /* CUdevice */
 typedef unsigned long long hm_cu_ptr_t;     /* CUdeviceptr (64-bit) */
 typedef struct CUctx_st *hm_cu_context_t;   /* CUcontext */
 typedef struct CUstream_st *hm_cu_stream_t; /* CUstream */
-typedef struct {
-    char bytes[16];
-} hm_cu_uuid_t;                             /* CUuuid */
 #define HM_CU_IPC_HANDLE_SIZE 64
-typedef struct {
+#ifndef CUDA_VERSION
+struct CUuuid_st {
+    char bytes[16];
+};
+struct CUipcMemHandle_st {
     char reserved[HM_CU_IPC_HANDLE_SIZE];
-} hm_cu_ipc_handle_t;                       /* CUipcMemHandle */
+};
+#endif
+typedef struct CUuuid_st hm_cu_uuid_t;              /* CUuuid */
+typedef struct CUipcMemHandle_st hm_cu_ipc_handle_t; /* CUipcMemHandle */
 
 enum {
     HM_CUDA_SUCCESS = 0,
@@ -59,46 +67,46 @@ enum {
     HM_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1,
 };
 
-/* X(field, exported name, return type, parameters), required entry points. */
+/* X(field, exported symbol, return type, parameters), required entry points. */
 #define HM_CU_FN(X)                                                                           \
-    X(Init, "cuInit", hm_cu_result_t, (unsigned int flags))                                   \
-    X(DeviceGet, "cuDeviceGet", hm_cu_result_t, (hm_cu_device_t *device, int ordinal))        \
-    X(DeviceGetCount, "cuDeviceGetCount", hm_cu_result_t, (int *count))                       \
-    X(DeviceGetUuid, "cuDeviceGetUuid_v2", hm_cu_result_t,                                    \
+    X(Init, cuInit, hm_cu_result_t, (unsigned int flags))                                   \
+    X(DeviceGet, cuDeviceGet, hm_cu_result_t, (hm_cu_device_t *device, int ordinal))        \
+    X(DeviceGetCount, cuDeviceGetCount, hm_cu_result_t, (int *count))                       \
+    X(DeviceGetUuid, cuDeviceGetUuid_v2, hm_cu_result_t,                                    \
       (hm_cu_uuid_t *uuid, hm_cu_device_t dev))                                               \
-    X(DeviceCanAccessPeer, "cuDeviceCanAccessPeer", hm_cu_result_t,                           \
+    X(DeviceCanAccessPeer, cuDeviceCanAccessPeer, hm_cu_result_t,                           \
       (int *can, hm_cu_device_t dev, hm_cu_device_t peer))                                    \
-    X(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", hm_cu_result_t,                     \
+    X(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, hm_cu_result_t,                     \
       (hm_cu_context_t *pctx, hm_cu_device_t dev))                                            \
-    X(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", hm_cu_result_t,                \
+    X(DevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, hm_cu_result_t,                \
       (hm_cu_device_t dev))                                                                   \
-    X(CtxGetCurrent, "cuCtxGetCurrent", hm_cu_result_t, (hm_cu_context_t *pctx))              \
-    X(CtxPushCurrent, "cuCtxPushCurrent_v2", hm_cu_result_t, (hm_cu_context_t ctx))           \
-    X(CtxPopCurrent, "cuCtxPopCurrent_v2", hm_cu_result_t, (hm_cu_context_t *pctx))           \
-    X(CtxGetDevice, "cuCtxGetDevice", hm_cu_result_t, (hm_cu_device_t *device))               \
-    X(MemAlloc, "cuMemAlloc_v2", hm_cu_result_t, (hm_cu_ptr_t *dptr, size_t bytesize))        \
-    X(MemFree, "cuMemFree_v2", hm_cu_result_t, (hm_cu_ptr_t dptr))                            \
-    X(MemHostAlloc, "cuMemHostAlloc", hm_cu_result_t,                                         \
+    X(CtxGetCurrent, cuCtxGetCurrent, hm_cu_result_t, (hm_cu_context_t *pctx))              \
+    X(CtxPushCurrent, cuCtxPushCurrent_v2, hm_cu_result_t, (hm_cu_context_t ctx))           \
+    X(CtxPopCurrent, cuCtxPopCurrent_v2, hm_cu_result_t, (hm_cu_context_t *pctx))           \
+    X(CtxGetDevice, cuCtxGetDevice, hm_cu_result_t, (hm_cu_device_t *device))               \
+    X(MemAlloc, cuMemAlloc_v2, hm_cu_result_t, (hm_cu_ptr_t *dptr, size_t bytesize))        \
+    X(MemFree, cuMemFree_v2, hm_cu_result_t, (hm_cu_ptr_t dptr))                            \
+    X(MemHostAlloc, cuMemHostAlloc, hm_cu_result_t,                                         \
       (void **pp, size_t bytesize, unsigned int flags))                                       \
-    X(MemFreeHost, "cuMemFreeHost", hm_cu_result_t, (void *p))                                \
-    X(MemAllocManaged, "cuMemAllocManaged", hm_cu_result_t,                                   \
+    X(MemFreeHost, cuMemFreeHost, hm_cu_result_t, (void *p))                                \
+    X(MemAllocManaged, cuMemAllocManaged, hm_cu_result_t,                                   \
       (hm_cu_ptr_t *dptr, size_t bytesize, unsigned int flags))                               \
-    X(MemGetAddressRange, "cuMemGetAddressRange_v2", hm_cu_result_t,                          \
+    X(MemGetAddressRange, cuMemGetAddressRange_v2, hm_cu_result_t,                          \
       (hm_cu_ptr_t *pbase, size_t *psize, hm_cu_ptr_t dptr))                                  \
-    X(MemsetD8, "cuMemsetD8_v2", hm_cu_result_t,                                              \
+    X(MemsetD8, cuMemsetD8_v2, hm_cu_result_t,                                              \
       (hm_cu_ptr_t dst, unsigned char uc, size_t n))                                          \
-    X(Memcpy, "cuMemcpy", hm_cu_result_t, (hm_cu_ptr_t dst, hm_cu_ptr_t src, size_t n))      \
-    X(StreamSynchronize, "cuStreamSynchronize", hm_cu_result_t, (hm_cu_stream_t stream))      \
-    X(PointerGetAttributes, "cuPointerGetAttributes", hm_cu_result_t,                         \
+    X(Memcpy, cuMemcpy, hm_cu_result_t, (hm_cu_ptr_t dst, hm_cu_ptr_t src, size_t n))      \
+    X(StreamSynchronize, cuStreamSynchronize, hm_cu_result_t, (hm_cu_stream_t stream))      \
+    X(PointerGetAttributes, cuPointerGetAttributes, hm_cu_result_t,                         \
       (unsigned int n, unsigned int *attributes, void **data, hm_cu_ptr_t ptr))                        \
-    X(IpcGetMemHandle, "cuIpcGetMemHandle", hm_cu_result_t,                                   \
+    X(IpcGetMemHandle, cuIpcGetMemHandle, hm_cu_result_t,                                   \
       (hm_cu_ipc_handle_t *handle, hm_cu_ptr_t dptr))                                         \
-    X(IpcOpenMemHandle, "cuIpcOpenMemHandle_v2", hm_cu_result_t,                              \
+    X(IpcOpenMemHandle, cuIpcOpenMemHandle_v2, hm_cu_result_t,                              \
       (hm_cu_ptr_t *pdptr, hm_cu_ipc_handle_t handle, unsigned int flags))                    \
-    X(IpcCloseMemHandle, "cuIpcCloseMemHandle", hm_cu_result_t, (hm_cu_ptr_t dptr))
+    X(IpcCloseMemHandle, cuIpcCloseMemHandle, hm_cu_result_t, (hm_cu_ptr_t dptr))
 
 /* Optional. */
 #define HM_CU_FN_OPTIONAL(X)                                                                  \
-    X(GetErrorName, "cuGetErrorName", hm_cu_result_t, (hm_cu_result_t error, const char **str))
+    X(GetErrorName, cuGetErrorName, hm_cu_result_t, (hm_cu_result_t error, const char **str))
 
 #endif
