@@ -1,0 +1,1502 @@
+/* hetmem tests — libcuda.so.1, a CUDA driver for machines without an NVIDIA
+ * GPU. What it models and the control API: cuda_test_driver.h.
+ * SPDX-License-Identifier: MIT
+ *
+ * Layout of this file: state and the entry/exit of every call (counting,
+ * failure injection, the one mutex); contexts and the per-thread stack;
+ * the allocation table and mappings; the entry points by area; the old
+ * ABIs that abort; cuGetProcAddress_v2's table; the control API.
+ *
+ * Invariants (all under g_lock, except the thread's own context stack):
+ *  - g.allocs is sorted by base; spans [base, base + span) never overlap.
+ *    Device and async memory has `charged` bytes on its device's `used`;
+ *    host, managed and opened IPC memory charges nothing. Only device
+ *    allocations (M_DEVICE) keep their memfd open (fd >= 0): an IPC open
+ *    elsewhere reaches it through /proc/<pid>/fd/<fd>.
+ *  - An opened IPC mapping (M_IPC) has refs >= 1; other kinds refs == 0.
+ *  - Context objects are never freed: a created context stays on g.ctxs
+ *    after cuCtxDestroy_v2 (destroyed = true), so no handle is ever reused
+ *    and a stale handle on some thread's stack is recognised. A primary
+ *    context is active while refs > 0.
+ *  - Every allocation's ctx is a context that was usable when it was made;
+ *    a context's end releases its allocations (async ones excepted).
+ */
+#include "cuda_test_driver.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+#define KIB ((size_t)1 << 10)
+#define MIB ((size_t)1 << 20)
+#define GRANULARITY HM_CUDA_TEST_GRANULARITY
+#define HOST_PAGE (4 * KIB)
+#define DEFAULT_DEVICES 2
+#define DEFAULT_MEM_LIMIT ((uint64_t)256 * MIB)
+#define CTX_STACK_MAX 64
+#define IPC_MAGIC 0x55434d48u /* "HMCU" little-endian */
+
+#define die(...)                                                                  \
+    do {                                                                          \
+        fprintf(stderr, "libcuda (hetmem test): %s:%d: ", __FILE__, __LINE__);    \
+        fprintf(stderr, __VA_ARGS__);                                             \
+        fprintf(stderr, "\n");                                                    \
+        abort();                                                                  \
+    } while (0)
+
+/* ---- every exported entry point, by symbol name ---- */
+
+#define CT_APIS(X)                                                                      \
+    X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)               \
+    X(cuGetProcAddress_v2) X(cuGetProcAddress)                                          \
+    X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceGetUuid)            \
+    X(cuDeviceGetUuid_v2) X(cuDeviceGetAttribute) X(cuDeviceTotalMem_v2)                \
+    X(cuDeviceTotalMem) X(cuDeviceCanAccessPeer) X(cuDeviceGetDefaultMemPool)           \
+    X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2)                         \
+    X(cuDevicePrimaryCtxRelease) X(cuCtxCreate_v2) X(cuCtxCreate_v4) X(cuCtxCreate)     \
+    X(cuCtxDestroy_v2) X(cuCtxDestroy) X(cuCtxGetCurrent) X(cuCtxSetCurrent)            \
+    X(cuCtxPushCurrent_v2) X(cuCtxPushCurrent) X(cuCtxPopCurrent_v2) X(cuCtxPopCurrent) \
+    X(cuCtxGetDevice) X(cuCtxGetDevice_v2) X(cuCtxSynchronize) X(cuCtxSynchronize_v2)   \
+    X(cuMemAlloc_v2) X(cuMemAlloc) X(cuMemFree_v2) X(cuMemFree)                         \
+    X(cuMemAllocHost_v2) X(cuMemAllocHost) X(cuMemHostAlloc) X(cuMemFreeHost)           \
+    X(cuMemAllocManaged) X(cuMemGetAddressRange_v2) X(cuMemGetAddressRange)             \
+    X(cuMemGetInfo_v2) X(cuMemGetInfo) X(cuMemGetAllocationGranularity)                 \
+    X(cuMemsetD8_v2) X(cuMemsetD8) X(cuMemcpy) X(cuMemcpyHtoD_v2) X(cuMemcpyHtoD)       \
+    X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH) X(cuMemcpyDtoD_v2) X(cuMemcpyDtoD)               \
+    X(cuPointerGetAttribute) X(cuPointerGetAttributes)                                  \
+    X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcOpenMemHandle)                 \
+    X(cuIpcCloseMemHandle)                                                              \
+    X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuStreamSynchronize)
+
+enum api {
+#define X(name) API_##name,
+    CT_APIS(X)
+#undef X
+    API_COUNT
+};
+
+static const char *const api_names[API_COUNT] = {
+#define X(name) #name,
+    CT_APIS(X)
+#undef X
+};
+
+/* ---- state ---- */
+
+struct device;
+
+struct ctx {
+    uint32_t magic;
+    bool primary;
+    bool destroyed;     /* created contexts only */
+    unsigned flags;
+    unsigned refs;      /* primary contexts: retains not yet released */
+    struct device *dev;
+    struct ctx *next;   /* g.ctxs (created contexts) */
+};
+
+struct pool {
+    uint32_t magic;
+    unsigned index;
+};
+
+struct device {
+    unsigned index;
+    uint64_t limit; /* bytes */
+    uint64_t used;  /* bytes charged by device and async memory */
+    struct ctx primary;
+    struct pool pool;
+};
+
+enum mkind { M_DEVICE, M_ASYNC, M_HOST, M_MANAGED, M_IPC };
+
+struct alloc {
+    uintptr_t base;
+    size_t size;   /* what the caller asked for */
+    size_t span;   /* mapped at base */
+    char *cpu;     /* where the driver reads and writes: the alias of device
+                      memory, base itself for host and managed memory */
+    int fd;        /* M_DEVICE: the memfd; -1 otherwise */
+    ino_t ino;
+    dev_t fsdev;
+    uint64_t id;   /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
+    enum mkind kind;
+    struct ctx *ctx;
+    struct device *dev;
+    uint64_t charged;
+    /* M_IPC */
+    unsigned refs;
+    uint32_t exp_pid;
+    uint32_t exp_dev;
+    uint64_t exp_nonce, exp_id;
+};
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct device g_devices[HM_CUDA_TEST_MAX_DEVICES];
+
+static struct {
+    bool initialized; /* cuInit(0) succeeded */
+    bool strict_ipc;
+    unsigned ndev;
+    uint64_t next_id;
+    uint64_t nonce;   /* this process's, new in a fork child */
+    bool peer[HM_CUDA_TEST_MAX_DEVICES][HM_CUDA_TEST_MAX_DEVICES];
+    uint64_t calls[API_COUNT];
+    struct {
+        unsigned countdown; /* 0: none pending */
+        CUresult result;
+    } inject[API_COUNT];
+    uint64_t ipc_open_repeats;
+    uint64_t leaks;
+    struct ctx *ctxs;
+    struct alloc **allocs;
+    size_t nallocs, cap;
+} g;
+
+/* The calling thread's context stack; t_stack[t_depth - 1] is current. */
+static __thread struct ctx *t_stack[CTX_STACK_MAX];
+static __thread unsigned t_depth;
+
+static void lock(void) {
+    int e = pthread_mutex_lock(&g_lock);
+    if (e) die("pthread_mutex_lock: %s", strerror(e));
+}
+
+static void unlock(void) {
+    int e = pthread_mutex_unlock(&g_lock);
+    if (e) die("pthread_mutex_unlock: %s", strerror(e));
+}
+
+static uint64_t new_nonce(void) {
+    uint64_t n = 0;
+    if (getrandom(&n, sizeof n, GRND_NONBLOCK) != (ssize_t)sizeof n) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        n = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20);
+    }
+    return n | 1; /* never 0 */
+}
+
+/* The forking thread holds g_lock across fork, so the child copies no
+ * half-done update. */
+static void fork_prepare(void) { lock(); }
+static void fork_parent(void) { unlock(); }
+static void fork_child(void) {
+    g.nonce = new_nonce();
+    unlock();
+}
+
+/* A size in bytes with an optional K, M or G suffix; 0 when malformed. */
+static uint64_t parse_size(const char *s) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || end == s || *s == '-') return 0;
+    unsigned shift = 0;
+    switch (*end) {
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    default: break;
+    }
+    if (*end || v > (UINT64_MAX >> 1) >> shift) return 0;
+    return (uint64_t)v << shift;
+}
+
+static void setup(void) {
+    g.ndev = DEFAULT_DEVICES;
+    const char *s = getenv("HM_CUDA_TEST_DEVICES");
+    if (s && *s) {
+        char *end;
+        long n = strtol(s, &end, 10);
+        if (*end == '\0' && n >= 0 && n <= HM_CUDA_TEST_MAX_DEVICES)
+            g.ndev = (unsigned)n;
+        else
+            fprintf(stderr, "libcuda (hetmem test): HM_CUDA_TEST_DEVICES=%s is not 0..%d; using %u\n",
+                    s, HM_CUDA_TEST_MAX_DEVICES, g.ndev);
+    }
+    uint64_t limit = DEFAULT_MEM_LIMIT;
+    s = getenv("HM_CUDA_TEST_DEVICE_MEM");
+    if (s && *s) {
+        uint64_t v = parse_size(s);
+        if (v)
+            limit = v;
+        else
+            fprintf(stderr, "libcuda (hetmem test): HM_CUDA_TEST_DEVICE_MEM=%s is not a size; using %llu\n",
+                    s, (unsigned long long)limit);
+    }
+    s = getenv("HM_CUDA_TEST_STRICT_IPC");
+    g.strict_ipc = s && strcmp(s, "1") == 0;
+    for (unsigned i = 0; i < HM_CUDA_TEST_MAX_DEVICES; i++) {
+        struct device *d = &g_devices[i];
+        d->index = i;
+        d->limit = limit;
+        d->primary.magic = 0x43545850; /* "PXTC" */
+        d->primary.primary = true;
+        d->primary.dev = d;
+        d->pool.magic = 0x4c4f4f50;
+        d->pool.index = i;
+        for (unsigned j = 0; j < HM_CUDA_TEST_MAX_DEVICES; j++) g.peer[i][j] = i != j;
+    }
+    g.next_id = 1;
+    g.nonce = new_nonce();
+    int e = pthread_atfork(fork_prepare, fork_parent, fork_child);
+    if (e) die("pthread_atfork: %s", strerror(e));
+}
+
+/* The start of every entry point: count the call; an injected failure, or
+ * NOT_INITIALIZED when `needs_init`, returns at once (lock released);
+ * otherwise CUDA_SUCCESS with g_lock held, to be released by leave(). */
+static CUresult enter(enum api a, bool needs_init) {
+    pthread_once(&g_once, setup);
+    lock();
+    g.calls[a]++;
+    CUresult r = CUDA_SUCCESS;
+    if (g.inject[a].countdown && --g.inject[a].countdown == 0)
+        r = g.inject[a].result;
+    else if (needs_init && !g.initialized)
+        r = CUDA_ERROR_NOT_INITIALIZED;
+    if (r != CUDA_SUCCESS) unlock();
+    return r;
+}
+
+static CUresult leave(CUresult r) {
+    unlock();
+    return r;
+}
+
+#define ENTER_AS(name, needs_init)                           \
+    do {                                                     \
+        CUresult enter_r_ = enter(API_##name, needs_init);   \
+        if (enter_r_ != CUDA_SUCCESS) return enter_r_;       \
+    } while (0)
+#define ENTER(name) ENTER_AS(name, true)
+/* cuInit, cuDriverGetVersion, cuGetErrorName/String, cuGetProcAddress_v2 */
+#define ENTER_BEFORE_INIT(name) ENTER_AS(name, false)
+
+/* ---- devices and contexts ---- */
+
+static struct device *device_at(CUdevice d) {
+    return d >= 0 && (unsigned)d < g.ndev ? &g_devices[d] : NULL;
+}
+
+#define FIND_DEVICE(var, d)                                               \
+    struct device *var = device_at(d);                                    \
+    do {                                                                  \
+        if (!var) return leave(CUDA_ERROR_INVALID_DEVICE);                \
+    } while (0)
+
+/* The context behind a handle the driver handed out (destroyed or not). */
+static struct ctx *ctx_find(CUcontext h) {
+    struct ctx *c = (struct ctx *)(void *)h;
+    if (!c) return NULL;
+    for (unsigned i = 0; i < g.ndev; i++)
+        if (c == &g_devices[i].primary) return c;
+    for (struct ctx *o = g.ctxs; o; o = o->next)
+        if (o == c) return c;
+    return NULL;
+}
+
+static CUresult ctx_usable(const struct ctx *c) {
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    if (c->primary ? c->refs == 0 : c->destroyed) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    return CUDA_SUCCESS;
+}
+
+static struct ctx *current(void) { return t_depth ? t_stack[t_depth - 1] : NULL; }
+
+/* `var`: the calling thread's current context, which must be usable. */
+#define CURRENT(var)                                                      \
+    struct ctx *var = current();                                          \
+    do {                                                                  \
+        CUresult cur_r_ = ctx_usable(var);                                \
+        if (cur_r_ != CUDA_SUCCESS) return leave(cur_r_);                 \
+    } while (0)
+
+/* ---- the allocation table ---- */
+
+/* Index of the first allocation whose base is above p. */
+static size_t alloc_upper(uintptr_t p) {
+    size_t lo = 0, hi = g.nallocs;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (g.allocs[mid]->base <= p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The allocation that holds p within the size it was asked for. */
+static struct alloc *alloc_at(uintptr_t p) {
+    size_t i = alloc_upper(p);
+    if (i == 0) return NULL;
+    struct alloc *a = g.allocs[i - 1];
+    return p - a->base < a->size ? a : NULL;
+}
+
+/* Whether [p, p + n) (n > 0) meets any mapping of the driver. */
+static bool span_overlaps(uintptr_t p, size_t n) {
+    size_t i = alloc_upper(p + n - 1);
+    if (i == 0) return false;
+    const struct alloc *a = g.allocs[i - 1];
+    return a->base + a->span > p;
+}
+
+static bool table_reserve(void) {
+    if (g.nallocs < g.cap) return true;
+    size_t cap = g.cap ? 2 * g.cap : 64;
+    struct alloc **v = realloc(g.allocs, cap * sizeof *v);
+    if (!v) return false;
+    g.allocs = v;
+    g.cap = cap;
+    return true;
+}
+
+/* Room must have been made with table_reserve(). */
+static void table_insert(struct alloc *a) {
+    size_t i = alloc_upper(a->base);
+    memmove(&g.allocs[i + 1], &g.allocs[i], (g.nallocs - i) * sizeof *g.allocs);
+    g.allocs[i] = a;
+    g.nallocs++;
+}
+
+static void table_remove(struct alloc *a) {
+    size_t i = alloc_upper(a->base);
+    if (i == 0 || g.allocs[i - 1] != a) die("allocation %p not in the table", (void *)a->base);
+    i--;
+    memmove(&g.allocs[i], &g.allocs[i + 1], (g.nallocs - i - 1) * sizeof *g.allocs);
+    g.nallocs--;
+    if (g.nallocs == 0) { /* give the table back: a leak checker sees none */
+        free(g.allocs);
+        g.allocs = NULL;
+        g.cap = 0;
+    }
+}
+
+/* len bytes at an address aligned to `align` (a power of two >= the host
+ * page): fd mapped MAP_SHARED, or anonymous private memory when fd < 0. */
+static char *map_aligned(int fd, size_t len, size_t align, int prot) {
+    size_t span = len + align;
+    char *r = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) return NULL;
+    char *p = (char *)(((uintptr_t)r + align - 1) & ~(uintptr_t)(align - 1));
+    if (p > r) munmap(r, (size_t)(p - r));
+    if (r + span > p + len) munmap(p + len, (size_t)(r + span - (p + len)));
+    void *m = fd >= 0 ? mmap(p, len, prot, MAP_SHARED | MAP_FIXED, fd, 0)
+                      : mmap(p, len, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (m == MAP_FAILED) {
+        munmap(p, len);
+        return NULL;
+    }
+    return p;
+}
+
+/* fd as device memory: *view PROT_NONE for the caller, *cpu read-write for
+ * the driver. */
+static bool map_device(int fd, size_t span, char **view, char **cpu) {
+    *view = map_aligned(fd, span, GRANULARITY, PROT_NONE);
+    if (!*view) return false;
+    *cpu = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (*cpu == MAP_FAILED) {
+        munmap(*view, span);
+        return false;
+    }
+    return true;
+}
+
+/* Unmaps and forgets a. */
+static void alloc_release(struct alloc *a) {
+    table_remove(a);
+    if (a->cpu != (char *)a->base) munmap(a->cpu, a->span);
+    munmap((void *)a->base, a->span);
+    if (a->fd >= 0) close(a->fd);
+    if (a->dev) a->dev->used -= a->charged;
+    free(a);
+}
+
+/* A new allocation of `kind` (not M_IPC) in context c. */
+static CUresult mem_alloc(struct ctx *c, enum mkind kind, size_t size, struct alloc **out) {
+    if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+    const bool device = kind == M_DEVICE || kind == M_ASYNC;
+    const size_t page = kind == M_HOST ? HOST_PAGE : GRANULARITY;
+    if (size > SIZE_MAX - page) return CUDA_ERROR_OUT_OF_MEMORY;
+    const size_t span = (size + page - 1) & ~(page - 1);
+    struct device *d = c->dev;
+    if (device && (d->used > d->limit || span > d->limit - d->used)) return CUDA_ERROR_OUT_OF_MEMORY;
+
+    struct alloc *a = calloc(1, sizeof *a);
+    if (!a || !table_reserve()) goto fail_alloc;
+    a->fd = -1;
+    char *view;
+    if (device) {
+        a->fd = memfd_create("hm_cuda_test", MFD_CLOEXEC);
+        if (a->fd < 0) goto fail_alloc;
+        struct stat st;
+        if (ftruncate(a->fd, (off_t)span) != 0 || fstat(a->fd, &st) != 0) goto fail_fd;
+        if (!map_device(a->fd, span, &view, &a->cpu)) goto fail_fd;
+        a->ino = st.st_ino;
+        a->fsdev = st.st_dev;
+        if (kind == M_ASYNC) { /* never exported: no fd kept */
+            close(a->fd);
+            a->fd = -1;
+        }
+        a->charged = span;
+        d->used += span;
+    } else {
+        view = map_aligned(-1, span, page, PROT_READ | PROT_WRITE);
+        if (!view) goto fail_alloc;
+        a->cpu = view;
+    }
+    a->base = (uintptr_t)view;
+    a->size = size;
+    a->span = span;
+    a->id = g.next_id++;
+    a->kind = kind;
+    a->ctx = c;
+    a->dev = d;
+    table_insert(a);
+    *out = a;
+    return CUDA_SUCCESS;
+
+fail_fd:
+    close(a->fd);
+fail_alloc:
+    free(a);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* The end of context c: its memory (async memory excepted) and its opened
+ * IPC mappings go, each counted as a leak. */
+static void ctx_drop_memory(struct ctx *c) {
+    for (size_t i = g.nallocs; i-- > 0;) {
+        struct alloc *a = g.allocs[i];
+        if (a->ctx == c && a->kind != M_ASYNC) {
+            g.leaks++;
+            alloc_release(a);
+        }
+    }
+}
+
+/* Where the driver reads or writes n > 0 bytes at p: the driver's memory
+ * (through the alias for device memory) or, unless `driver_only`, plain
+ * process memory that meets no driver mapping. */
+static CUresult resolve(CUdeviceptr ptr, size_t n, bool driver_only, char **cpu) {
+    uintptr_t p = (uintptr_t)ptr;
+    struct alloc *a = alloc_at(p);
+    if (a) {
+        if (n > a->size - (p - a->base)) return CUDA_ERROR_INVALID_VALUE;
+        *cpu = a->cpu + (p - a->base);
+        return CUDA_SUCCESS;
+    }
+    if (driver_only || p == 0 || n - 1 > UINTPTR_MAX - p || span_overlaps(p, n))
+        return CUDA_ERROR_INVALID_VALUE;
+    *cpu = (char *)p;
+    return CUDA_SUCCESS;
+}
+
+/* ---- initialization, version, errors ---- */
+
+EXPORT CUresult cuInit(unsigned int Flags) {
+    ENTER_BEFORE_INIT(cuInit);
+    if (Flags != 0) return leave(CUDA_ERROR_INVALID_VALUE);
+    if (g.ndev == 0) return leave(CUDA_ERROR_NO_DEVICE);
+    g.initialized = true;
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDriverGetVersion(int *driverVersion) {
+    ENTER_BEFORE_INIT(cuDriverGetVersion);
+    if (!driverVersion) return leave(CUDA_ERROR_INVALID_VALUE);
+    *driverVersion = HM_CUDA_TEST_DRIVER_VERSION;
+    return leave(CUDA_SUCCESS);
+}
+
+#define CT_ERRORS(X)                                                                       \
+    X(CUDA_SUCCESS, "no error")                                                            \
+    X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                        \
+    X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                           \
+    X(CUDA_ERROR_NOT_INITIALIZED, "initialization error")                                  \
+    X(CUDA_ERROR_DEINITIALIZED, "driver shutting down")                                    \
+    X(CUDA_ERROR_STUB_LIBRARY, "CUDA driver is a stub library")                            \
+    X(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected")                          \
+    X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                                 \
+    X(CUDA_ERROR_INVALID_CONTEXT, "invalid device context")                                \
+    X(CUDA_ERROR_MAP_FAILED, "mapping of buffer object failed")                            \
+    X(CUDA_ERROR_UNMAP_FAILED, "unmapping of buffer object failed")                        \
+    X(CUDA_ERROR_ALREADY_MAPPED, "resource already mapped")                                \
+    X(CUDA_ERROR_NOT_MAPPED, "resource not mapped")                                        \
+    X(CUDA_ERROR_ECC_UNCORRECTABLE, "uncorrectable ECC error encountered")                 \
+    X(CUDA_ERROR_CONTEXT_ALREADY_IN_USE, "context already in use")                         \
+    X(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "peer access is not supported between these two devices") \
+    X(CUDA_ERROR_OPERATING_SYSTEM, "OS call failed or operation not supported on this OS") \
+    X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle")                                \
+    X(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state")  \
+    X(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                      \
+    X(CUDA_ERROR_NOT_READY, "device not ready")                                            \
+    X(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered")              \
+    X(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "peer access is already enabled")            \
+    X(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "peer access has not been enabled")              \
+    X(CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "cannot set while device is active in this process") \
+    X(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed")                             \
+    X(CUDA_ERROR_TOO_MANY_PEERS, "peer mapping resources exhausted")                       \
+    X(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")                              \
+    X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                 \
+    X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                 \
+    X(CUDA_ERROR_SYSTEM_NOT_READY, "system not yet initialized")                           \
+    X(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "system has unsupported display driver / cuda driver combination") \
+    X(CUDA_ERROR_TIMEOUT, "timeout")                                                       \
+    X(CUDA_ERROR_UNKNOWN, "unknown error")
+
+static const struct {
+    CUresult code;
+    const char *name, *text;
+} errors[] = {
+#define X(code, text) {code, #code, text},
+    CT_ERRORS(X)
+#undef X
+};
+
+static CUresult error_lookup(CUresult e, bool name, const char **pStr) {
+    if (!pStr) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
+        if (errors[i].code == e) {
+            *pStr = name ? errors[i].name : errors[i].text;
+            return CUDA_SUCCESS;
+        }
+    *pStr = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuGetErrorName(CUresult error, const char **pStr) {
+    ENTER_BEFORE_INIT(cuGetErrorName);
+    return leave(error_lookup(error, true, pStr));
+}
+
+EXPORT CUresult cuGetErrorString(CUresult error, const char **pStr) {
+    ENTER_BEFORE_INIT(cuGetErrorString);
+    return leave(error_lookup(error, false, pStr));
+}
+
+/* ---- devices ---- */
+
+EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+    ENTER(cuDeviceGet);
+    if (!device) return leave(CUDA_ERROR_INVALID_VALUE);
+    FIND_DEVICE(d, ordinal);
+    *device = (CUdevice)d->index;
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDeviceGetCount(int *count) {
+    ENTER(cuDeviceGetCount);
+    if (!count) return leave(CUDA_ERROR_INVALID_VALUE);
+    *count = (int)g.ndev;
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+    ENTER(cuDeviceGetName);
+    if (!name || len <= 0) return leave(CUDA_ERROR_INVALID_VALUE);
+    FIND_DEVICE(d, dev);
+    snprintf(name, (size_t)len, "hetmem CUDA test device %u", d->index);
+    return leave(CUDA_SUCCESS);
+}
+
+static CUresult device_uuid(CUuuid *uuid, CUdevice dev) {
+    if (!uuid) return leave(CUDA_ERROR_INVALID_VALUE);
+    FIND_DEVICE(d, dev);
+    /* The same in every process: IPC peers compare UUIDs. */
+    static const char u[16] = {'h', 'm', 'c', 'u', 'd', 'a', 't', 'e',
+                               's', 't', 'd', 'e', 'v', 0, 0, 0};
+    memcpy(uuid->bytes, u, sizeof u);
+    uuid->bytes[15] = (char)d->index;
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+    ENTER(cuDeviceGetUuid);
+    return device_uuid(uuid, dev);
+}
+
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+    ENTER(cuDeviceGetUuid_v2);
+    return device_uuid(uuid, dev);
+}
+
+static int attribute_value(const struct device *d, CUdevice_attribute a) {
+    switch (a) {
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: return 1024;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: return 32;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: return 4;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return (int)d->index + 1;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: return 9;
+    case CU_DEVICE_ATTRIBUTE_NUMA_ID: return -1;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM:
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED:
+        return 1;
+    default: return 0;
+    }
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
+    ENTER(cuDeviceGetAttribute);
+    if (!pi || (int)attrib < 1 || (int)attrib >= (int)CU_DEVICE_ATTRIBUTE_MAX)
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    FIND_DEVICE(d, dev);
+    *pi = attribute_value(d, attrib);
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    ENTER(cuDeviceTotalMem_v2);
+    if (!bytes) return leave(CUDA_ERROR_INVALID_VALUE);
+    FIND_DEVICE(d, dev);
+    *bytes = (size_t)d->limit;
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev) {
+    ENTER(cuDeviceCanAccessPeer);
+    if (!canAccessPeer) return leave(CUDA_ERROR_INVALID_VALUE);
+    FIND_DEVICE(d, dev);
+    FIND_DEVICE(p, peerDev);
+    *canAccessPeer = g.peer[d->index][p->index];
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
+    ENTER(cuDeviceGetDefaultMemPool);
+    if (!pool_out) return leave(CUDA_ERROR_INVALID_VALUE);
+    FIND_DEVICE(d, dev);
+    *pool_out = (CUmemoryPool)(void *)&d->pool;
+    return leave(CUDA_SUCCESS);
+}
+
+/* ---- contexts ---- */
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    ENTER(cuDevicePrimaryCtxRetain);
+    if (!pctx) return leave(CUDA_ERROR_INVALID_VALUE);
+    FIND_DEVICE(d, dev);
+    d->primary.refs++;
+    *pctx = (CUcontext)(void *)&d->primary;
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    ENTER(cuDevicePrimaryCtxRelease_v2);
+    FIND_DEVICE(d, dev);
+    if (d->primary.refs == 0) return leave(CUDA_ERROR_INVALID_CONTEXT);
+    if (--d->primary.refs == 0) ctx_drop_memory(&d->primary); /* the reset */
+    return leave(CUDA_SUCCESS);
+}
+
+static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev) {
+    if (!pctx || (flags & ~(unsigned)CU_CTX_FLAGS_MASK)) return CUDA_ERROR_INVALID_VALUE;
+    struct device *d = device_at(dev);
+    if (!d) return CUDA_ERROR_INVALID_DEVICE;
+    if (t_depth == CTX_STACK_MAX) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct ctx *c = calloc(1, sizeof *c);
+    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    c->magic = 0x43545843; /* "CXTC" */
+    c->flags = flags;
+    c->dev = d;
+    c->next = g.ctxs;
+    g.ctxs = c;
+    t_stack[t_depth++] = c;
+    *pctx = (CUcontext)(void *)c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    ENTER(cuCtxCreate_v2);
+    return leave(ctx_create(pctx, flags, dev));
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
+                               unsigned int flags, CUdevice dev) {
+    ENTER(cuCtxCreate_v4);
+    if (ctxCreateParams) {
+        const CUctxCreateParams *p = ctxCreateParams;
+        if (!p->execAffinityParams && !p->numExecAffinityParams && !p->cigParams)
+            return leave(CUDA_ERROR_INVALID_VALUE); /* exactly one must be set */
+        return leave(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    return leave(ctx_create(pctx, flags, dev));
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    ENTER(cuCtxDestroy_v2);
+    if (!ctx) return leave(CUDA_ERROR_INVALID_VALUE);
+    struct ctx *c = ctx_find(ctx);
+    if (!c || c->primary || c->destroyed) return leave(CUDA_ERROR_INVALID_CONTEXT);
+    ctx_drop_memory(c);
+    c->destroyed = true;
+    if (current() == c) t_depth--;
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx) {
+    ENTER(cuCtxGetCurrent);
+    if (!pctx) return leave(CUDA_ERROR_INVALID_VALUE);
+    *pctx = (CUcontext)(void *)current();
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+    ENTER(cuCtxSetCurrent);
+    if (!ctx) {
+        if (t_depth) t_depth--;
+        return leave(CUDA_SUCCESS);
+    }
+    struct ctx *c = ctx_find(ctx);
+    if (!c || c->destroyed) return leave(CUDA_ERROR_INVALID_CONTEXT);
+    if (t_depth)
+        t_stack[t_depth - 1] = c;
+    else
+        t_stack[t_depth++] = c;
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+    ENTER(cuCtxPushCurrent_v2);
+    if (!ctx) return leave(CUDA_ERROR_INVALID_VALUE);
+    struct ctx *c = ctx_find(ctx);
+    if (!c || c->destroyed) return leave(CUDA_ERROR_INVALID_CONTEXT);
+    if (t_depth == CTX_STACK_MAX) return leave(CUDA_ERROR_OUT_OF_MEMORY);
+    t_stack[t_depth++] = c;
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
+    ENTER(cuCtxPopCurrent_v2);
+    if (!t_depth) return leave(CUDA_ERROR_INVALID_CONTEXT);
+    struct ctx *c = t_stack[--t_depth];
+    if (pctx) *pctx = (CUcontext)(void *)c;
+    return leave(CUDA_SUCCESS);
+}
+
+/* The context a *_v2 query names: ctx, or the current one for NULL. */
+static CUresult ctx_named(CUcontext ctx, struct ctx **out) {
+    struct ctx *c = current();
+    if (ctx) {
+        c = ctx_find(ctx);
+        if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    CUresult r = ctx_usable(c);
+    if (r == CUDA_SUCCESS) *out = c;
+    return r;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *device) {
+    ENTER(cuCtxGetDevice);
+    if (!device) return leave(CUDA_ERROR_INVALID_VALUE);
+    CURRENT(c);
+    *device = (CUdevice)c->dev->index;
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
+    ENTER(cuCtxGetDevice_v2);
+    if (!device) return leave(CUDA_ERROR_INVALID_VALUE);
+    struct ctx *c;
+    CUresult r = ctx_named(ctx, &c);
+    if (r == CUDA_SUCCESS) *device = (CUdevice)c->dev->index;
+    return leave(r);
+}
+
+EXPORT CUresult cuCtxSynchronize(void) {
+    ENTER(cuCtxSynchronize);
+    CURRENT(c);
+    (void)c;
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+    ENTER(cuCtxSynchronize_v2);
+    struct ctx *c;
+    return leave(ctx_named(ctx, &c));
+}
+
+/* ---- memory ---- */
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+    ENTER(cuMemAlloc_v2);
+    CURRENT(c);
+    if (!dptr) return leave(CUDA_ERROR_INVALID_VALUE);
+    struct alloc *a;
+    CUresult r = mem_alloc(c, M_DEVICE, bytesize, &a);
+    if (r == CUDA_SUCCESS) *dptr = (CUdeviceptr)a->base;
+    return leave(r);
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    ENTER(cuMemFree_v2);
+    CURRENT(c);
+    (void)c;
+    struct alloc *a = alloc_at((uintptr_t)dptr);
+    if (!a || a->base != (uintptr_t)dptr ||
+        (a->kind != M_DEVICE && a->kind != M_ASYNC && a->kind != M_MANAGED))
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    alloc_release(a);
+    return leave(CUDA_SUCCESS);
+}
+
+static CUresult host_alloc(void **pp, size_t bytesize, unsigned flags) {
+    CURRENT(c);
+    const unsigned known = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
+                           CU_MEMHOSTALLOC_WRITECOMBINED;
+    if (!pp || (flags & ~known)) return leave(CUDA_ERROR_INVALID_VALUE);
+    struct alloc *a;
+    CUresult r = mem_alloc(c, M_HOST, bytesize, &a);
+    if (r == CUDA_SUCCESS) *pp = (void *)a->base;
+    return leave(r);
+}
+
+EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) {
+    ENTER(cuMemAllocHost_v2);
+    return host_alloc(pp, bytesize, 0);
+}
+
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
+    ENTER(cuMemHostAlloc);
+    return host_alloc(pp, bytesize, Flags);
+}
+
+EXPORT CUresult cuMemFreeHost(void *p) {
+    ENTER(cuMemFreeHost);
+    CURRENT(c);
+    (void)c;
+    struct alloc *a = alloc_at((uintptr_t)p);
+    if (!a || a->base != (uintptr_t)p || a->kind != M_HOST) return leave(CUDA_ERROR_INVALID_VALUE);
+    alloc_release(a);
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    ENTER(cuMemAllocManaged);
+    CURRENT(c);
+    if (!dptr || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    struct alloc *a;
+    CUresult r = mem_alloc(c, M_MANAGED, bytesize, &a);
+    if (r == CUDA_SUCCESS) *dptr = (CUdeviceptr)a->base;
+    return leave(r);
+}
+
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
+    ENTER(cuMemGetAddressRange_v2);
+    CURRENT(c);
+    (void)c;
+    struct alloc *a = alloc_at((uintptr_t)dptr);
+    if (!a) return leave(CUDA_ERROR_NOT_FOUND);
+    if (pbase) *pbase = (CUdeviceptr)a->base;
+    if (psize) *psize = a->size;
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    ENTER(cuMemGetInfo_v2);
+    CURRENT(c);
+    if (!free_bytes || !total) return leave(CUDA_ERROR_INVALID_VALUE);
+    const struct device *d = c->dev;
+    *free_bytes = d->used < d->limit ? (size_t)(d->limit - d->used) : 0;
+    *total = (size_t)d->limit;
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                              CUmemAllocationGranularity_flags option) {
+    ENTER(cuMemGetAllocationGranularity);
+    if (!granularity || !prop) return leave(CUDA_ERROR_INVALID_VALUE);
+    if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    FIND_DEVICE(d, prop->location.id);
+    (void)d;
+    *granularity = GRANULARITY;
+    return leave(CUDA_SUCCESS);
+}
+
+/* ---- memset and copies ---- */
+
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
+    ENTER(cuMemsetD8_v2);
+    CURRENT(c);
+    (void)c;
+    if (N == 0) return leave(CUDA_SUCCESS);
+    char *dst;
+    CUresult r = resolve(dstDevice, N, true, &dst);
+    if (r == CUDA_SUCCESS) memset(dst, uc, N);
+    return leave(r);
+}
+
+static CUresult copy(CUdeviceptr dst, bool dst_driver, CUdeviceptr src, bool src_driver, size_t n) {
+    CURRENT(c);
+    (void)c;
+    if (n == 0) return leave(CUDA_SUCCESS);
+    char *d, *s;
+    CUresult r = resolve(dst, n, dst_driver, &d);
+    if (r == CUDA_SUCCESS) r = resolve(src, n, src_driver, &s);
+    if (r == CUDA_SUCCESS) memmove(d, s, n);
+    return leave(r);
+}
+
+EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
+    ENTER(cuMemcpy);
+    return copy(dst, false, src, false, ByteCount);
+}
+
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
+    ENTER(cuMemcpyHtoD_v2);
+    return copy(dstDevice, true, (CUdeviceptr)(uintptr_t)srcHost, false, ByteCount);
+}
+
+EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
+    ENTER(cuMemcpyDtoH_v2);
+    return copy((CUdeviceptr)(uintptr_t)dstHost, false, srcDevice, true, ByteCount);
+}
+
+EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
+    ENTER(cuMemcpyDtoD_v2);
+    return copy(dstDevice, true, srcDevice, true, ByteCount);
+}
+
+/* ---- pointer attributes ---- */
+
+/* Bytes written for attribute `at`; 0 for one the driver does not answer. */
+static size_t attr_size(CUpointer_attribute at) {
+    switch (at) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: return sizeof(CUcontext);
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: return sizeof(unsigned int);
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: return sizeof(CUdeviceptr);
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER: return sizeof(void *);
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: return sizeof(unsigned long long);
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: return sizeof(unsigned int);
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: return sizeof(int);
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: return sizeof(unsigned int);
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: return sizeof(CUdeviceptr);
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: return sizeof(size_t);
+    case CU_POINTER_ATTRIBUTE_MAPPED: return sizeof(unsigned int);
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: return sizeof(CUmemoryPool);
+    default: return 0;
+    }
+}
+
+/* Attribute `at` of p, in a (not NULL), into data. CUDA_ERROR_INVALID_VALUE
+ * when p has no such value (a host pointer of device memory). */
+static CUresult attr_get(const struct alloc *a, CUpointer_attribute at, uintptr_t p, void *data) {
+    union {
+        CUcontext ctx;
+        unsigned int u;
+        int i;
+        CUdeviceptr dp;
+        void *ptr;
+        unsigned long long ull;
+        size_t sz;
+        CUmemoryPool pool;
+    } v;
+    memset(&v, 0, sizeof v);
+    switch (at) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: v.ctx = (CUcontext)(void *)a->ctx; break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        v.u = a->kind == M_HOST ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+        break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: v.dp = (CUdeviceptr)p; break;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        if (a->kind != M_HOST && a->kind != M_MANAGED) return CUDA_ERROR_INVALID_VALUE;
+        v.ptr = (void *)p;
+        break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: v.ull = a->id; break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: v.u = a->kind == M_MANAGED; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: v.i = (int)a->dev->index; break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: v.u = a->kind == M_DEVICE; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: v.dp = (CUdeviceptr)a->base; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: v.sz = a->size; break;
+    case CU_POINTER_ATTRIBUTE_MAPPED: v.u = 1; break;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+        v.pool = a->kind == M_ASYNC ? (CUmemoryPool)(void *)&a->dev->pool : NULL;
+        break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    memcpy(data, &v, attr_size(at));
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+    ENTER(cuPointerGetAttribute);
+    if (!data || !attr_size(attribute)) return leave(CUDA_ERROR_INVALID_VALUE);
+    const struct alloc *a = alloc_at((uintptr_t)ptr);
+    if (!a) return leave(CUDA_ERROR_INVALID_VALUE);
+    if (attribute == CU_POINTER_ATTRIBUTE_DEVICE_POINTER) {
+        CURRENT(c);
+        (void)c;
+    }
+    return leave(attr_get(a, attribute, (uintptr_t)ptr, data));
+}
+
+EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes,
+                                       void **data, CUdeviceptr ptr) {
+    ENTER(cuPointerGetAttributes);
+    if (numAttributes == 0 || !attributes || !data) return leave(CUDA_ERROR_INVALID_VALUE);
+    for (unsigned i = 0; i < numAttributes; i++)
+        if (!data[i] || !attr_size(attributes[i])) return leave(CUDA_ERROR_INVALID_VALUE);
+    const struct alloc *a = alloc_at((uintptr_t)ptr);
+    for (unsigned i = 0; i < numAttributes; i++)
+        if (!a || attr_get(a, attributes[i], (uintptr_t)ptr, data[i]) != CUDA_SUCCESS)
+            memset(data[i], 0, attr_size(attributes[i]));
+    return leave(CUDA_SUCCESS);
+}
+
+/* ---- IPC ---- */
+
+enum {
+    IPC_MAGIC_AT = 0,  /* u32 */
+    IPC_PID = 4,       /* u32 */
+    IPC_FD = 8,        /* i32 */
+    IPC_DEVICE = 12,   /* u32 */
+    IPC_ID = 16,       /* u64 */
+    IPC_SIZE = 24,     /* u64 */
+    IPC_NONCE = 32,    /* u64 */
+    IPC_INO = 40,      /* u64 */
+    IPC_FSDEV = 48,    /* u64 */
+    IPC_RESERVED = 56, /* 8 zero bytes */
+};
+_Static_assert(IPC_RESERVED + 8 == CU_IPC_HANDLE_SIZE, "the handle is 64 bytes");
+
+static void put32(CUipcMemHandle *h, size_t at, uint32_t v) { memcpy(h->reserved + at, &v, 4); }
+static void put64(CUipcMemHandle *h, size_t at, uint64_t v) { memcpy(h->reserved + at, &v, 8); }
+static uint32_t get32(const CUipcMemHandle *h, size_t at) {
+    uint32_t v;
+    memcpy(&v, h->reserved + at, 4);
+    return v;
+}
+static uint64_t get64(const CUipcMemHandle *h, size_t at) {
+    uint64_t v;
+    memcpy(&v, h->reserved + at, 8);
+    return v;
+}
+
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+    ENTER(cuIpcGetMemHandle);
+    CURRENT(c);
+    (void)c;
+    if (!pHandle) return leave(CUDA_ERROR_INVALID_VALUE);
+    /* Device memory of cuMemAlloc_v2 only; an interior pointer names the
+     * whole allocation. */
+    const struct alloc *a = alloc_at((uintptr_t)dptr);
+    if (!a || a->kind != M_DEVICE) return leave(CUDA_ERROR_INVALID_VALUE);
+    CUipcMemHandle h;
+    memset(&h, 0, sizeof h);
+    put32(&h, IPC_MAGIC_AT, IPC_MAGIC);
+    put32(&h, IPC_PID, (uint32_t)getpid());
+    put32(&h, IPC_FD, (uint32_t)a->fd);
+    put32(&h, IPC_DEVICE, a->dev->index);
+    put64(&h, IPC_ID, a->id);
+    put64(&h, IPC_SIZE, a->size);
+    put64(&h, IPC_NONCE, g.nonce);
+    put64(&h, IPC_INO, (uint64_t)a->ino);
+    put64(&h, IPC_FSDEV, (uint64_t)a->fsdev);
+    *pHandle = h;
+    return leave(CUDA_SUCCESS);
+}
+
+static CUresult ipc_open(struct ctx *c, const CUipcMemHandle *h, CUdeviceptr *pdptr) {
+    const uint32_t pid = get32(h, IPC_PID), hdev = get32(h, IPC_DEVICE);
+    const int32_t fd_there = (int32_t)get32(h, IPC_FD);
+    const uint64_t id = get64(h, IPC_ID), size = get64(h, IPC_SIZE), nonce = get64(h, IPC_NONCE);
+    if (get32(h, IPC_MAGIC_AT) != IPC_MAGIC || get64(h, IPC_RESERVED) != 0 || pid == 0 ||
+        fd_there < 0 || hdev >= HM_CUDA_TEST_MAX_DEVICES || size == 0 ||
+        size > SIZE_MAX - GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (pid == (uint32_t)getpid() && nonce == g.nonce) return CUDA_ERROR_INVALID_VALUE;
+
+    /* Already open here: in this context (a repeat), or in another context
+     * of this device, which may not open this exporter's device's handles. */
+    for (size_t i = 0; i < g.nallocs; i++) {
+        struct alloc *a = g.allocs[i];
+        if (a->kind != M_IPC || a->exp_pid != pid || a->exp_nonce != nonce || a->exp_dev != hdev)
+            continue;
+        if (a->ctx == c && a->exp_id == id) {
+            g.ipc_open_repeats++;
+            if (g.strict_ipc) return CUDA_ERROR_ALREADY_MAPPED;
+            a->refs++;
+            *pdptr = (CUdeviceptr)a->base;
+            return CUDA_SUCCESS;
+        }
+        if (a->ctx != c && a->dev == c->dev) return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    if (hdev != c->dev->index && !g.peer[c->dev->index][hdev])
+        return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%u/fd/%d", (unsigned)pid, (int)fd_there);
+    /* O_NONBLOCK, O_NOCTTY: a stale number may name a FIFO or a tty now */
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return CUDA_ERROR_INVALID_HANDLE; /* exporter gone, or the fd */
+    const size_t span = ((size_t)size + GRANULARITY - 1) & ~(GRANULARITY - 1);
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != get64(h, IPC_INO) ||
+        (uint64_t)st.st_dev != get64(h, IPC_FSDEV) || st.st_size < (off_t)span) {
+        close(fd); /* another file under that number now */
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    struct alloc *a = calloc(1, sizeof *a);
+    char *view;
+    if (!a || !table_reserve() || !map_device(fd, span, &view, &a->cpu)) {
+        close(fd);
+        free(a);
+        return CUDA_ERROR_MAP_FAILED;
+    }
+    close(fd); /* the mappings hold the file */
+    a->base = (uintptr_t)view;
+    a->size = (size_t)size;
+    a->span = span;
+    a->fd = -1;
+    a->ino = st.st_ino;
+    a->fsdev = st.st_dev;
+    a->id = g.next_id++;
+    a->kind = M_IPC;
+    a->ctx = c;
+    a->dev = c->dev;
+    a->refs = 1;
+    a->exp_pid = pid;
+    a->exp_dev = hdev;
+    a->exp_nonce = nonce;
+    a->exp_id = id;
+    table_insert(a);
+    *pdptr = (CUdeviceptr)a->base;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+    ENTER(cuIpcOpenMemHandle_v2);
+    CURRENT(c);
+    if (!pdptr || (Flags & ~(unsigned)CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    return leave(ipc_open(c, &handle, pdptr));
+}
+
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+    ENTER(cuIpcCloseMemHandle);
+    CURRENT(c);
+    (void)c;
+    struct alloc *a = alloc_at((uintptr_t)dptr);
+    if (!a || a->base != (uintptr_t)dptr || a->kind != M_IPC) return leave(CUDA_ERROR_INVALID_VALUE);
+    if (--a->refs == 0) alloc_release(a);
+    return leave(CUDA_SUCCESS);
+}
+
+/* ---- stream-ordered allocation (synchronous here) ---- */
+
+static bool stream_known(CUstream s) {
+    return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    ENTER(cuMemAllocAsync);
+    if (!stream_known(hStream)) return leave(CUDA_ERROR_INVALID_HANDLE);
+    CURRENT(c);
+    if (!dptr) return leave(CUDA_ERROR_INVALID_VALUE);
+    struct alloc *a;
+    CUresult r = mem_alloc(c, M_ASYNC, bytesize, &a);
+    if (r == CUDA_SUCCESS) *dptr = (CUdeviceptr)a->base;
+    return leave(r);
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+    ENTER(cuMemFreeAsync);
+    if (!stream_known(hStream)) return leave(CUDA_ERROR_INVALID_HANDLE);
+    CURRENT(c);
+    (void)c;
+    struct alloc *a = alloc_at((uintptr_t)dptr);
+    if (!a || a->base != (uintptr_t)dptr || (a->kind != M_ASYNC && a->kind != M_DEVICE))
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    alloc_release(a);
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
+    ENTER(cuStreamSynchronize);
+    if (!stream_known(hStream)) return leave(CUDA_ERROR_INVALID_HANDLE);
+    CURRENT(c);
+    (void)c;
+    return leave(CUDA_SUCCESS);
+}
+
+/* ---- the old ABIs: counted, then abort ---- */
+
+__attribute__((noreturn)) static void old_abi(enum api a, const char *use) {
+    pthread_once(&g_once, setup);
+    lock();
+    g.calls[a]++;
+    unlock();
+    char msg[320];
+    int n = snprintf(msg, sizeof msg,
+                     "libcuda (hetmem test): %s is an old ABI of the CUDA driver (32-bit sizes or "
+                     "old semantics) that the real driver would run without a word; resolve %s, "
+                     "the symbol cuda.h 13.0 maps %s to\n",
+                     api_names[a], use, api_names[a]);
+    if (n > 0) {
+        ssize_t w = write(STDERR_FILENO, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+        (void)w;
+    }
+    abort();
+}
+
+/* Each with the old signature it has in the real library. */
+#define OLD_ABI(name, use, params)         \
+    EXPORT CUresult name params;           \
+    EXPORT CUresult name params { old_abi(API_##name, use); }
+
+OLD_ABI(cuMemAlloc, "cuMemAlloc_v2", (unsigned int *dptr, unsigned int bytesize))
+OLD_ABI(cuMemFree, "cuMemFree_v2", (unsigned int dptr))
+OLD_ABI(cuMemAllocHost, "cuMemAllocHost_v2", (void **pp, unsigned int bytesize))
+OLD_ABI(cuMemGetAddressRange, "cuMemGetAddressRange_v2",
+        (unsigned int *pbase, unsigned int *psize, unsigned int dptr))
+OLD_ABI(cuMemGetInfo, "cuMemGetInfo_v2", (unsigned int *free_bytes, unsigned int *total))
+OLD_ABI(cuDeviceTotalMem, "cuDeviceTotalMem_v2", (unsigned int *bytes, CUdevice dev))
+OLD_ABI(cuMemcpyHtoD, "cuMemcpyHtoD_v2",
+        (unsigned int dstDevice, const void *srcHost, unsigned int ByteCount))
+OLD_ABI(cuMemcpyDtoH, "cuMemcpyDtoH_v2",
+        (void *dstHost, unsigned int srcDevice, unsigned int ByteCount))
+OLD_ABI(cuMemcpyDtoD, "cuMemcpyDtoD_v2",
+        (unsigned int dstDevice, unsigned int srcDevice, unsigned int ByteCount))
+OLD_ABI(cuMemsetD8, "cuMemsetD8_v2", (unsigned int dstDevice, unsigned char uc, unsigned int N))
+OLD_ABI(cuCtxCreate, "cuCtxCreate_v4 (or cuCtxCreate_v2)",
+        (CUcontext *pctx, unsigned int flags, CUdevice dev))
+OLD_ABI(cuCtxDestroy, "cuCtxDestroy_v2", (CUcontext ctx))
+OLD_ABI(cuCtxPushCurrent, "cuCtxPushCurrent_v2", (CUcontext ctx))
+OLD_ABI(cuCtxPopCurrent, "cuCtxPopCurrent_v2", (CUcontext *pctx))
+OLD_ABI(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (CUdevice dev))
+OLD_ABI(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2",
+        (CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags))
+OLD_ABI(cuGetProcAddress, "cuGetProcAddress_v2",
+        (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags))
+
+/* ---- cuGetProcAddress_v2 ---- */
+
+/* Base name, the CUDA version that introduced the variant, the variant
+ * (NULL: one this driver does not have). A name's rows are consecutive, in
+ * rising version order. */
+static const struct {
+    const char *name;
+    int version;
+    void *fn;
+} procs[] = {
+    {"cuInit", 2000, (void *)cuInit},
+    {"cuDriverGetVersion", 2020, (void *)cuDriverGetVersion},
+    {"cuGetErrorName", 6000, (void *)cuGetErrorName},
+    {"cuGetErrorString", 6000, (void *)cuGetErrorString},
+    {"cuGetProcAddress", 11030, (void *)cuGetProcAddress},
+    {"cuGetProcAddress", 12000, (void *)cuGetProcAddress_v2},
+    {"cuDeviceGet", 2000, (void *)cuDeviceGet},
+    {"cuDeviceGetCount", 2000, (void *)cuDeviceGetCount},
+    {"cuDeviceGetName", 2000, (void *)cuDeviceGetName},
+    {"cuDeviceGetUuid", 9020, (void *)cuDeviceGetUuid},
+    {"cuDeviceGetUuid", 11040, (void *)cuDeviceGetUuid_v2},
+    {"cuDeviceGetAttribute", 2000, (void *)cuDeviceGetAttribute},
+    {"cuDeviceTotalMem", 2000, (void *)cuDeviceTotalMem},
+    {"cuDeviceTotalMem", 3020, (void *)cuDeviceTotalMem_v2},
+    {"cuDeviceCanAccessPeer", 4000, (void *)cuDeviceCanAccessPeer},
+    {"cuDeviceGetDefaultMemPool", 11020, (void *)cuDeviceGetDefaultMemPool},
+    {"cuDevicePrimaryCtxRetain", 7000, (void *)cuDevicePrimaryCtxRetain},
+    {"cuDevicePrimaryCtxRelease", 7000, (void *)cuDevicePrimaryCtxRelease},
+    {"cuDevicePrimaryCtxRelease", 11000, (void *)cuDevicePrimaryCtxRelease_v2},
+    {"cuCtxCreate", 2000, (void *)cuCtxCreate},
+    {"cuCtxCreate", 3020, (void *)cuCtxCreate_v2},
+    {"cuCtxCreate", 11040, NULL}, /* cuCtxCreate_v3 (execution affinity) */
+    {"cuCtxCreate", 12050, (void *)cuCtxCreate_v4},
+    {"cuCtxDestroy", 2000, (void *)cuCtxDestroy},
+    {"cuCtxDestroy", 4000, (void *)cuCtxDestroy_v2},
+    {"cuCtxGetCurrent", 4000, (void *)cuCtxGetCurrent},
+    {"cuCtxSetCurrent", 4000, (void *)cuCtxSetCurrent},
+    {"cuCtxPushCurrent", 2000, (void *)cuCtxPushCurrent},
+    {"cuCtxPushCurrent", 4000, (void *)cuCtxPushCurrent_v2},
+    {"cuCtxPopCurrent", 2000, (void *)cuCtxPopCurrent},
+    {"cuCtxPopCurrent", 4000, (void *)cuCtxPopCurrent_v2},
+    {"cuCtxGetDevice", 2000, (void *)cuCtxGetDevice},
+    {"cuCtxGetDevice", 13000, (void *)cuCtxGetDevice_v2},
+    {"cuCtxSynchronize", 2000, (void *)cuCtxSynchronize},
+    {"cuCtxSynchronize", 13000, (void *)cuCtxSynchronize_v2},
+    {"cuMemAlloc", 2000, (void *)cuMemAlloc},
+    {"cuMemAlloc", 3020, (void *)cuMemAlloc_v2},
+    {"cuMemFree", 2000, (void *)cuMemFree},
+    {"cuMemFree", 3020, (void *)cuMemFree_v2},
+    {"cuMemAllocHost", 2000, (void *)cuMemAllocHost},
+    {"cuMemAllocHost", 3020, (void *)cuMemAllocHost_v2},
+    {"cuMemHostAlloc", 2020, (void *)cuMemHostAlloc},
+    {"cuMemFreeHost", 2000, (void *)cuMemFreeHost},
+    {"cuMemAllocManaged", 6000, (void *)cuMemAllocManaged},
+    {"cuMemGetAddressRange", 2000, (void *)cuMemGetAddressRange},
+    {"cuMemGetAddressRange", 3020, (void *)cuMemGetAddressRange_v2},
+    {"cuMemGetInfo", 2000, (void *)cuMemGetInfo},
+    {"cuMemGetInfo", 3020, (void *)cuMemGetInfo_v2},
+    {"cuMemGetAllocationGranularity", 10020, (void *)cuMemGetAllocationGranularity},
+    {"cuMemsetD8", 2000, (void *)cuMemsetD8},
+    {"cuMemsetD8", 3020, (void *)cuMemsetD8_v2},
+    {"cuMemcpy", 4000, (void *)cuMemcpy},
+    {"cuMemcpyHtoD", 2000, (void *)cuMemcpyHtoD},
+    {"cuMemcpyHtoD", 3020, (void *)cuMemcpyHtoD_v2},
+    {"cuMemcpyDtoH", 2000, (void *)cuMemcpyDtoH},
+    {"cuMemcpyDtoH", 3020, (void *)cuMemcpyDtoH_v2},
+    {"cuMemcpyDtoD", 2000, (void *)cuMemcpyDtoD},
+    {"cuMemcpyDtoD", 3020, (void *)cuMemcpyDtoD_v2},
+    {"cuPointerGetAttribute", 4000, (void *)cuPointerGetAttribute},
+    {"cuPointerGetAttributes", 7000, (void *)cuPointerGetAttributes},
+    {"cuIpcGetMemHandle", 4010, (void *)cuIpcGetMemHandle},
+    {"cuIpcOpenMemHandle", 4010, (void *)cuIpcOpenMemHandle},
+    {"cuIpcOpenMemHandle", 11000, (void *)cuIpcOpenMemHandle_v2},
+    {"cuIpcCloseMemHandle", 4010, (void *)cuIpcCloseMemHandle},
+    {"cuMemAllocAsync", 11020, (void *)cuMemAllocAsync},
+    {"cuMemFreeAsync", 11020, (void *)cuMemFreeAsync},
+    {"cuStreamSynchronize", 2000, (void *)cuStreamSynchronize},
+};
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                    cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus) {
+    ENTER_BEFORE_INIT(cuGetProcAddress_v2);
+    const cuuint64_t known = CU_GET_PROC_ADDRESS_LEGACY_STREAM |
+                             CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    if (!symbol || !pfn || (flags & ~known) || cudaVersion > HM_CUDA_TEST_DRIVER_VERSION)
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    /* The newest variant of the name not above cudaVersion. */
+    bool named = false;
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+    for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
+        if (strcmp(procs[i].name, symbol) != 0) continue;
+        named = true;
+        if (procs[i].version > cudaVersion) break;
+        fn = procs[i].fn;
+        st = fn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    }
+    if (!named) st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    CUresult r = st == CU_GET_PROC_ADDRESS_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+    *pfn = fn;
+    if (symbolStatus) *symbolStatus = st;
+    return leave(r);
+}
+
+/* ---- control API ---- */
+
+static int api_index(const char *name) {
+    if (!name) return -1;
+    for (int i = 0; i < API_COUNT; i++)
+        if (strcmp(api_names[i], name) == 0) return i;
+    return -1;
+}
+
+EXPORT void hm_cuda_test_reset(void) {
+    pthread_once(&g_once, setup);
+    lock();
+    memset(g.calls, 0, sizeof g.calls);
+    memset(g.inject, 0, sizeof g.inject);
+    g.ipc_open_repeats = 0;
+    g.leaks = 0;
+    unlock();
+}
+
+EXPORT void hm_cuda_test_get_stats(hm_cuda_test_stats_t *out) {
+    pthread_once(&g_once, setup);
+    hm_cuda_test_stats_t s;
+    memset(&s, 0, sizeof s);
+    lock();
+    for (int i = 0; i < API_COUNT; i++) s.calls += g.calls[i];
+    s.ipc_open_repeats = g.ipc_open_repeats;
+    s.leaks = g.leaks;
+    for (const struct ctx *c = g.ctxs; c; c = c->next)
+        if (!c->destroyed) s.live_contexts++;
+    for (size_t i = 0; i < g.nallocs; i++) {
+        const struct alloc *a = g.allocs[i];
+        switch (a->kind) {
+        case M_DEVICE: s.live_device_allocs++; break;
+        case M_ASYNC: s.live_async_allocs++; break;
+        case M_HOST: s.live_host_allocs++; break;
+        case M_MANAGED: s.live_managed_allocs++; break;
+        case M_IPC:
+            s.live_ipc_mappings++;
+            s.live_ipc_refs += a->refs;
+            break;
+        }
+    }
+    s.live_allocs = s.live_device_allocs + s.live_async_allocs + s.live_host_allocs +
+                    s.live_managed_allocs;
+    for (unsigned i = 0; i < HM_CUDA_TEST_MAX_DEVICES; i++) {
+        s.primary_refs[i] = g_devices[i].primary.refs;
+        s.device_used[i] = g_devices[i].used;
+    }
+    unlock();
+    if (out) *out = s;
+}
+
+EXPORT uint64_t hm_cuda_test_call_count(const char *symbol) {
+    pthread_once(&g_once, setup);
+    int i = api_index(symbol);
+    if (i < 0) return UINT64_MAX;
+    lock();
+    uint64_t n = g.calls[i];
+    unlock();
+    return n;
+}
+
+EXPORT int hm_cuda_test_fail_next(const char *symbol, unsigned nth, CUresult result) {
+    pthread_once(&g_once, setup);
+    int i = api_index(symbol);
+    if (i < 0 || (nth && result == CUDA_SUCCESS)) return -1;
+    lock();
+    g.inject[i].countdown = nth;
+    g.inject[i].result = result;
+    unlock();
+    return 0;
+}
+
+EXPORT int hm_cuda_test_set_mem_limit(int device, uint64_t bytes) {
+    pthread_once(&g_once, setup);
+    if (bytes == 0 || device >= HM_CUDA_TEST_MAX_DEVICES) return -1;
+    lock();
+    for (int i = 0; i < HM_CUDA_TEST_MAX_DEVICES; i++)
+        if (device < 0 || i == device) g_devices[i].limit = bytes;
+    unlock();
+    return 0;
+}
+
+EXPORT void hm_cuda_test_set_strict_ipc(int on) {
+    pthread_once(&g_once, setup);
+    lock();
+    g.strict_ipc = on != 0;
+    unlock();
+}
+
+EXPORT int hm_cuda_test_set_peer_access(int device, int peer, int can) {
+    pthread_once(&g_once, setup);
+    if (device < 0 || peer < 0 || device >= HM_CUDA_TEST_MAX_DEVICES ||
+        peer >= HM_CUDA_TEST_MAX_DEVICES)
+        return -1;
+    lock();
+    if (device != peer) g.peer[device][peer] = can != 0;
+    unlock();
+    return 0;
+}

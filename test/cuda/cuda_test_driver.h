@@ -1,0 +1,253 @@
+/* hetmem tests — libcuda.so.1, a CUDA driver for machines without an NVIDIA
+ * GPU, and its control API. It is loaded where the real libcuda.so.1 would
+ * be: by absolute path, through HM_CUDA_DRIVER, or by LD_LIBRARY_PATH
+ * pointing at its directory (the file is libcuda.so.1, and so is its
+ * SONAME). It links only libc and pthread.
+ * SPDX-License-Identifier: MIT
+ *
+ * What the driver models (driver API 13.0, cuDriverGetVersion: 13000)
+ *  - Entry points: the versioned names declared in cuda_decls.h, which is
+ *    what cuda.h 13.0 maps the plain names to. The plain symbols that are
+ *    older ABIs in the real driver (cuMemAlloc, cuMemFree, cuMemAllocHost,
+ *    cuMemGetAddressRange, cuMemGetInfo, cuDeviceTotalMem, cuMemcpyHtoD,
+ *    cuMemcpyDtoH, cuMemcpyDtoD, cuMemsetD8, cuCtxCreate, cuCtxDestroy,
+ *    cuCtxPushCurrent, cuCtxPopCurrent, cuDevicePrimaryCtxRelease,
+ *    cuIpcOpenMemHandle, cuGetProcAddress) are exported too and abort with a
+ *    message naming the versioned symbol: the real driver would take 32-bit
+ *    sizes or old semantics without a word. cuDeviceGetUuid (same ABI as
+ *    _v2; they differ only for MIG) works. cuCtxGetDevice_v2 and
+ *    cuCtxSynchronize_v2 (CUDA 13: a context argument, NULL for the
+ *    current one) exist next to the plain ones.
+ *  - cuGetProcAddress_v2 takes the base name ("cuMemAlloc") and returns the
+ *    variant the given CUDA version gets on a real driver (13000:
+ *    cuMemAlloc_v2, cuCtxCreate_v4, cuCtxGetDevice_v2; 3000: the aborting
+ *    cuMemAlloc). Unknown names, versioned names ("cuMemAlloc_v2") and
+ *    variants this driver lacks (cuCtxCreate_v3) are CUDA_ERROR_NOT_FOUND,
+ *    *pfn NULL, status SYMBOL_NOT_FOUND; a version older than the symbol
+ *    is CUDA_ERROR_NOT_FOUND with VERSION_NOT_SUFFICIENT; a version above
+ *    13000 or unknown flags CUDA_ERROR_INVALID_VALUE. (cuda.h documents
+ *    CUDA_SUCCESS with a NULL *pfn for a missing symbol: a caller should
+ *    accept both.) The per-thread-stream flag returns the same functions:
+ *    there are no _ptds/_ptsz variants, everything is synchronous.
+ *  - Initialization: every call but cuInit, cuDriverGetVersion,
+ *    cuGetErrorName/String and cuGetProcAddress_v2 is
+ *    CUDA_ERROR_NOT_INITIALIZED before a successful cuInit(0).
+ *    cuInit(flags != 0) is CUDA_ERROR_INVALID_VALUE; cuInit is idempotent
+ *    and thread-safe; with HM_CUDA_TEST_DEVICES=0 it is
+ *    CUDA_ERROR_NO_DEVICE and the driver stays uninitialized.
+ *  - Devices: HM_CUDA_TEST_DEVICES (0..8, default 2) devices, ordinals
+ *    0..n-1 (others: CUDA_ERROR_INVALID_DEVICE). Name "hetmem CUDA test
+ *    device <i>"; UUID "hmcudatestdev" + 0,0 + i (16 bytes), the same in
+ *    every process; PCI domain 0, bus i + 1, device 0; compute capability
+ *    9.0; unified addressing, managed memory, concurrent managed access,
+ *    host pointer for registered memory, map host memory, memory pools and
+ *    IPC-event support (the documented probe for IPC) are 1; pageable
+ *    memory access, virtual memory management, POSIX fd handles,
+ *    host register, RDMA and integrated are 0; every other valid attribute
+ *    is 0; attributes outside 1..CU_DEVICE_ATTRIBUTE_MAX-1 are
+ *    CUDA_ERROR_INVALID_VALUE. cuDeviceCanAccessPeer: 1 between distinct
+ *    devices (hm_cuda_test_set_peer_access changes that), 0 for a device
+ *    and itself.
+ *  - Contexts: each device has a primary context (a fixed handle), active
+ *    while retained: cuDevicePrimaryCtxRetain counts up,
+ *    cuDevicePrimaryCtxRelease_v2 down (CUDA_ERROR_INVALID_CONTEXT at 0);
+ *    the last release resets it: what was allocated in it and the IPC
+ *    mappings opened in it are freed (counted in `leaks`). cuCtxCreate_v2
+ *    and cuCtxCreate_v4 (ctxCreateParams NULL; affinity or CIG parameters
+ *    are CUDA_ERROR_NOT_SUPPORTED) make a context and push it on the
+ *    calling thread's stack; cuCtxDestroy_v2 frees its memory and mappings
+ *    (counted in `leaks`; cuMemAllocAsync memory stays, as on a real
+ *    driver) and pops it if it is on top of the caller's stack. Destroying
+ *    a primary context is CUDA_ERROR_INVALID_CONTEXT. Context handles are
+ *    never reused, so a stale one is always recognised.
+ *  - The current context is per thread: a stack of up to 64 (push, pop,
+ *    set replaces the top, NULL set pops; a push beyond 64 is
+ *    CUDA_ERROR_OUT_OF_MEMORY). A new thread has none. The calls that need
+ *    one (allocations and frees of every kind, memset and copies,
+ *    cuMemGetInfo_v2, cuMemGetAddressRange_v2, the three IPC calls,
+ *    cuCtxGetDevice, cuCtxSynchronize and their _v2 with NULL, the stream
+ *    calls, cuPointerGetAttribute of DEVICE_POINTER) are
+ *    CUDA_ERROR_INVALID_CONTEXT without one, and
+ *    CUDA_ERROR_CONTEXT_IS_DESTROYED when it is destroyed or is a primary
+ *    context not retained; the other pointer attributes, device queries
+ *    and cuMemGetAllocationGranularity need none. Set/push take any
+ *    context the driver handed out that is not destroyed (an inactive
+ *    primary one too).
+ *  - One address space (UVA): memory of every context is found by every
+ *    call whatever context is current (cuMemFree_v2 frees another
+ *    context's memory); CU_POINTER_ATTRIBUTE_CONTEXT tells whose it is.
+ *  - Device memory (cuMemAlloc_v2, cuMemAllocAsync): a memfd per
+ *    allocation, its size rounded up to 2 MiB, handed out as a 2 MiB
+ *    aligned PROT_NONE mapping (a CPU touch faults), with a private
+ *    read-write alias the copy and memset calls use. Size 0 is
+ *    CUDA_ERROR_INVALID_VALUE. Each device has a limit (HM_CUDA_TEST_DEVICE_MEM
+ *    bytes, suffix K, M or G allowed; default 256 MiB;
+ *    hm_cuda_test_set_mem_limit) charged with the rounded sizes: past it,
+ *    CUDA_ERROR_OUT_OF_MEMORY. cuMemGetInfo_v2 and cuDeviceTotalMem_v2
+ *    report the limit and what is left of it. cuMemGetAllocationGranularity
+ *    is 2 MiB (minimum and recommended) for pinned memory on a device
+ *    location; anything else is CUDA_ERROR_INVALID_VALUE.
+ *  - cuMemAllocAsync/cuMemFreeAsync run synchronously on the device of the
+ *    current context; streams are NULL, CU_STREAM_LEGACY or
+ *    CU_STREAM_PER_THREAD (anything else CUDA_ERROR_INVALID_HANDLE), and
+ *    cuStreamSynchronize of one of them succeeds. Async memory comes from
+ *    the device's default pool (cuDeviceGetDefaultMemPool,
+ *    CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE), is not IPC-capable, and is freed
+ *    by cuMemFreeAsync or cuMemFree_v2; cuMemFreeAsync also takes
+ *    cuMemAlloc_v2 memory.
+ *  - Host memory (cuMemHostAlloc with PORTABLE, DEVICEMAP, WRITECOMBINED;
+ *    other flags CUDA_ERROR_INVALID_VALUE; cuMemAllocHost_v2 = flags 0):
+ *    anonymous read-write memory, 4 KiB pages, freed by cuMemFreeHost only.
+ *    Its device pointer is its host pointer (the disjoint addresses cuda.h
+ *    describes for WRITECOMBINED are not modelled). Not charged to a device.
+ *  - Managed memory (cuMemAllocManaged, flags CU_MEM_ATTACH_GLOBAL or
+ *    CU_MEM_ATTACH_HOST; others CUDA_ERROR_INVALID_VALUE): anonymous
+ *    read-write memory, 2 MiB aligned, freed by cuMemFree_v2, not charged
+ *    (managed memory may oversubscribe).
+ *  - Pointer attributes: MEMORY_TYPE is DEVICE for device, managed
+ *    (IS_MANAGED 1, as the real driver reports managed memory; to be
+ *    confirmed on hardware) and opened IPC memory, HOST for host memory.
+ *    DEVICE_ORDINAL and CONTEXT: the context current at allocation (for an
+ *    IPC mapping, at the open). BUFFER_ID: unique in the process, never
+ *    reused (an opened mapping gets its own). RANGE_START_ADDR and
+ *    RANGE_SIZE: base and asked size, as cuMemGetAddressRange_v2.
+ *    DEVICE_POINTER: the pointer itself (needs a current context);
+ *    HOST_POINTER: the pointer for host and managed memory,
+ *    CUDA_ERROR_INVALID_VALUE for device memory. IS_LEGACY_CUDA_IPC_CAPABLE:
+ *    1 for cuMemAlloc_v2 memory only. MAPPED: 1. MEMPOOL_HANDLE: the
+ *    default pool for async memory, NULL otherwise. Other attributes are
+ *    CUDA_ERROR_INVALID_VALUE. An address inside no allocation (within
+ *    the asked size) is CUDA_ERROR_INVALID_VALUE for cuPointerGetAttribute;
+ *    cuPointerGetAttributes writes 0 (NULL) for every attribute of such an
+ *    address and returns CUDA_SUCCESS, as cuda.h documents.
+ *  - cuMemGetAddressRange_v2: base and asked size of the allocation that
+ *    holds an address (either output may be NULL); CUDA_ERROR_NOT_FOUND
+ *    for an address in none.
+ *  - Copies and memset run at once. Device memory is read and written
+ *    through the alias. cuMemcpy takes any mix of the driver's memory and
+ *    plain process memory; cuMemcpyHtoD_v2's destination, DtoH_v2's source
+ *    and both DtoD_v2 pointers, and cuMemsetD8_v2's destination, must be
+ *    the driver's memory (of any kind). A range that starts in an
+ *    allocation and runs past its asked size, or a plain range that
+ *    overlaps a driver mapping, is CUDA_ERROR_INVALID_VALUE. 0 bytes is a
+ *    success that checks no pointer.
+ *  - cuMemFree_v2 takes base pointers of device, async and managed memory;
+ *    cuMemFreeHost base pointers of host memory; anything else (0 too,
+ *    interior pointers, opened IPC mappings) is CUDA_ERROR_INVALID_VALUE.
+ *  - IPC (cuMemAlloc_v2 memory only: host, managed, async memory and opened
+ *    mappings are CUDA_ERROR_INVALID_VALUE). An interior pointer exports
+ *    the whole allocation: the importer gets its base. The 64-byte handle:
+ *      [0,4) magic 0x55434d48 ("HMCU")  [4,8) exporter pid
+ *      [8,12) the memfd's number in the exporter  [12,16) device ordinal
+ *      [16,24) buffer id  [24,32) asked size  [32,40) exporter nonce
+ *      (random per process, new in a fork child)  [40,48) the memfd's
+ *      st_ino  [48,56) its st_dev  [56,64) zero.
+ *    cuIpcOpenMemHandle_v2 (flags 0 or CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS;
+ *    others CUDA_ERROR_INVALID_VALUE) opens /proc/<pid>/fd/<n> (same uid,
+ *    same pid namespace) and maps it as device memory of the current
+ *    context's device (PROT_NONE + alias). Errors: a malformed handle
+ *    (magic, size, reserved bytes) and the exporting process itself are
+ *    CUDA_ERROR_INVALID_VALUE (the real error for an own handle is still to
+ *    confirm on hardware); an exporter gone, an fd closed (the allocation
+ *    freed) or now another file is CUDA_ERROR_INVALID_HANDLE; memory of a
+ *    device the current one has no peer access to is
+ *    CUDA_ERROR_PEER_ACCESS_UNSUPPORTED. A process opens the handles of
+ *    one exporting device of one exporter in one context per local device
+ *    (cuda.h's rule): another context of that device is
+ *    CUDA_ERROR_INVALID_CONTEXT while the first has any of them open.
+ *    A second open of a handle already open in the current context returns
+ *    the same pointer and takes a reference (as cuda.h documents), and
+ *    counts in `ipc_open_repeats`; in strict mode (HM_CUDA_TEST_STRICT_IPC=1
+ *    or hm_cuda_test_set_strict_ipc) it is CUDA_ERROR_ALREADY_MAPPED (and
+ *    counts too). cuIpcCloseMemHandle drops one reference of the mapping
+ *    at that base (from any context); the last unmaps; an address that is
+ *    not the base of an open mapping is CUDA_ERROR_INVALID_VALUE. The
+ *    mapping keeps the memory after the exporter frees it.
+ *  - cuGetErrorName/cuGetErrorString know every code in cuda_decls.h;
+ *    others are CUDA_ERROR_INVALID_VALUE with *pStr NULL.
+ *  - Thread-safe: one mutex around every entry point. A fork child keeps a
+ *    working driver (the mutex is held across fork) with a new nonce; its
+ *    device memory stays shared with the parent (MAP_SHARED memfds), which
+ *    a real driver does not give. memfds are close-on-exec.
+ *
+ * Control API
+ * Exported next to the entry points; a test reaches them through the very
+ * library the code under test loaded:
+ *     void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+ *     hm_cuda_test_call_count_fn n = (hm_cuda_test_call_count_fn)dlsym(h, "hm_cuda_test_call_count");
+ * They may be called at any time, from any thread, before cuInit too, and
+ * are not counted as calls.
+ */
+#ifndef HM_CUDA_TEST_DRIVER_H
+#define HM_CUDA_TEST_DRIVER_H
+
+#include "cuda_decls.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HM_CUDA_TEST_MAX_DEVICES 8
+#define HM_CUDA_TEST_DRIVER_VERSION 13000
+#define HM_CUDA_TEST_GRANULARITY ((size_t)2 << 20)
+
+/* Counters since the last hm_cuda_test_reset(), then states (live_*,
+ * primary_refs, device_used), which reset leaves alone. */
+typedef struct hm_cuda_test_stats {
+    uint64_t calls;            /* every entry point, whatever its result */
+    uint64_t ipc_open_repeats; /* opens of a handle already open in that context */
+    uint64_t leaks;            /* allocations and mappings freed by a context's end */
+    uint64_t live_contexts;    /* created and not destroyed (primary ones not counted) */
+    uint64_t live_allocs;      /* all four kinds below */
+    uint64_t live_device_allocs, live_async_allocs, live_host_allocs, live_managed_allocs;
+    uint64_t live_ipc_mappings; /* opened IPC mappings */
+    uint64_t live_ipc_refs;     /* opens not yet closed */
+    uint32_t primary_refs[HM_CUDA_TEST_MAX_DEVICES];
+    uint64_t device_used[HM_CUDA_TEST_MAX_DEVICES]; /* bytes charged (2 MiB units) */
+} hm_cuda_test_stats_t;
+
+/* Counters to 0, every pending failure injection dropped. */
+void hm_cuda_test_reset(void);
+typedef void (*hm_cuda_test_reset_fn)(void);
+
+void hm_cuda_test_get_stats(hm_cuda_test_stats_t *out);
+typedef void (*hm_cuda_test_get_stats_fn)(hm_cuda_test_stats_t *out);
+
+/* Calls of one entry point by its exact symbol name ("cuMemAlloc_v2",
+ * "cuCtxGetCurrent", ...) since the last reset; UINT64_MAX for a name the
+ * driver does not export. */
+uint64_t hm_cuda_test_call_count(const char *symbol);
+typedef uint64_t (*hm_cuda_test_call_count_fn)(const char *symbol);
+
+/* The nth next call of `symbol` (nth = 1: the next one) returns `result`
+ * at once, touching nothing (no out-parameter, no state; it still counts).
+ * One injection per entry point: a new one replaces the old; nth = 0
+ * cancels. It fires before the initialization check. Returns 0, or -1 for
+ * a name the driver does not export or a `result` of CUDA_SUCCESS. */
+int hm_cuda_test_fail_next(const char *symbol, unsigned nth, CUresult result);
+typedef int (*hm_cuda_test_fail_next_fn)(const char *symbol, unsigned nth, CUresult result);
+
+/* The memory limit of one device (device < 0: every device), in bytes
+ * (> 0), for the allocations that follow; live memory stays. Returns 0, or
+ * -1 for a bad device or 0 bytes. */
+int hm_cuda_test_set_mem_limit(int device, uint64_t bytes);
+typedef int (*hm_cuda_test_set_mem_limit_fn)(int device, uint64_t bytes);
+
+/* Strict IPC on (1) or off (0): a second open of a handle in the same
+ * context is CUDA_ERROR_ALREADY_MAPPED instead of a new reference. */
+void hm_cuda_test_set_strict_ipc(int on);
+typedef void (*hm_cuda_test_set_strict_ipc_fn)(int on);
+
+/* Whether `device` can access `peer`'s memory (cuDeviceCanAccessPeer, IPC
+ * opens of memory exported from `peer` in a context of `device`). Ignored
+ * for device == peer. Returns 0, or -1 for a bad ordinal. */
+int hm_cuda_test_set_peer_access(int device, int peer, int can);
+typedef int (*hm_cuda_test_set_peer_access_fn)(int device, int peer, int can);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

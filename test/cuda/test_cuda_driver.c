@@ -1,0 +1,2025 @@
+/* hetmem tests — the CUDA test driver (libcuda.so.1): initialization,
+ * devices, cuGetProcAddress_v2, per-thread contexts, allocation kinds and
+ * flags, pointer attributes, the device limit, faults on device memory,
+ * memset and copies, stream-ordered allocation, IPC with an exec'd importer
+ * and with an exporter that goes away, the old ABIs that abort, failure
+ * injection, call counts, threads and fork, and that everything is freed.
+ * Every entry point is resolved by its exact versioned name with dlsym on
+ * the driver opened by absolute path; the control API by dlopen(RTLD_NOLOAD)
+ * of the same file. Modes (argv[1]): "ipc-importer <in> <out>" (the exec'd
+ * importer), "no-device" (HM_CUDA_TEST_DEVICES=0), "soname" (found as
+ * libcuda.so.1 through LD_LIBRARY_PATH).
+ * SPDX-License-Identifier: MIT */
+#include "harness.h"
+#include "cuda_test_driver.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef HM_CUDA_TEST_DRIVER_PATH
+#error "HM_CUDA_TEST_DRIVER_PATH: the absolute path of the test libcuda.so.1"
+#endif
+
+#define KIB ((size_t)1 << 10)
+#define MIB ((size_t)1 << 20)
+#define GRAN HM_CUDA_TEST_GRANULARITY
+
+/* ---- the entry points, resolved by their exact symbol names ---- */
+
+#define CU_FNS(X)                                                                      \
+    X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)              \
+    X(cuGetProcAddress_v2) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName)       \
+    X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2) X(cuDeviceGetAttribute)                   \
+    X(cuDeviceTotalMem_v2) X(cuDeviceCanAccessPeer) X(cuDeviceGetDefaultMemPool)       \
+    X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) X(cuCtxCreate_v2)      \
+    X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuCtxGetCurrent) X(cuCtxSetCurrent)         \
+    X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) X(cuCtxGetDevice_v2) \
+    X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuMemAlloc_v2) X(cuMemFree_v2)        \
+    X(cuMemAllocHost_v2) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemAllocManaged)       \
+    X(cuMemGetAddressRange_v2) X(cuMemGetInfo_v2) X(cuMemGetAllocationGranularity)     \
+    X(cuMemsetD8_v2) X(cuMemcpy) X(cuMemcpyHtoD_v2) X(cuMemcpyDtoH_v2)                 \
+    X(cuMemcpyDtoD_v2) X(cuPointerGetAttribute) X(cuPointerGetAttributes)              \
+    X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle)               \
+    X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuStreamSynchronize)
+
+static struct {
+#define X(name) __typeof__(name) *name;
+    CU_FNS(X)
+#undef X
+} cu;
+
+/* The old ABIs, which abort. */
+static const struct {
+    const char *name, *use;
+} old_names[] = {
+    {"cuMemAlloc", "cuMemAlloc_v2"},
+    {"cuMemFree", "cuMemFree_v2"},
+    {"cuMemAllocHost", "cuMemAllocHost_v2"},
+    {"cuMemGetAddressRange", "cuMemGetAddressRange_v2"},
+    {"cuMemGetInfo", "cuMemGetInfo_v2"},
+    {"cuDeviceTotalMem", "cuDeviceTotalMem_v2"},
+    {"cuMemcpyHtoD", "cuMemcpyHtoD_v2"},
+    {"cuMemcpyDtoH", "cuMemcpyDtoH_v2"},
+    {"cuMemcpyDtoD", "cuMemcpyDtoD_v2"},
+    {"cuMemsetD8", "cuMemsetD8_v2"},
+    {"cuCtxCreate", "cuCtxCreate_v4"},
+    {"cuCtxDestroy", "cuCtxDestroy_v2"},
+    {"cuCtxPushCurrent", "cuCtxPushCurrent_v2"},
+    {"cuCtxPopCurrent", "cuCtxPopCurrent_v2"},
+    {"cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2"},
+    {"cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2"},
+    {"cuGetProcAddress", "cuGetProcAddress_v2"},
+};
+#define NOLD (sizeof old_names / sizeof old_names[0])
+
+static void *lib; /* the driver */
+
+/* ---- the driver's control API ---- */
+
+static struct {
+    hm_cuda_test_reset_fn reset;
+    hm_cuda_test_get_stats_fn get_stats;
+    hm_cuda_test_call_count_fn call_count;
+    hm_cuda_test_fail_next_fn fail_next;
+    hm_cuda_test_set_mem_limit_fn set_mem_limit;
+    hm_cuda_test_set_strict_ipc_fn set_strict_ipc;
+    hm_cuda_test_set_peer_access_fn set_peer_access;
+} ctl;
+
+#define CU_EXPECT(expr, want)                                                           \
+    do {                                                                                \
+        CUresult r_ = (expr), w_ = (want);                                              \
+        hm_test_record(r_ == w_, __FILE__, __LINE__, "%s -> %d, expected %d (%s)", #expr, \
+                       (int)r_, (int)w_, #want);                                        \
+    } while (0)
+#define CU_OK(expr) CU_EXPECT(expr, CUDA_SUCCESS)
+#define CU_REQUIRE_OK(expr)                                                             \
+    do {                                                                                \
+        CUresult r_ = (expr);                                                           \
+        hm_test_record(r_ == CUDA_SUCCESS, __FILE__, __LINE__, "REQUIRE %s -> %d", #expr, \
+                       (int)r_);                                                        \
+        if (r_ != CUDA_SUCCESS) {                                                       \
+            hm_test_finish();                                                           \
+            exit(1);                                                                    \
+        }                                                                               \
+    } while (0)
+
+/* ---- state ---- */
+
+static int ndev;
+static CUcontext pc[HM_CUDA_TEST_MAX_DEVICES]; /* primary contexts, retained once */
+static uint64_t limit;                         /* the limit at start */
+static bool strict_env;                        /* HM_CUDA_TEST_STRICT_IPC=1 */
+
+static hm_cuda_test_stats_t stats(void) {
+    hm_cuda_test_stats_t s;
+    ctl.get_stats(&s);
+    return s;
+}
+
+static bool env_is(const char *name, const char *value) {
+    const char *v = getenv(name);
+    return v && strcmp(v, value) == 0;
+}
+
+static void *P(CUdeviceptr d) { return (void *)(uintptr_t)d; }
+static CUdeviceptr D(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
+
+static int other_dev(void) { return ndev > 1 ? 1 : 0; }
+
+static void set_current(CUcontext c) { CU_REQUIRE_OK(cu.cuCtxSetCurrent(c)); }
+
+static CUcontext get_current(void) {
+    CUcontext c = (CUcontext)(uintptr_t)1;
+    CU_OK(cu.cuCtxGetCurrent(&c));
+    return c;
+}
+
+/* All n bytes of driver memory p (read back with cuMemcpyDtoH_v2) equal v. */
+static bool all_bytes(CUdeviceptr p, uint8_t v, size_t n) {
+    uint8_t *h = malloc(n);
+    REQUIRE(h);
+    bool ok = cu.cuMemcpyDtoH_v2(h, p, n) == CUDA_SUCCESS;
+    for (size_t i = 0; ok && i < n; i++) ok = h[i] == v;
+    free(h);
+    return ok;
+}
+
+static unsigned mem_type(CUdeviceptr p) {
+    unsigned t = 0;
+    CU_OK(cu.cuPointerGetAttribute(&t, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p));
+    return t;
+}
+
+static unsigned long long buffer_id(CUdeviceptr p) {
+    unsigned long long id = 0;
+    CU_OK(cu.cuPointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p));
+    return id;
+}
+
+static int ordinal_of(CUdeviceptr p) {
+    int o = -1;
+    CU_OK(cu.cuPointerGetAttribute(&o, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p));
+    return o;
+}
+
+static CUcontext context_of(CUdeviceptr p) {
+    CUcontext c = NULL;
+    CU_OK(cu.cuPointerGetAttribute(&c, CU_POINTER_ATTRIBUTE_CONTEXT, p));
+    return c;
+}
+
+/* ---- set-up ---- */
+
+static void resolve_all(void *h) {
+#define X(name)                                              \
+    *(void **)&cu.name = dlsym(h, #name);                    \
+    if (!cu.name) HM_TEST_SKIP("the driver has no %s", #name);
+    CU_FNS(X)
+#undef X
+}
+
+static void load(void) {
+    lib = dlopen(HM_CUDA_TEST_DRIVER_PATH, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) HM_TEST_SKIP("cannot load %s: %s", HM_CUDA_TEST_DRIVER_PATH, dlerror());
+    resolve_all(lib);
+    ndev = 2;
+    const char *s = getenv("HM_CUDA_TEST_DEVICES");
+    if (s && *s) ndev = atoi(s);
+    strict_env = env_is("HM_CUDA_TEST_STRICT_IPC", "1");
+}
+
+static void control(void) {
+    void *h = dlopen(HM_CUDA_TEST_DRIVER_PATH, RTLD_NOW | RTLD_NOLOAD);
+    REQUIRE(h); /* the very file loaded above */
+    *(void **)&ctl.reset = dlsym(h, "hm_cuda_test_reset");
+    *(void **)&ctl.get_stats = dlsym(h, "hm_cuda_test_get_stats");
+    *(void **)&ctl.call_count = dlsym(h, "hm_cuda_test_call_count");
+    *(void **)&ctl.fail_next = dlsym(h, "hm_cuda_test_fail_next");
+    *(void **)&ctl.set_mem_limit = dlsym(h, "hm_cuda_test_set_mem_limit");
+    *(void **)&ctl.set_strict_ipc = dlsym(h, "hm_cuda_test_set_strict_ipc");
+    *(void **)&ctl.set_peer_access = dlsym(h, "hm_cuda_test_set_peer_access");
+    REQUIRE(ctl.reset && ctl.get_stats && ctl.call_count && ctl.fail_next && ctl.set_mem_limit &&
+            ctl.set_strict_ipc && ctl.set_peer_access);
+    dlclose(h); /* drops the reference NOLOAD took */
+}
+
+/* ---- exported symbols ---- */
+
+static void test_symbols(void) {
+    hm_test_set_context("symbols");
+    for (size_t i = 0; i < NOLD; i++) CHECK_MSG(dlsym(lib, old_names[i].name), "%s", old_names[i].name);
+    /* CUDA 13 names that exist next to the plain ones */
+    CHECK(dlsym(lib, "cuCtxCreate_v4") && dlsym(lib, "cuCtxGetDevice_v2"));
+    /* nothing of the implementation */
+    const char *internal[] = {"mem_alloc", "setup", "enter", "leave", "g", "g_lock", "procs",
+                              "resolve", "ipc_open", "old_abi", "cuCtxCreate_v3"};
+    for (size_t i = 0; i < sizeof internal / sizeof internal[0]; i++)
+        CHECK_MSG(dlsym(lib, internal[i]) == NULL, "%s is exported", internal[i]);
+    Dl_info info;
+    CHECK(dladdr((void *)cu.cuInit, &info) && strstr(info.dli_fname, "libcuda.so.1"));
+}
+
+/* ---- initialization ---- */
+
+static void *init_thread(void *arg) {
+    (void)arg;
+    return (void *)(uintptr_t)cu.cuInit(0);
+}
+
+static void test_before_init(void) {
+    hm_test_set_context("before cuInit");
+    int v = 0, n = 0;
+    CU_OK(cu.cuDriverGetVersion(&v));
+    CHECK_EQ(v, HM_CUDA_TEST_DRIVER_VERSION);
+    CU_EXPECT(cu.cuDriverGetVersion(NULL), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuDeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED);
+    CUdeviceptr d = 0;
+    CU_EXPECT(cu.cuMemAlloc_v2(&d, 4096), CUDA_ERROR_NOT_INITIALIZED);
+    CUcontext c = NULL;
+    CU_EXPECT(cu.cuCtxGetCurrent(&c), CUDA_ERROR_NOT_INITIALIZED);
+    CU_EXPECT(cu.cuDevicePrimaryCtxRetain(&c, 0), CUDA_ERROR_NOT_INITIALIZED);
+    const char *s = NULL;
+    CU_OK(cu.cuGetErrorName(CUDA_ERROR_INVALID_VALUE, &s));
+    CHECK(s && strcmp(s, "CUDA_ERROR_INVALID_VALUE") == 0);
+    void *fn = NULL;
+    CU_OK(cu.cuGetProcAddress_v2("cuInit", &fn, 13000, 0, NULL));
+    CHECK(fn == (void *)cu.cuInit);
+
+    /* refused and failed inits leave the driver uninitialized */
+    CU_EXPECT(cu.cuInit(1), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuDeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED);
+    CHECK_EQ(ctl.fail_next("cuInit", 1, CUDA_ERROR_UNKNOWN), 0);
+    CU_EXPECT(cu.cuInit(0), CUDA_ERROR_UNKNOWN);
+    CU_EXPECT(cu.cuDeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED);
+
+    /* from several threads at once, then again */
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++) REQUIRE(pthread_create(&t[i], NULL, init_thread, NULL) == 0);
+    for (int i = 0; i < 4; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        CHECK_EQ((uintptr_t)r, CUDA_SUCCESS);
+    }
+    CU_OK(cu.cuInit(0));
+    CU_OK(cu.cuDeviceGetCount(&n));
+    CHECK_EQ(n, ndev);
+}
+
+static void test_errors(void) {
+    hm_test_set_context("error names");
+    const struct {
+        CUresult e;
+        const char *name;
+    } known[] = {{CUDA_SUCCESS, "CUDA_SUCCESS"},
+                 {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY"},
+                 {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED"},
+                 {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT"},
+                 {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED"},
+                 {CUDA_ERROR_ALREADY_MAPPED, "CUDA_ERROR_ALREADY_MAPPED"},
+                 {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE"},
+                 {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND"},
+                 {CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"},
+                 {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN"}};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        const char *n = NULL, *s = NULL;
+        CU_OK(cu.cuGetErrorName(known[i].e, &n));
+        CU_OK(cu.cuGetErrorString(known[i].e, &s));
+        CHECK_MSG(n && strcmp(n, known[i].name) == 0, "%d: %s", (int)known[i].e, n ? n : "NULL");
+        CHECK(s && *s);
+    }
+    const char *n = "x";
+    CU_EXPECT(cu.cuGetErrorName((CUresult)12345, &n), CUDA_ERROR_INVALID_VALUE);
+    CHECK(n == NULL);
+    CU_EXPECT(cu.cuGetErrorString(CUDA_SUCCESS, NULL), CUDA_ERROR_INVALID_VALUE);
+}
+
+/* ---- devices ---- */
+
+static void test_devices(void) {
+    hm_test_set_context("devices");
+    CUdevice d = -1;
+    for (int i = 0; i < ndev; i++) {
+        CU_OK(cu.cuDeviceGet(&d, i));
+        CHECK_EQ(d, i);
+    }
+    CU_EXPECT(cu.cuDeviceGet(&d, ndev), CUDA_ERROR_INVALID_DEVICE);
+    CU_EXPECT(cu.cuDeviceGet(&d, -1), CUDA_ERROR_INVALID_DEVICE);
+    CU_EXPECT(cu.cuDeviceGet(NULL, 0), CUDA_ERROR_INVALID_VALUE);
+
+    char name[64], want[64];
+    CU_OK(cu.cuDeviceGetName(name, sizeof name, 0));
+    CHECK(strcmp(name, "hetmem CUDA test device 0") == 0);
+    CU_OK(cu.cuDeviceGetName(name, 8, 0)); /* truncated, terminated */
+    CHECK(strcmp(name, "hetmem ") == 0);
+    CU_EXPECT(cu.cuDeviceGetName(name, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuDeviceGetName(name, sizeof name, ndev), CUDA_ERROR_INVALID_DEVICE);
+
+    CUuuid u[HM_CUDA_TEST_MAX_DEVICES];
+    for (int i = 0; i < ndev; i++) {
+        snprintf(want, sizeof want, "hetmem CUDA test device %d", i);
+        CU_OK(cu.cuDeviceGetName(name, sizeof name, i));
+        CHECK(strcmp(name, want) == 0);
+        CUuuid v1;
+        CU_OK(cu.cuDeviceGetUuid_v2(&u[i], i));
+        CU_OK(cu.cuDeviceGetUuid(&v1, i)); /* the plain name works: same ABI */
+        CHECK(memcmp(&u[i], &v1, sizeof v1) == 0);
+        for (int j = 0; j < i; j++) CHECK(memcmp(&u[i], &u[j], sizeof u[i]) != 0);
+        CHECK(memcmp(u[i].bytes, "hmcudatestdev", 13) == 0 && u[i].bytes[15] == i);
+
+        int a = -1;
+        CU_OK(cu.cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, i));
+        CHECK_EQ(a, 1);
+        CU_OK(cu.cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, i));
+        CHECK_EQ(a, 1);
+        CU_OK(cu.cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, i));
+        CHECK_EQ(a, 1);
+        CU_OK(cu.cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, i));
+        CHECK_EQ(a, i + 1);
+        CU_OK(cu.cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, i));
+        CHECK_EQ(a, 0);
+        CU_OK(cu.cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, i));
+        CHECK_EQ(a, 0);
+        CU_OK(cu.cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, i));
+        CHECK_EQ(a, 1);
+        CU_OK(cu.cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, i));
+        CHECK_EQ(a, 0);
+        CU_OK(cu.cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, i));
+        CHECK_EQ(a, 9);
+        CU_OK(cu.cuDeviceGetAttribute(&a, (CUdevice_attribute)2, i)); /* valid, not modelled */
+        CHECK_EQ(a, 0);
+        size_t total = 0;
+        CU_OK(cu.cuDeviceTotalMem_v2(&total, i));
+        CHECK_EQ(total, limit);
+        CUmemoryPool p0 = NULL, pi = NULL;
+        CU_OK(cu.cuDeviceGetDefaultMemPool(&p0, 0));
+        CU_OK(cu.cuDeviceGetDefaultMemPool(&pi, i));
+        CHECK(pi && (i == 0) == (pi == p0));
+    }
+    int a = 0;
+    CU_EXPECT(cu.cuDeviceGetAttribute(&a, (CUdevice_attribute)0, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_MAX, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuDeviceGetAttribute(&a, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, ndev),
+              CUDA_ERROR_INVALID_DEVICE);
+    CU_EXPECT(cu.cuDeviceGetAttribute(NULL, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 0),
+              CUDA_ERROR_INVALID_VALUE);
+
+    /* peer access: distinct devices, changeable */
+    int can = -1;
+    CU_OK(cu.cuDeviceCanAccessPeer(&can, 0, 0));
+    CHECK_EQ(can, 0);
+    if (ndev > 1) {
+        CU_OK(cu.cuDeviceCanAccessPeer(&can, 0, 1));
+        CHECK_EQ(can, 1);
+        CHECK_EQ(ctl.set_peer_access(0, 1, 0), 0);
+        CU_OK(cu.cuDeviceCanAccessPeer(&can, 0, 1));
+        CHECK_EQ(can, 0);
+        CU_OK(cu.cuDeviceCanAccessPeer(&can, 1, 0));
+        CHECK_EQ(can, 1);
+        CHECK_EQ(ctl.set_peer_access(0, 1, 1), 0);
+    }
+    CHECK_EQ(ctl.set_peer_access(0, HM_CUDA_TEST_MAX_DEVICES, 1), -1);
+    CU_EXPECT(cu.cuDeviceCanAccessPeer(&can, 0, ndev), CUDA_ERROR_INVALID_DEVICE);
+
+    /* granularity: no context needed */
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ndev - 1;
+    size_t g = 0;
+    CU_OK(cu.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CHECK_EQ(g, 2 * MIB);
+    g = 0;
+    CU_OK(cu.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    CHECK_EQ(g, 2 * MIB);
+    CU_EXPECT(cu.cuMemGetAllocationGranularity(&g, &prop, (CUmemAllocationGranularity_flags)2),
+              CUDA_ERROR_INVALID_VALUE);
+    prop.location.id = ndev;
+    CU_EXPECT(cu.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+              CUDA_ERROR_INVALID_DEVICE);
+    prop.location.id = 0;
+    prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
+    CU_EXPECT(cu.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+              CUDA_ERROR_INVALID_VALUE);
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.type = CU_MEM_ALLOCATION_TYPE_MANAGED;
+    CU_EXPECT(cu.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+              CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemGetAllocationGranularity(&g, NULL, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+              CUDA_ERROR_INVALID_VALUE);
+}
+
+/* ---- cuGetProcAddress_v2 ---- */
+
+static void *proc(const char *name, int version, CUresult want, CUdriverProcAddressQueryResult want_st) {
+    void *fn = (void *)(uintptr_t)1;
+    CUdriverProcAddressQueryResult st = (CUdriverProcAddressQueryResult)99;
+    CUresult r = cu.cuGetProcAddress_v2(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+    CHECK_MSG(r == want && st == want_st, "cuGetProcAddress_v2(%s, %d) -> %d status %d, expected %d %d",
+              name, version, (int)r, (int)st, (int)want, (int)want_st);
+    if (want != CUDA_SUCCESS) CHECK_MSG(fn == NULL, "%s: *pfn not NULL", name);
+    return fn;
+}
+
+static void test_proc_address(void) {
+    hm_test_set_context("cuGetProcAddress_v2");
+    /* What CUDA 13.0 gets for each base name: the symbol cuda.h maps it to. */
+    static const char *const map[][2] = {
+        {"cuInit", "cuInit"}, {"cuDriverGetVersion", "cuDriverGetVersion"},
+        {"cuGetErrorName", "cuGetErrorName"}, {"cuGetErrorString", "cuGetErrorString"},
+        {"cuGetProcAddress", "cuGetProcAddress_v2"}, {"cuDeviceGet", "cuDeviceGet"},
+        {"cuDeviceGetCount", "cuDeviceGetCount"}, {"cuDeviceGetName", "cuDeviceGetName"},
+        {"cuDeviceGetUuid", "cuDeviceGetUuid_v2"}, {"cuDeviceGetAttribute", "cuDeviceGetAttribute"},
+        {"cuDeviceTotalMem", "cuDeviceTotalMem_v2"}, {"cuDeviceCanAccessPeer", "cuDeviceCanAccessPeer"},
+        {"cuDeviceGetDefaultMemPool", "cuDeviceGetDefaultMemPool"},
+        {"cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain"},
+        {"cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2"},
+        {"cuCtxCreate", "cuCtxCreate_v4"}, {"cuCtxDestroy", "cuCtxDestroy_v2"},
+        {"cuCtxGetCurrent", "cuCtxGetCurrent"}, {"cuCtxSetCurrent", "cuCtxSetCurrent"},
+        {"cuCtxPushCurrent", "cuCtxPushCurrent_v2"}, {"cuCtxPopCurrent", "cuCtxPopCurrent_v2"},
+        {"cuCtxGetDevice", "cuCtxGetDevice_v2"}, {"cuCtxSynchronize", "cuCtxSynchronize_v2"},
+        {"cuMemAlloc", "cuMemAlloc_v2"}, {"cuMemFree", "cuMemFree_v2"},
+        {"cuMemAllocHost", "cuMemAllocHost_v2"}, {"cuMemHostAlloc", "cuMemHostAlloc"},
+        {"cuMemFreeHost", "cuMemFreeHost"}, {"cuMemAllocManaged", "cuMemAllocManaged"},
+        {"cuMemGetAddressRange", "cuMemGetAddressRange_v2"}, {"cuMemGetInfo", "cuMemGetInfo_v2"},
+        {"cuMemGetAllocationGranularity", "cuMemGetAllocationGranularity"},
+        {"cuMemsetD8", "cuMemsetD8_v2"}, {"cuMemcpy", "cuMemcpy"},
+        {"cuMemcpyHtoD", "cuMemcpyHtoD_v2"}, {"cuMemcpyDtoH", "cuMemcpyDtoH_v2"},
+        {"cuMemcpyDtoD", "cuMemcpyDtoD_v2"}, {"cuPointerGetAttribute", "cuPointerGetAttribute"},
+        {"cuPointerGetAttributes", "cuPointerGetAttributes"},
+        {"cuIpcGetMemHandle", "cuIpcGetMemHandle"}, {"cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2"},
+        {"cuIpcCloseMemHandle", "cuIpcCloseMemHandle"}, {"cuMemAllocAsync", "cuMemAllocAsync"},
+        {"cuMemFreeAsync", "cuMemFreeAsync"}, {"cuStreamSynchronize", "cuStreamSynchronize"},
+    };
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+        void *want = dlsym(lib, map[i][1]);
+        void *fn = proc(map[i][0], 13000, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS);
+        CHECK_MSG(want && fn == want, "%s at 13000 is not %s", map[i][0], map[i][1]);
+    }
+    /* older versions get the older variants */
+    CHECK(proc("cuMemAlloc", 3000, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS) == dlsym(lib, "cuMemAlloc"));
+    CHECK(proc("cuMemAlloc", 3020, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS) == (void *)cu.cuMemAlloc_v2);
+    CHECK(proc("cuCtxCreate", 11000, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS) == (void *)cu.cuCtxCreate_v2);
+    CHECK(proc("cuCtxGetDevice", 12090, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS) == (void *)cu.cuCtxGetDevice);
+    CHECK(proc("cuDeviceGetUuid", 11000, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS) == (void *)cu.cuDeviceGetUuid);
+    CHECK(proc("cuIpcOpenMemHandle", 10020, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS) ==
+          dlsym(lib, "cuIpcOpenMemHandle"));
+    /* a variant this driver lacks, versioned names, unknown names, too old */
+    proc("cuCtxCreate", 12000, CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    proc("cuMemAlloc_v2", 13000, CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    proc("cuNoSuchFunction", 13000, CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    proc("hm_cuda_test_reset", 13000, CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    proc("cuMemAllocAsync", 11010, CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+    proc("cuInit", 1000, CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+    /* flags, NULL status, bad arguments */
+    void *fn = NULL;
+    CU_OK(cu.cuGetProcAddress_v2("cuMemcpy", &fn, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, NULL));
+    CHECK(fn == (void *)cu.cuMemcpy);
+    CU_OK(cu.cuGetProcAddress_v2("cuMemcpy", &fn, 13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, NULL));
+    CHECK(fn == (void *)cu.cuMemcpy);
+    CU_EXPECT(cu.cuGetProcAddress_v2("cuMemcpy", &fn, 13000, 4, NULL), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuGetProcAddress_v2("cuMemcpy", &fn, 13010, 0, NULL), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuGetProcAddress_v2(NULL, &fn, 13000, 0, NULL), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuGetProcAddress_v2("cuMemcpy", NULL, 13000, 0, NULL), CUDA_ERROR_INVALID_VALUE);
+}
+
+/* ---- contexts ---- */
+
+/* With no context current: every call that needs one says so. */
+static void expect_no_context(CUresult want) {
+    CUdeviceptr d = 0;
+    void *h = NULL;
+    char buf[16];
+    CUdevice dev;
+    size_t f, t;
+    CUipcMemHandle ih;
+    memset(&ih, 0, sizeof ih);
+    CU_EXPECT(cu.cuMemAlloc_v2(&d, 4096), want);
+    CU_EXPECT(cu.cuMemAllocManaged(&d, 4096, CU_MEM_ATTACH_GLOBAL), want);
+    CU_EXPECT(cu.cuMemHostAlloc(&h, 4096, 0), want);
+    CU_EXPECT(cu.cuMemAllocHost_v2(&h, 4096), want);
+    CU_EXPECT(cu.cuMemAllocAsync(&d, 4096, NULL), want);
+    CU_EXPECT(cu.cuMemFree_v2(D(buf)), want);
+    CU_EXPECT(cu.cuMemFreeHost(buf), want);
+    CU_EXPECT(cu.cuMemsetD8_v2(D(buf), 0, sizeof buf), want);
+    CU_EXPECT(cu.cuMemcpy(D(buf), D(buf + 8), 8), want);
+    CU_EXPECT(cu.cuMemcpyHtoD_v2(D(buf), buf + 8, 8), want);
+    CU_EXPECT(cu.cuMemGetInfo_v2(&f, &t), want);
+    CU_EXPECT(cu.cuMemGetAddressRange_v2(NULL, NULL, D(buf)), want);
+    CU_EXPECT(cu.cuIpcGetMemHandle(&ih, D(buf)), want);
+    CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&d, ih, 0), want);
+    CU_EXPECT(cu.cuIpcCloseMemHandle(D(buf)), want);
+    CU_EXPECT(cu.cuCtxGetDevice(&dev), want);
+    CU_EXPECT(cu.cuCtxGetDevice_v2(&dev, NULL), want);
+    CU_EXPECT(cu.cuCtxSynchronize(), want);
+    CU_EXPECT(cu.cuCtxSynchronize_v2(NULL), want);
+    CU_EXPECT(cu.cuStreamSynchronize(NULL), want);
+}
+
+struct barrier_arg {
+    pthread_barrier_t *b;
+    CUcontext c;
+    int fails; /* checks failed in the thread */
+};
+
+static void *destroyed_elsewhere(void *arg) {
+    struct barrier_arg *a = arg;
+    int before = hm_test_failed_count();
+    CU_OK(cu.cuCtxSetCurrent(a->c));
+    pthread_barrier_wait(a->b); /* main destroys the context now */
+    pthread_barrier_wait(a->b);
+    CHECK(get_current() == a->c); /* still current here */
+    expect_no_context(CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    CU_EXPECT(cu.cuCtxSetCurrent(a->c), CUDA_ERROR_INVALID_CONTEXT);
+    CU_EXPECT(cu.cuCtxPushCurrent_v2(a->c), CUDA_ERROR_INVALID_CONTEXT);
+    CU_OK(cu.cuCtxSetCurrent(NULL));
+    CHECK(get_current() == NULL);
+    a->fails = hm_test_failed_count() - before;
+    return NULL;
+}
+
+static void *fresh_thread(void *arg) {
+    CUcontext c = arg;
+    hm_test_set_context("a second thread");
+    /* A new thread has no current context, whatever the others have. */
+    CHECK(get_current() == NULL);
+    expect_no_context(CUDA_ERROR_INVALID_CONTEXT);
+    CUdeviceptr d = 0;
+    CU_OK(cu.cuCtxSetCurrent(c));
+    CHECK(get_current() == c);
+    CU_OK(cu.cuMemAlloc_v2(&d, 4096));
+    CHECK(context_of(d) == c);
+    CU_OK(cu.cuMemFree_v2(d));
+    return NULL;
+}
+
+static void test_contexts(void) {
+    hm_test_set_context("contexts");
+    CHECK(get_current() == NULL);
+    expect_no_context(CUDA_ERROR_INVALID_CONTEXT);
+    CU_EXPECT(cu.cuCtxPopCurrent_v2(NULL), CUDA_ERROR_INVALID_CONTEXT);
+    CU_OK(cu.cuCtxSetCurrent(NULL)); /* nothing to unbind */
+    CU_EXPECT(cu.cuDevicePrimaryCtxRelease_v2(0), CUDA_ERROR_INVALID_CONTEXT); /* not retained */
+
+    /* primary contexts: one handle per device, reference counted */
+    for (int i = 0; i < ndev; i++) {
+        CUcontext again = NULL;
+        CU_REQUIRE_OK(cu.cuDevicePrimaryCtxRetain(&pc[i], i));
+        CU_OK(cu.cuDevicePrimaryCtxRetain(&again, i));
+        CHECK(again == pc[i]);
+        CHECK_EQ(stats().primary_refs[i], 2);
+        CU_OK(cu.cuDevicePrimaryCtxRelease_v2(i));
+        CHECK_EQ(stats().primary_refs[i], 1);
+        for (int j = 0; j < i; j++) CHECK(pc[j] != pc[i]);
+    }
+    CU_EXPECT(cu.cuDevicePrimaryCtxRetain(NULL, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuDevicePrimaryCtxRetain(&pc[0], ndev), CUDA_ERROR_INVALID_DEVICE);
+    CHECK(get_current() == NULL); /* retain makes nothing current */
+
+    /* the stack: set replaces the top, push and pop */
+    CUdevice dev = -1;
+    const int o = other_dev();
+    set_current(pc[0]);
+    CHECK(get_current() == pc[0]);
+    CU_OK(cu.cuCtxGetDevice(&dev));
+    CHECK_EQ(dev, 0);
+    CU_OK(cu.cuCtxGetDevice_v2(&dev, pc[o]));
+    CHECK_EQ(dev, o);
+    CU_OK(cu.cuCtxGetDevice_v2(&dev, NULL));
+    CHECK_EQ(dev, 0);
+    CU_OK(cu.cuCtxSynchronize());
+    CU_OK(cu.cuCtxSynchronize_v2(pc[o]));
+    CU_OK(cu.cuCtxPushCurrent_v2(pc[o]));
+    CHECK(get_current() == pc[o]);
+    CUcontext popped = NULL;
+    CU_OK(cu.cuCtxPopCurrent_v2(&popped));
+    CHECK(popped == pc[o]);
+    CHECK(get_current() == pc[0]);
+    CU_OK(cu.cuCtxPushCurrent_v2(pc[0]));
+    CU_OK(cu.cuCtxSetCurrent(pc[o])); /* replaces the top */
+    CU_OK(cu.cuCtxPopCurrent_v2(&popped));
+    CHECK(popped == pc[o]);
+    CHECK(get_current() == pc[0]);
+    int bogus;
+    CU_EXPECT(cu.cuCtxPushCurrent_v2(NULL), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuCtxPushCurrent_v2((CUcontext)(void *)&bogus), CUDA_ERROR_INVALID_CONTEXT);
+    CU_EXPECT(cu.cuCtxSetCurrent((CUcontext)(void *)&bogus), CUDA_ERROR_INVALID_CONTEXT);
+    CU_EXPECT(cu.cuCtxGetDevice_v2(&dev, (CUcontext)(void *)&bogus), CUDA_ERROR_INVALID_CONTEXT);
+    CU_EXPECT(cu.cuCtxGetCurrent(NULL), CUDA_ERROR_INVALID_VALUE);
+    /* 64 deep at most */
+    int pushed = 0;
+    while (cu.cuCtxPushCurrent_v2(pc[0]) == CUDA_SUCCESS && pushed < 100) pushed++;
+    CHECK_EQ(pushed, 63);
+    for (int i = 0; i < pushed; i++) CU_OK(cu.cuCtxPopCurrent_v2(NULL));
+    CHECK(get_current() == pc[0]);
+
+    /* a second thread sees none until it sets one */
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, fresh_thread, pc[o]) == 0);
+    pthread_join(t, NULL);
+    hm_test_set_context("contexts");
+    CHECK(get_current() == pc[0]);
+
+    /* created contexts: pushed on the caller's stack */
+    hm_cuda_test_stats_t s0 = stats();
+    CUcontext c2 = NULL, c4 = NULL;
+    CU_REQUIRE_OK(cu.cuCtxCreate_v2(&c2, CU_CTX_SCHED_AUTO, 0));
+    CHECK(get_current() == c2);
+    CHECK(c2 != pc[0]);
+    CU_REQUIRE_OK(cu.cuCtxCreate_v4(&c4, NULL, CU_CTX_SCHED_YIELD, ndev - 1));
+    CHECK(get_current() == c4);
+    CU_OK(cu.cuCtxGetDevice(&dev));
+    CHECK_EQ(dev, ndev - 1);
+    CHECK_EQ(stats().live_contexts, s0.live_contexts + 2);
+    CUcontext x = NULL;
+    CUctxCreateParams params;
+    memset(&params, 0, sizeof params);
+    CU_EXPECT(cu.cuCtxCreate_v4(&x, &params, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    params.numExecAffinityParams = 1;
+    CU_EXPECT(cu.cuCtxCreate_v4(&x, &params, 0, 0), CUDA_ERROR_NOT_SUPPORTED);
+    CU_EXPECT(cu.cuCtxCreate_v2(&x, 0x100, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuCtxCreate_v2(&x, 0, ndev), CUDA_ERROR_INVALID_DEVICE);
+    CU_EXPECT(cu.cuCtxCreate_v2(NULL, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK(x == NULL);
+    CHECK_EQ(stats().live_contexts, s0.live_contexts + 2);
+
+    /* memory belongs to the context current at allocation; one address
+     * space: another context frees it */
+    CUdeviceptr d4 = 0;
+    CU_REQUIRE_OK(cu.cuMemAlloc_v2(&d4, 4096));
+    CHECK(context_of(d4) == c4);
+    CHECK_EQ(ordinal_of(d4), ndev - 1);
+    CU_OK(cu.cuCtxPushCurrent_v2(pc[0]));
+    CHECK(mem_type(d4) == CU_MEMORYTYPE_DEVICE);
+    CU_OK(cu.cuMemFree_v2(d4));
+    CU_OK(cu.cuCtxPopCurrent_v2(NULL));
+
+    /* destroy: popped when on top */
+    CU_OK(cu.cuCtxDestroy_v2(c4));
+    CHECK(get_current() == c2);
+    CU_EXPECT(cu.cuCtxDestroy_v2(c4), CUDA_ERROR_INVALID_CONTEXT);
+    CU_EXPECT(cu.cuCtxDestroy_v2(pc[0]), CUDA_ERROR_INVALID_CONTEXT);
+    CU_EXPECT(cu.cuCtxDestroy_v2(NULL), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuCtxSetCurrent(c4), CUDA_ERROR_INVALID_CONTEXT);
+
+    /* destroyed while current to another thread */
+    pthread_barrier_t b;
+    REQUIRE(pthread_barrier_init(&b, NULL, 2) == 0);
+    struct barrier_arg ba = {&b, c2, 0};
+    REQUIRE(pthread_create(&t, NULL, destroyed_elsewhere, &ba) == 0);
+    pthread_barrier_wait(&b);
+    /* its memory goes with it and counts as leaked; async memory stays */
+    hm_cuda_test_stats_t s1 = stats();
+    CUdeviceptr dd = 0, dm = 0, da = 0;
+    void *dh = NULL;
+    CU_OK(cu.cuMemAlloc_v2(&dd, 4096));
+    CU_OK(cu.cuMemAllocManaged(&dm, 4096, CU_MEM_ATTACH_GLOBAL));
+    CU_OK(cu.cuMemHostAlloc(&dh, 4096, 0));
+    CU_OK(cu.cuMemAllocAsync(&da, 4096, NULL));
+    CHECK_EQ(stats().live_allocs, s1.live_allocs + 4);
+    CU_OK(cu.cuCtxDestroy_v2(c2));
+    pthread_barrier_wait(&b);
+    pthread_join(t, NULL);
+    pthread_barrier_destroy(&b);
+    CHECK_EQ(ba.fails, 0);
+    hm_cuda_test_stats_t s2 = stats();
+    CHECK_EQ(s2.leaks, s1.leaks + 3);
+    CHECK_EQ(s2.live_allocs, s1.live_allocs + 1);
+    CHECK_EQ(s2.live_async_allocs, s1.live_async_allocs + 1);
+    CHECK_EQ(s2.live_contexts, s0.live_contexts);
+    CHECK(get_current() == pc[0]);
+    CU_OK(cu.cuMemFreeAsync(da, NULL));
+    CHECK_EQ(stats().live_allocs, s1.live_allocs);
+}
+
+/* ---- allocations ---- */
+
+static void test_alloc(void) {
+    hm_test_set_context("allocations");
+    set_current(pc[0]);
+    hm_cuda_test_stats_t s0 = stats();
+    const size_t sizes[] = {1, 511, 4096, 2 * MIB, 2 * MIB + 1, 5 * MIB};
+    CUdeviceptr d[6];
+    uint64_t charged = 0;
+    for (int i = 0; i < 6; i++) {
+        d[i] = 0;
+        CU_REQUIRE_OK(cu.cuMemAlloc_v2(&d[i], sizes[i]));
+        CHECK_MSG(d[i] % GRAN == 0, "cuMemAlloc_v2(%zu) -> %#llx is not 2 MiB aligned", sizes[i], d[i]);
+        charged += (sizes[i] + GRAN - 1) / GRAN * GRAN;
+        CUdeviceptr base = 0;
+        size_t size = 0;
+        CU_OK(cu.cuMemGetAddressRange_v2(&base, &size, d[i] + sizes[i] - 1));
+        CHECK(base == d[i] && size == sizes[i]);
+        CU_OK(cu.cuMemGetAddressRange_v2(NULL, &size, d[i]));
+        CU_OK(cu.cuMemGetAddressRange_v2(&base, NULL, d[i]));
+        /* the rounding is not part of the allocation (past a multiple of
+         * 2 MiB another allocation may start) */
+        if (sizes[i] % GRAN)
+            CU_EXPECT(cu.cuMemGetAddressRange_v2(&base, &size, d[i] + sizes[i]), CUDA_ERROR_NOT_FOUND);
+    }
+    hm_cuda_test_stats_t s1 = stats();
+    CHECK_EQ(s1.device_used[0], s0.device_used[0] + charged);
+    CHECK_EQ(s1.live_device_allocs, s0.live_device_allocs + 6);
+    size_t f = 0, t = 0;
+    CU_OK(cu.cuMemGetInfo_v2(&f, &t));
+    CHECK_EQ(t, limit);
+    CHECK_EQ(f, limit - s1.device_used[0]);
+    CU_EXPECT(cu.cuMemGetInfo_v2(NULL, &t), CUDA_ERROR_INVALID_VALUE);
+    CUdeviceptr z = 7;
+    CU_EXPECT(cu.cuMemAlloc_v2(&z, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(z, 7);
+    CU_EXPECT(cu.cuMemAlloc_v2(NULL, 4096), CUDA_ERROR_INVALID_VALUE);
+    int local = 0;
+    CU_EXPECT(cu.cuMemGetAddressRange_v2(NULL, NULL, D(&local)), CUDA_ERROR_NOT_FOUND);
+
+    /* host memory: every flag and their mix, read-write from the host */
+    const unsigned flags[] = {0, CU_MEMHOSTALLOC_PORTABLE, CU_MEMHOSTALLOC_DEVICEMAP,
+                              CU_MEMHOSTALLOC_WRITECOMBINED,
+                              CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
+                                  CU_MEMHOSTALLOC_WRITECOMBINED};
+    void *h[6];
+    for (int i = 0; i < 5; i++) {
+        h[i] = NULL;
+        CU_REQUIRE_OK(cu.cuMemHostAlloc(&h[i], 10000, flags[i]));
+        CHECK((uintptr_t)h[i] % 4096 == 0);
+        memset(h[i], i, 10000);
+        CHECK(mem_type(D(h[i])) == CU_MEMORYTYPE_HOST);
+    }
+    h[5] = NULL;
+    CU_REQUIRE_OK(cu.cuMemAllocHost_v2(&h[5], 3));
+    ((volatile char *)h[5])[2] = 1;
+    void *hx = (void *)(uintptr_t)5;
+    CU_EXPECT(cu.cuMemHostAlloc(&hx, 4096, 0x8), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemHostAlloc(&hx, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemAllocHost_v2(&hx, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemHostAlloc(NULL, 4096, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK(hx == (void *)(uintptr_t)5);
+    CHECK_EQ(stats().live_host_allocs, s0.live_host_allocs + 6);
+    CHECK_EQ(stats().device_used[0], s1.device_used[0]); /* not charged */
+
+    /* managed memory */
+    CUdeviceptr m[2] = {0, 0};
+    CU_REQUIRE_OK(cu.cuMemAllocManaged(&m[0], 5000, CU_MEM_ATTACH_GLOBAL));
+    CU_REQUIRE_OK(cu.cuMemAllocManaged(&m[1], 3 * MIB, CU_MEM_ATTACH_HOST));
+    CHECK(m[0] % GRAN == 0 && m[1] % GRAN == 0);
+    memset(P(m[0]), 0x11, 5000);
+    memset(P(m[1]), 0x22, 3 * MIB);
+    CU_EXPECT(cu.cuMemAllocManaged(&z, 4096, CU_MEM_ATTACH_SINGLE), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemAllocManaged(&z, 4096, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemAllocManaged(&z, 4096, 3), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemAllocManaged(&z, 0, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(z, 7);
+    CHECK_EQ(stats().live_managed_allocs, s0.live_managed_allocs + 2);
+
+    /* frees take base pointers of their own kinds only */
+    CU_EXPECT(cu.cuMemFree_v2(D(h[0])), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemFreeHost(P(d[0])), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemFreeHost(P(m[0])), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemFree_v2(d[2] + 64), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemFreeHost((char *)h[0] + 64), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemFree_v2(0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemFree_v2(D(&local)), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemFreeHost(&local), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(stats().live_allocs, s0.live_allocs + 14);
+    for (int i = 0; i < 6; i++) CU_OK(cu.cuMemFree_v2(d[i]));
+    for (int i = 0; i < 6; i++) CU_OK(cu.cuMemFreeHost(h[i]));
+    for (int i = 0; i < 2; i++) CU_OK(cu.cuMemFree_v2(m[i]));
+    CU_EXPECT(cu.cuMemFree_v2(d[0]), CUDA_ERROR_INVALID_VALUE); /* twice */
+    CU_EXPECT(cu.cuMemFreeHost(h[0]), CUDA_ERROR_INVALID_VALUE);
+    hm_cuda_test_stats_t s2 = stats();
+    CHECK_EQ(s2.live_allocs, s0.live_allocs);
+    CHECK_EQ(s2.device_used[0], s0.device_used[0]);
+}
+
+/* ---- pointer attributes ---- */
+
+static void *no_context_attrs(void *arg) {
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)arg;
+    CUdeviceptr dp = 0;
+    /* most attributes need no context; the device pointer does */
+    CHECK(mem_type(d) == CU_MEMORYTYPE_DEVICE);
+    CU_EXPECT(cu.cuPointerGetAttribute(&dp, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, d),
+              CUDA_ERROR_INVALID_CONTEXT);
+    return NULL;
+}
+
+static void test_attributes(void) {
+    hm_test_set_context("pointer attributes");
+    set_current(pc[0]);
+    const int o = other_dev();
+    CUdeviceptr d = 0, d1 = 0, m = 0;
+    void *h = NULL;
+    const size_t dsize = 3 * MIB + 17;
+    CU_REQUIRE_OK(cu.cuMemAlloc_v2(&d, dsize));
+    CU_REQUIRE_OK(cu.cuMemAllocManaged(&m, 8192, CU_MEM_ATTACH_GLOBAL));
+    CU_REQUIRE_OK(cu.cuMemHostAlloc(&h, 8192, CU_MEMHOSTALLOC_PORTABLE));
+    CU_OK(cu.cuCtxPushCurrent_v2(pc[o]));
+    CU_REQUIRE_OK(cu.cuMemAlloc_v2(&d1, 4096));
+    CU_OK(cu.cuCtxPopCurrent_v2(NULL));
+
+    /* device memory, asked at an interior address */
+    const CUdeviceptr in = d + 2 * MIB + 5;
+    CUcontext c = NULL;
+    unsigned u = 99;
+    CUdeviceptr dp = 0, start = 0;
+    void *hp = (void *)(uintptr_t)1;
+    size_t rs = 0;
+    CUmemoryPool pool = (CUmemoryPool)(uintptr_t)1;
+    CHECK(mem_type(in) == CU_MEMORYTYPE_DEVICE);
+    CHECK(context_of(in) == pc[0]);
+    CHECK_EQ(ordinal_of(in), 0);
+    CU_OK(cu.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_IS_MANAGED, in));
+    CHECK_EQ(u, 0);
+    CU_OK(cu.cuPointerGetAttribute(&dp, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, in));
+    CHECK(dp == in);
+    CU_EXPECT(cu.cuPointerGetAttribute(&hp, CU_POINTER_ATTRIBUTE_HOST_POINTER, in), CUDA_ERROR_INVALID_VALUE);
+    CHECK(hp == (void *)(uintptr_t)1);
+    CU_OK(cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, in));
+    CHECK(start == d);
+    CU_OK(cu.cuPointerGetAttribute(&rs, CU_POINTER_ATTRIBUTE_RANGE_SIZE, in));
+    CHECK_EQ(rs, dsize);
+    CU_OK(cu.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, in));
+    CHECK_EQ(u, 1);
+    CU_OK(cu.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_MAPPED, in));
+    CHECK_EQ(u, 1);
+    CU_OK(cu.cuPointerGetAttribute(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, in));
+    CHECK(pool == NULL);
+    CHECK(buffer_id(in) == buffer_id(d));
+    /* another device's memory, asked from this context */
+    CHECK(context_of(d1) == pc[o]);
+    CHECK_EQ(ordinal_of(d1), o);
+
+    /* managed: device memory that is managed; host: host memory */
+    CHECK(mem_type(m + 100) == CU_MEMORYTYPE_DEVICE);
+    CU_OK(cu.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_IS_MANAGED, m + 100));
+    CHECK_EQ(u, 1);
+    CU_OK(cu.cuPointerGetAttribute(&hp, CU_POINTER_ATTRIBUTE_HOST_POINTER, m + 100));
+    CHECK(hp == P(m + 100));
+    CHECK(mem_type(D(h) + 8191) == CU_MEMORYTYPE_HOST);
+    CU_OK(cu.cuPointerGetAttribute(&hp, CU_POINTER_ATTRIBUTE_HOST_POINTER, D(h) + 8));
+    CHECK(hp == (char *)h + 8);
+    CU_OK(cu.cuPointerGetAttribute(&dp, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, D(h) + 8));
+    CHECK(dp == D(h) + 8);
+    CU_OK(cu.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, D(h)));
+    CHECK_EQ(u, 0);
+    CHECK(context_of(D(h)) == pc[0]);
+
+    /* buffer ids: distinct, and never reused, even at a reused address */
+    unsigned long long ids[4] = {buffer_id(d), buffer_id(d1), buffer_id(m), buffer_id(D(h))};
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < i; j++) CHECK(ids[i] != ids[j] && ids[i] != 0);
+    unsigned long long last = ids[0];
+    bool reused = false;
+    for (int i = 0; i < 8; i++) {
+        CUdeviceptr x = 0;
+        CU_REQUIRE_OK(cu.cuMemAlloc_v2(&x, 4096));
+        unsigned long long xid = buffer_id(x);
+        for (int j = 0; j < 4; j++) CHECK(xid != ids[j]);
+        CHECK(xid > last);
+        last = xid;
+        CU_OK(cu.cuMemFree_v2(x));
+        CUdeviceptr y = 0;
+        CU_REQUIRE_OK(cu.cuMemAlloc_v2(&y, 4096));
+        reused |= y == x;
+        CHECK(buffer_id(y) > xid);
+        last = buffer_id(y);
+        CU_OK(cu.cuMemFree_v2(y));
+    }
+    printf("attributes: an address came back after a free: %s\n", reused ? "yes" : "no");
+
+    /* several at once: the same values */
+    CUpointer_attribute at[] = {CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_HOST_POINTER,
+                                CU_POINTER_ATTRIBUTE_DEVICE_POINTER};
+    CUcontext a_ctx = NULL;
+    unsigned a_type = 0, a_managed = 9;
+    unsigned long long a_id = 0;
+    int a_ord = -1;
+    CUdeviceptr a_start = 0, a_dp = 0;
+    size_t a_size = 0;
+    void *a_hp = (void *)(uintptr_t)1;
+    void *data[] = {&a_ctx, &a_type, &a_id, &a_managed, &a_ord, &a_start, &a_size, &a_hp, &a_dp};
+    CU_OK(cu.cuPointerGetAttributes(9, at, data, in));
+    CHECK(a_ctx == pc[0] && a_type == CU_MEMORYTYPE_DEVICE && a_id == ids[0] && a_managed == 0 &&
+          a_ord == 0 && a_start == d && a_size == dsize && a_hp == NULL && a_dp == in);
+    /* an address the driver does not know: zeros and SUCCESS here, an
+     * error from the single query */
+    int local = 0;
+    memset(&a_ctx, 0xff, sizeof a_ctx);
+    a_type = a_managed = 0xffffffffu;
+    a_id = ~0ull;
+    a_ord = -5;
+    a_start = a_dp = ~0ull;
+    a_size = SIZE_MAX;
+    a_hp = (void *)(uintptr_t)1;
+    CU_OK(cu.cuPointerGetAttributes(9, at, data, D(&local)));
+    CHECK(a_ctx == NULL && a_type == 0 && a_id == 0 && a_managed == 0 && a_ord == 0 &&
+          a_start == 0 && a_size == 0 && a_hp == NULL && a_dp == 0);
+    CU_EXPECT(cu.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, D(&local)),
+              CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuPointerGetAttribute(&c, CU_POINTER_ATTRIBUTE_CONTEXT, D(&local)),
+              CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, d + dsize),
+              CUDA_ERROR_INVALID_VALUE); /* the rounding */
+    CU_EXPECT(cu.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, 0), CUDA_ERROR_INVALID_VALUE);
+    /* attributes not answered, bad arguments: nothing written */
+    CU_EXPECT(cu.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_P2P_TOKENS, d), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuPointerGetAttribute(NULL, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, d), CUDA_ERROR_INVALID_VALUE);
+    CUpointer_attribute bad[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS};
+    void *bdata[] = {&a_type, &u};
+    a_type = 77;
+    CU_EXPECT(cu.cuPointerGetAttributes(2, bad, bdata, d), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(a_type, 77);
+    CU_EXPECT(cu.cuPointerGetAttributes(0, at, data, d), CUDA_ERROR_INVALID_VALUE);
+    void *nodata[] = {&a_ctx, NULL};
+    CU_EXPECT(cu.cuPointerGetAttributes(2, at, nodata, d), CUDA_ERROR_INVALID_VALUE);
+
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, no_context_attrs, (void *)(uintptr_t)d) == 0);
+    pthread_join(t, NULL);
+
+    CU_OK(cu.cuMemFree_v2(d));
+    CU_OK(cu.cuMemFree_v2(d1));
+    CU_OK(cu.cuMemFree_v2(m));
+    CU_OK(cu.cuMemFreeHost(h));
+}
+
+/* ---- the device limit ---- */
+
+static void test_limits(void) {
+    hm_test_set_context("limits");
+    set_current(pc[0]);
+    const int o = other_dev();
+    const uint64_t used0 = stats().device_used[0];
+    CHECK_EQ(ctl.set_mem_limit(0, used0 + 8 * MIB), 0);
+    size_t total = 0, f = 0;
+    CU_OK(cu.cuDeviceTotalMem_v2(&total, 0));
+    CHECK_EQ(total, used0 + 8 * MIB);
+    CUdeviceptr a = 0, b = 0, c = 7, x = 7;
+    CU_OK(cu.cuMemAlloc_v2(&a, 4 * MIB));
+    CU_OK(cu.cuMemAlloc_v2(&b, 3 * MIB + 1)); /* charged as 4 MiB */
+    CU_OK(cu.cuMemGetInfo_v2(&f, &total));
+    CHECK_EQ(f, 0);
+    CU_EXPECT(cu.cuMemAlloc_v2(&c, 1), CUDA_ERROR_OUT_OF_MEMORY);
+    CU_EXPECT(cu.cuMemAllocAsync(&c, 1, NULL), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(c, 7);
+    /* managed and host memory are not charged; other devices have their own */
+    CUdeviceptr m = 0;
+    void *h = NULL;
+    CU_OK(cu.cuMemAllocManaged(&m, 16 * MIB, CU_MEM_ATTACH_GLOBAL));
+    CU_OK(cu.cuMemHostAlloc(&h, 16 * MIB, 0));
+    if (o != 0) {
+        CU_OK(cu.cuCtxPushCurrent_v2(pc[o]));
+        CU_OK(cu.cuMemAlloc_v2(&x, 8 * MIB));
+        CU_OK(cu.cuMemFree_v2(x));
+        CU_OK(cu.cuCtxPopCurrent_v2(NULL));
+    }
+    /* room again after a free */
+    CU_OK(cu.cuMemFree_v2(b));
+    CU_OK(cu.cuMemAlloc_v2(&c, 4 * MIB));
+    CU_EXPECT(cu.cuMemAlloc_v2(&x, 1), CUDA_ERROR_OUT_OF_MEMORY);
+    CU_OK(cu.cuMemFree_v2(a));
+    CU_OK(cu.cuMemFree_v2(c));
+    CU_EXPECT(cu.cuMemAlloc_v2(&x, 8 * MIB + 1), CUDA_ERROR_OUT_OF_MEMORY); /* larger than it all */
+    CU_OK(cu.cuMemAlloc_v2(&x, 8 * MIB));
+    CU_OK(cu.cuMemFree_v2(x));
+    CU_OK(cu.cuMemFree_v2(m));
+    CU_OK(cu.cuMemFreeHost(h));
+    /* a limit below what is live: live memory stays, nothing more fits */
+    CU_OK(cu.cuMemAlloc_v2(&a, 2 * MIB));
+    CHECK_EQ(ctl.set_mem_limit(0, MIB), 0);
+    CU_EXPECT(cu.cuMemAlloc_v2(&x, 1), CUDA_ERROR_OUT_OF_MEMORY);
+    CU_OK(cu.cuMemGetInfo_v2(&f, &total));
+    CHECK_EQ(f, 0);
+    CU_OK(cu.cuMemFree_v2(a));
+    CHECK_EQ(ctl.set_mem_limit(0, 0), -1);
+    CHECK_EQ(ctl.set_mem_limit(HM_CUDA_TEST_MAX_DEVICES, MIB), -1);
+    CHECK_EQ(ctl.set_mem_limit(-1, limit), 0);
+    CU_OK(cu.cuDeviceTotalMem_v2(&total, 0));
+    CHECK_EQ(total, limit);
+    CHECK_EQ(stats().device_used[0], used0);
+}
+
+/* ---- a CPU touch of device memory faults ---- */
+
+static void *fault_expected;
+
+static void on_segv(int sig, siginfo_t *si, void *uc) {
+    (void)uc;
+    if (si->si_addr != fault_expected) _exit(98);
+    /* The right address: die of the signal (sanitizers would turn a fatal
+     * signal into a report and an exit, so the default comes back here and
+     * the access faults again). */
+    signal(sig, SIG_DFL);
+}
+
+/* How a forked child that reads (or writes) p ends: the signal, or 0 when
+ * it returned, -1 otherwise. */
+static int touch_in_child(void *p, bool write) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        struct rlimit rl = {0, 0};
+        setrlimit(RLIMIT_CORE, &rl);
+        fault_expected = p;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_segv;
+        sa.sa_flags = SA_SIGINFO;
+        sigaction(SIGSEGV, &sa, NULL);
+        if (write)
+            *(volatile char *)p = 1;
+        else
+            (void)*(volatile char *)p;
+        _exit(0);
+    }
+    int st;
+    REQUIRE(waitpid(pid, &st, 0) == pid);
+    if (WIFSIGNALED(st)) return WTERMSIG(st);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+static void test_faults(void) {
+    hm_test_set_context("device faults");
+    set_current(pc[0]);
+    CUdeviceptr d = 0, a = 0, m = 0;
+    void *h = NULL;
+    CU_REQUIRE_OK(cu.cuMemAlloc_v2(&d, 3 * MIB));
+    CU_REQUIRE_OK(cu.cuMemAllocAsync(&a, 4096, NULL));
+    CU_REQUIRE_OK(cu.cuMemAllocManaged(&m, 4096, CU_MEM_ATTACH_GLOBAL));
+    CU_REQUIRE_OK(cu.cuMemAllocHost_v2(&h, 4096));
+    CU_OK(cu.cuMemsetD8_v2(d, 1, 3 * MIB)); /* written through the alias, still no CPU access */
+    CHECK_EQ(touch_in_child(P(d), false), SIGSEGV);
+    CHECK_EQ(touch_in_child(P(d + 2 * MIB + 7), true), SIGSEGV);
+    CHECK_EQ(touch_in_child(P(a), true), SIGSEGV);
+    CHECK_EQ(touch_in_child(P(m), true), 0);
+    CHECK_EQ(touch_in_child(h, false), 0);
+    CU_OK(cu.cuMemFree_v2(d));
+    CU_OK(cu.cuMemFreeAsync(a, NULL));
+    CU_OK(cu.cuMemFree_v2(m));
+    CU_OK(cu.cuMemFreeHost(h));
+}
+
+/* ---- memset and copies ---- */
+
+enum kind { K_DEVICE, K_HOST, K_MANAGED, K_PLAIN, K_COUNT };
+static const char *const kind_names[K_COUNT] = {"device", "host", "managed", "plain"};
+
+static CUdeviceptr make(enum kind k, size_t n) {
+    CUdeviceptr p = 0;
+    void *h = NULL;
+    switch (k) {
+    case K_DEVICE: CU_REQUIRE_OK(cu.cuMemAlloc_v2(&p, n)); break;
+    case K_HOST: CU_REQUIRE_OK(cu.cuMemHostAlloc(&h, n, 0)); p = D(h); break;
+    case K_MANAGED: CU_REQUIRE_OK(cu.cuMemAllocManaged(&p, n, CU_MEM_ATTACH_GLOBAL)); break;
+    default: h = malloc(n); REQUIRE(h); p = D(h); break;
+    }
+    return p;
+}
+
+static void unmake(enum kind k, CUdeviceptr p) {
+    switch (k) {
+    case K_DEVICE: case K_MANAGED: CU_OK(cu.cuMemFree_v2(p)); break;
+    case K_HOST: CU_OK(cu.cuMemFreeHost(P(p))); break;
+    default: free(P(p)); break;
+    }
+}
+
+static void fill(uint8_t *b, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i++) b[i] = (uint8_t)(i * 131 + seed * 7 + (i >> 9));
+}
+
+static void test_copies(void) {
+    hm_test_set_context("memset/memcpy");
+    set_current(pc[0]);
+    const int o = other_dev();
+    const size_t n = MIB + 123;
+    uint8_t *src = malloc(n), *back = malloc(n);
+    REQUIRE(src && back);
+
+    /* memset and the typed copies */
+    CUdeviceptr d0 = 0, d1 = 0;
+    CU_REQUIRE_OK(cu.cuMemAlloc_v2(&d0, n));
+    CU_OK(cu.cuCtxPushCurrent_v2(pc[o]));
+    CU_REQUIRE_OK(cu.cuMemAlloc_v2(&d1, n));
+    CU_OK(cu.cuCtxPopCurrent_v2(NULL));
+    CU_OK(cu.cuMemsetD8_v2(d0, 0xab, n));
+    CHECK(all_bytes(d0, 0xab, n));
+    fill(src, n, 1);
+    CU_OK(cu.cuMemcpyHtoD_v2(d0, src, n));
+    CU_OK(cu.cuMemcpyDtoD_v2(d1, d0, n)); /* across devices */
+    memset(back, 0, n);
+    CU_OK(cu.cuMemcpyDtoH_v2(back, d1, n));
+    CHECK(memcmp(back, src, n) == 0);
+    CU_OK(cu.cuMemsetD8_v2(d1 + 1000, 0x5c, 24));
+    CU_OK(cu.cuMemcpyDtoH_v2(back, d1 + 990, 40));
+    CHECK(memcmp(back, src + 990, 10) == 0 && back[10] == 0x5c && back[33] == 0x5c &&
+          memcmp(back + 34, src + 1024, 6) == 0);
+
+    /* cuMemcpy: every pair of kinds */
+    for (int s = 0; s < K_COUNT; s++)
+        for (int t = 0; t < K_COUNT; t++) {
+            CUdeviceptr ps = make((enum kind)s, n), pt = make((enum kind)t, n);
+            fill(src, n, (unsigned)(s * 4 + t));
+            CU_OK(cu.cuMemcpy(ps, D(src), n));
+            if (t == K_PLAIN)
+                memset(P(pt), 0, n);
+            else
+                CU_OK(cu.cuMemsetD8_v2(pt, 0, n));
+            CU_OK(cu.cuMemcpy(pt + 7, ps + 3, n - 10));
+            memset(back, 0, n);
+            CU_OK(cu.cuMemcpy(D(back), pt + 7, n - 10));
+            CHECK_MSG(memcmp(back, src + 3, n - 10) == 0, "cuMemcpy %s -> %s", kind_names[s],
+                      kind_names[t]);
+            if (t != K_DEVICE) CHECK(memcmp(P(pt + 7), src + 3, n - 10) == 0); /* CPU view */
+            unmake((enum kind)s, ps);
+            unmake((enum kind)t, pt);
+        }
+
+    /* host and managed memory work with the typed calls too */
+    void *h = NULL;
+    CU_REQUIRE_OK(cu.cuMemHostAlloc(&h, 4096, 0));
+    CU_OK(cu.cuMemsetD8_v2(D(h), 0x3e, 4096));
+    CHECK(((uint8_t *)h)[4095] == 0x3e);
+    CU_OK(cu.cuMemcpyDtoD_v2(D(h), d0, 4096));
+    fill(back, 4096, 1); /* what d0 holds: the first fill */
+    CHECK(memcmp(h, back, 4096) == 0);
+
+    /* ranges past an allocation, plain memory where driver memory is due */
+    CU_EXPECT(cu.cuMemcpyDtoH_v2(back, d0 + n - 10, 11), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemcpyHtoD_v2(d0, src, n + 1), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemcpyDtoD_v2(d1, d0 + 1, n), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemcpy(d0 + 5, d1, n), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemsetD8_v2(d0, 0, n + 1), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemsetD8_v2(D(h) + 4000, 0, 97), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemsetD8_v2(D(back), 0, 16), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemcpyHtoD_v2(D(back), src, 16), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemcpyDtoH_v2(back, D(src), 16), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemcpyDtoD_v2(d0, D(src), 16), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemcpy(D(back), d0 + n, 1), CUDA_ERROR_INVALID_VALUE); /* the rounding */
+    CU_EXPECT(cu.cuMemcpy(D(back), d0 - 16, 32), CUDA_ERROR_INVALID_VALUE); /* runs into d0 */
+    CU_EXPECT(cu.cuMemcpy(D(back), 0, 16), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cu.cuMemcpy(0, 0, 0)); /* nothing to copy */
+    CU_OK(cu.cuMemsetD8_v2(0, 0, 0));
+
+    CU_OK(cu.cuMemFreeHost(h));
+    CU_OK(cu.cuMemFree_v2(d0));
+    CU_OK(cu.cuMemFree_v2(d1));
+    free(src);
+    free(back);
+}
+
+/* ---- stream-ordered allocation ---- */
+
+static void test_async(void) {
+    hm_test_set_context("async");
+    set_current(pc[0]);
+    hm_cuda_test_stats_t s0 = stats();
+    CUmemoryPool pool = NULL, got = NULL;
+    CU_OK(cu.cuDeviceGetDefaultMemPool(&pool, 0));
+    CUdeviceptr a = 0, b = 0, d = 0;
+    CU_REQUIRE_OK(cu.cuMemAllocAsync(&a, MIB, NULL));
+    CU_REQUIRE_OK(cu.cuMemAllocAsync(&b, 100, CU_STREAM_PER_THREAD));
+    CHECK(a % GRAN == 0);
+    CU_OK(cu.cuStreamSynchronize(NULL));
+    CU_OK(cu.cuStreamSynchronize(CU_STREAM_LEGACY));
+    CU_OK(cu.cuStreamSynchronize(CU_STREAM_PER_THREAD));
+    CU_OK(cu.cuPointerGetAttribute(&got, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, a));
+    CHECK(got == pool);
+    CHECK(mem_type(a) == CU_MEMORYTYPE_DEVICE);
+    unsigned u = 9;
+    CU_OK(cu.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, a));
+    CHECK_EQ(u, 0);
+    CUipcMemHandle ih;
+    CU_EXPECT(cu.cuIpcGetMemHandle(&ih, a), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cu.cuMemsetD8_v2(a, 0x61, MIB));
+    CHECK(all_bytes(a, 0x61, MIB));
+    CHECK_EQ(stats().live_async_allocs, s0.live_async_allocs + 2);
+    CHECK_EQ(stats().device_used[0], s0.device_used[0] + 2 * GRAN);
+    CUstream bogus = (CUstream)(uintptr_t)0x1234;
+    CU_EXPECT(cu.cuMemAllocAsync(&d, 64, bogus), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuMemFreeAsync(a, bogus), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuStreamSynchronize(bogus), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuMemAllocAsync(&d, 0, NULL), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemFreeAsync(a + 1, NULL), CUDA_ERROR_INVALID_VALUE);
+    void *h = NULL;
+    CU_OK(cu.cuMemAllocHost_v2(&h, 64));
+    CU_EXPECT(cu.cuMemFreeAsync(D(h), NULL), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cu.cuMemFreeHost(h));
+    /* either free takes either kind of device memory */
+    CU_OK(cu.cuMemAlloc_v2(&d, 64));
+    CU_OK(cu.cuMemFreeAsync(d, NULL));
+    CU_OK(cu.cuMemFreeAsync(a, CU_STREAM_LEGACY));
+    CU_OK(cu.cuMemFree_v2(b));
+    CU_EXPECT(cu.cuMemFreeAsync(a, NULL), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(stats().live_allocs, s0.live_allocs);
+    CHECK_EQ(stats().device_used[0], s0.device_used[0]);
+}
+
+/* ---- IPC: an exec'd importer ---- */
+
+struct ipc_msg {
+    CUipcMemHandle a, b, c; /* b: freed before the importer opens it; c: exported by an interior pointer */
+    uint64_t a_size, c_size;
+    uint32_t a_dev;
+    int32_t ndev;
+    CUuuid uuid[HM_CUDA_TEST_MAX_DEVICES];
+};
+
+static void write_all(int fd, const void *p, size_t n) {
+    const char *c = p;
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0 && errno == EINTR) continue;
+        REQUIRE(w > 0);
+        c += w;
+        n -= (size_t)w;
+    }
+}
+
+static bool read_all(int fd, void *p, size_t n) {
+    char *c = p;
+    while (n) {
+        ssize_t r = read(fd, c, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        c += r;
+        n -= (size_t)r;
+    }
+    return true;
+}
+
+static CUipcMemHandle patched32(CUipcMemHandle h, size_t at, uint32_t v) {
+    memcpy(h.reserved + at, &v, 4);
+    return h;
+}
+
+static CUipcMemHandle patched64(CUipcMemHandle h, size_t at, uint64_t v) {
+    memcpy(h.reserved + at, &v, 8);
+    return h;
+}
+
+static int ipc_importer(int in, int out) {
+    hm_test_set_context("ipc importer");
+    struct ipc_msg msg;
+    REQUIRE(read_all(in, &msg, sizeof msg));
+    CU_REQUIRE_OK(cu.cuInit(0));
+    int n = 0;
+    CU_OK(cu.cuDeviceGetCount(&n));
+    CHECK_EQ(n, msg.ndev);
+    for (int i = 0; i < n && i < msg.ndev; i++) { /* the same UUIDs in every process */
+        CUuuid u;
+        CU_OK(cu.cuDeviceGetUuid_v2(&u, i));
+        CHECK(memcmp(&u, &msg.uuid[i], sizeof u) == 0);
+    }
+    CUdeviceptr pa = 0, pa2 = 0, pc_ = 0, x = 0;
+    CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&pa, msg.a, 0), CUDA_ERROR_INVALID_CONTEXT);
+    CUcontext p0 = NULL;
+    CU_REQUIRE_OK(cu.cuDevicePrimaryCtxRetain(&p0, 0));
+    set_current(p0);
+    const hm_cuda_test_stats_t s0 = stats();
+
+    /* malformed handles, refused flags */
+    CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&x, patched32(msg.a, 0, 0x12345678), 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&x, patched64(msg.a, 56, 1), 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&x, patched64(msg.a, 24, 0), 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&x, msg.a, 2), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuIpcOpenMemHandle_v2(NULL, msg.a, 0), CUDA_ERROR_INVALID_VALUE);
+    /* handles naming nothing alive: another fd number, another file, a freed allocation */
+    CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&x, patched32(msg.a, 8, 999999), 0), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&x, patched32(msg.a, 8, 0), 0), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&x, patched64(msg.a, 40, 1), 0), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&x, msg.b, 0), CUDA_ERROR_INVALID_HANDLE);
+    CHECK_EQ(x, 0);
+    /* memory of a device this one has no peer access to */
+    if (msg.a_dev != 0) {
+        CHECK_EQ(ctl.set_peer_access(0, (int)msg.a_dev, 0), 0);
+        CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&x, msg.a, 0), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+        CHECK_EQ(ctl.set_peer_access(0, (int)msg.a_dev, 1), 0);
+    }
+    CHECK_EQ(stats().live_ipc_mappings, s0.live_ipc_mappings);
+
+    /* opened: device memory of this process's current device */
+    CU_REQUIRE_OK(cu.cuIpcOpenMemHandle_v2(&pa, msg.a, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    CHECK(pa % GRAN == 0);
+    CHECK(mem_type(pa + 10) == CU_MEMORYTYPE_DEVICE);
+    CHECK_EQ(ordinal_of(pa), 0);
+    CHECK(context_of(pa) == p0);
+    unsigned u = 9;
+    CU_OK(cu.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, pa));
+    CHECK_EQ(u, 0);
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    CU_OK(cu.cuMemGetAddressRange_v2(&base, &size, pa + msg.a_size - 1));
+    CHECK(base == pa && size == msg.a_size);
+    CHECK(all_bytes(pa, 0x5a, msg.a_size));
+    CHECK_EQ(touch_in_child(P(pa), false), SIGSEGV);
+    CUipcMemHandle again;
+    CU_EXPECT(cu.cuIpcGetMemHandle(&again, pa), CUDA_ERROR_INVALID_VALUE); /* no re-export */
+    CU_EXPECT(cu.cuMemFree_v2(pa), CUDA_ERROR_INVALID_VALUE);
+    unsigned long long ida = buffer_id(pa);
+
+    /* a second open in this context: a reference, or ALREADY_MAPPED */
+    for (int pass = 0; pass < 2; pass++) {
+        const bool strict = pass == 0 ? strict_env : !strict_env;
+        ctl.set_strict_ipc(strict);
+        const uint64_t rep = stats().ipc_open_repeats;
+        pa2 = 0;
+        if (strict) {
+            CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&pa2, msg.a, 0), CUDA_ERROR_ALREADY_MAPPED);
+            CHECK_EQ(pa2, 0);
+            CHECK_EQ(stats().live_ipc_refs, s0.live_ipc_refs + 1);
+        } else {
+            CU_OK(cu.cuIpcOpenMemHandle_v2(&pa2, msg.a, 0));
+            CHECK(pa2 == pa);
+            CHECK_EQ(stats().live_ipc_refs, s0.live_ipc_refs + 2);
+            CU_OK(cu.cuIpcCloseMemHandle(pa2));
+        }
+        CHECK_EQ(stats().ipc_open_repeats, rep + 1);
+        CHECK_EQ(stats().live_ipc_mappings, s0.live_ipc_mappings + 1);
+    }
+    ctl.set_strict_ipc(strict_env);
+
+    /* one context per device opens this exporter's device's handles */
+    CUcontext other = NULL;
+    CU_REQUIRE_OK(cu.cuCtxCreate_v2(&other, 0, 0));
+    CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&x, msg.a, 0), CUDA_ERROR_INVALID_CONTEXT);
+    CU_OK(cu.cuCtxDestroy_v2(other));
+    CHECK(get_current() == p0);
+    /* a context of another device gets a mapping of its own */
+    if (msg.ndev > 1) {
+        CUcontext p1 = NULL;
+        CUdeviceptr pa1 = 0;
+        CU_REQUIRE_OK(cu.cuDevicePrimaryCtxRetain(&p1, 1));
+        CU_OK(cu.cuCtxPushCurrent_v2(p1));
+        CU_OK(cu.cuIpcOpenMemHandle_v2(&pa1, msg.a, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+        CHECK(pa1 != pa && pa1 != 0);
+        CHECK_EQ(ordinal_of(pa1), 1);
+        CHECK(buffer_id(pa1) != ida);
+        CHECK(all_bytes(pa1, 0x5a, 4096));
+        CHECK_EQ(stats().live_ipc_mappings, s0.live_ipc_mappings + 2);
+        CU_OK(cu.cuIpcCloseMemHandle(pa1));
+        CU_OK(cu.cuCtxPopCurrent_v2(NULL));
+        CU_OK(cu.cuDevicePrimaryCtxRelease_v2(1));
+    }
+
+    /* c: exported by an interior pointer, opened at its base */
+    CU_REQUIRE_OK(cu.cuIpcOpenMemHandle_v2(&pc_, msg.c, 0));
+    CU_OK(cu.cuMemGetAddressRange_v2(&base, &size, pc_));
+    CHECK(base == pc_ && size == msg.c_size);
+    CHECK(all_bytes(pc_, 0x33, msg.c_size));
+
+    /* an injected failure maps nothing */
+    CHECK_EQ(ctl.fail_next("cuIpcOpenMemHandle_v2", 1, CUDA_ERROR_MAP_FAILED), 0);
+    x = 0x4321;
+    CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&x, msg.c, 0), CUDA_ERROR_MAP_FAILED);
+    CHECK_EQ(x, 0x4321);
+    CHECK_EQ(stats().live_ipc_mappings, s0.live_ipc_mappings + 2);
+
+    /* the importer writes, the exporter checks */
+    CU_OK(cu.cuMemsetD8_v2(pa, 0xc3, msg.a_size));
+    CU_EXPECT(cu.cuMemsetD8_v2(pa, 0xc3, msg.a_size + 1), CUDA_ERROR_INVALID_VALUE);
+
+    /* closes: one per open; the base only; then unknown */
+    CU_EXPECT(cu.cuIpcCloseMemHandle(pa + 64), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cu.cuIpcCloseMemHandle(pa));
+    CU_EXPECT(cu.cuIpcCloseMemHandle(pa), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cu.cuIpcCloseMemHandle(pc_));
+    CU_EXPECT(cu.cuIpcCloseMemHandle(pc_), CUDA_ERROR_INVALID_VALUE);
+    CUdeviceptr own = 0;
+    CU_OK(cu.cuMemAlloc_v2(&own, 4096));
+    CU_EXPECT(cu.cuIpcCloseMemHandle(own), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cu.cuMemFree_v2(own));
+    int local;
+    CU_EXPECT(cu.cuIpcCloseMemHandle(D(&local)), CUDA_ERROR_INVALID_VALUE);
+    const hm_cuda_test_stats_t s1 = stats();
+    CHECK_EQ(s1.live_ipc_mappings, 0);
+    CHECK_EQ(s1.live_ipc_refs, 0);
+    CHECK_EQ(s1.live_allocs, 0);
+    CU_OK(cu.cuDevicePrimaryCtxRelease_v2(0));
+    CHECK_EQ(stats().leaks, 0);
+    printf("importer: %d checks passed, %d failed\n", hm_test_passed_count(), hm_test_failed_count());
+    char done = 'd';
+    write_all(out, &done, 1);
+    return hm_test_failed_count();
+}
+
+static void test_ipc(void) {
+    hm_test_set_context("ipc exporter");
+    set_current(pc[0]);
+    struct ipc_msg msg;
+    memset(&msg, 0, sizeof msg);
+    msg.a_dev = (uint32_t)other_dev();
+    msg.a_size = 3 * MIB + 5;
+    msg.c_size = 4 * MIB;
+    msg.ndev = ndev;
+    for (int i = 0; i < ndev; i++) CU_OK(cu.cuDeviceGetUuid_v2(&msg.uuid[i], i));
+    CUdeviceptr a = 0, b = 0, c = 0, m = 0, as = 0;
+    void *h = NULL;
+    CU_OK(cu.cuCtxPushCurrent_v2(pc[msg.a_dev]));
+    CU_REQUIRE_OK(cu.cuMemAlloc_v2(&a, msg.a_size));
+    CU_OK(cu.cuCtxPopCurrent_v2(NULL));
+    CU_REQUIRE_OK(cu.cuMemAlloc_v2(&b, MIB));
+    CU_REQUIRE_OK(cu.cuMemAlloc_v2(&c, msg.c_size));
+    CU_OK(cu.cuMemsetD8_v2(a, 0x5a, msg.a_size));
+    CU_OK(cu.cuMemsetD8_v2(b, 0x77, MIB));
+    CU_OK(cu.cuMemsetD8_v2(c, 0x33, msg.c_size));
+    const uint64_t gets = ctl.call_count("cuIpcGetMemHandle");
+    CU_REQUIRE_OK(cu.cuIpcGetMemHandle(&msg.a, a));
+    CU_REQUIRE_OK(cu.cuIpcGetMemHandle(&msg.b, b));
+    CU_REQUIRE_OK(cu.cuIpcGetMemHandle(&msg.c, c + MIB + 3));
+    CHECK_EQ(ctl.call_count("cuIpcGetMemHandle"), gets + 3);
+    CUipcMemHandle again, cbase;
+    CU_OK(cu.cuIpcGetMemHandle(&again, a));
+    CHECK(memcmp(&again, &msg.a, sizeof again) == 0); /* the same allocation, the same handle */
+    CU_OK(cu.cuIpcGetMemHandle(&cbase, c));
+    CHECK(memcmp(&cbase, &msg.c, sizeof cbase) == 0); /* an interior pointer names it all */
+
+    /* the layout the header documents */
+    uint32_t w32[4];
+    uint64_t w64[6];
+    memcpy(w32, msg.a.reserved, 16);
+    memcpy(w64, msg.a.reserved + 16, 48);
+    CHECK_EQ(w32[0], 0x55434d48u);
+    CHECK_EQ(w32[1], (uint32_t)getpid());
+    CHECK_EQ(w32[3], msg.a_dev);
+    CHECK(w64[0] == buffer_id(a));
+    CHECK_EQ(w64[1], msg.a_size);
+    CHECK(w64[5] == 0);
+    struct stat st;
+    CHECK(fstat((int)w32[2], &st) == 0 && st.st_size >= (off_t)msg.a_size &&
+          (uint64_t)st.st_ino == w64[3]);
+
+    /* refused exports, and the exporter's own open */
+    CU_REQUIRE_OK(cu.cuMemAllocManaged(&m, 4096, CU_MEM_ATTACH_GLOBAL));
+    CU_REQUIRE_OK(cu.cuMemHostAlloc(&h, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+    CU_REQUIRE_OK(cu.cuMemAllocAsync(&as, 4096, NULL));
+    CUipcMemHandle x;
+    CU_EXPECT(cu.cuIpcGetMemHandle(&x, m), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuIpcGetMemHandle(&x, D(h)), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuIpcGetMemHandle(&x, as), CUDA_ERROR_INVALID_VALUE);
+    int local;
+    CU_EXPECT(cu.cuIpcGetMemHandle(&x, D(&local)), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuIpcGetMemHandle(&x, a + msg.a_size), CUDA_ERROR_INVALID_VALUE); /* the rounding */
+    CU_EXPECT(cu.cuIpcGetMemHandle(NULL, a), CUDA_ERROR_INVALID_VALUE);
+    CUdeviceptr self = 0;
+    CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&self, msg.a, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(self, 0);
+    CU_OK(cu.cuMemFree_v2(m));
+    CU_OK(cu.cuMemFreeHost(h));
+    CU_OK(cu.cuMemFreeAsync(as, NULL));
+    CU_OK(cu.cuMemFree_v2(b)); /* before the importer opens it */
+
+    /* the importer: this program again, exec'd, so it inherits no memfd */
+    int to[2], from[2];
+    REQUIRE(pipe2(to, O_CLOEXEC) == 0 && pipe2(from, O_CLOEXEC) == 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        if (dup2(to[0], 100) < 0 || dup2(from[1], 101) < 0) _exit(90);
+        execl("/proc/self/exe", "test_cuda_driver", "ipc-importer", "100", "101", (char *)NULL);
+        _exit(91);
+    }
+    close(to[0]);
+    close(from[1]);
+    write_all(to[1], &msg, sizeof msg);
+    char done = 0;
+    CHECK(read_all(from[0], &done, 1) && done == 'd');
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "importer exit status 0x%x", status);
+    close(to[1]);
+    close(from[0]);
+    /* what the importer wrote; c as it was */
+    CHECK(all_bytes(a, 0xc3, msg.a_size));
+    CHECK(all_bytes(c, 0x33, msg.c_size));
+    CU_OK(cu.cuMemFree_v2(a));
+    CU_OK(cu.cuMemFree_v2(c));
+}
+
+/* ---- IPC: an exporter that goes away ---- */
+
+static void test_ipc_exporter_gone(void) {
+    hm_test_set_context("ipc exporter gone");
+    set_current(pc[0]);
+    int to[2], from[2];
+    REQUIRE(pipe(to) == 0 && pipe(from) == 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        /* A fork child: the driver works here too, with a nonce of its own. */
+        CUdeviceptr d = 0;
+        CUipcMemHandle hh;
+        int ok = cu.cuMemAlloc_v2(&d, 5000) == CUDA_SUCCESS &&
+                 cu.cuMemsetD8_v2(d, 0x42, 5000) == CUDA_SUCCESS &&
+                 cu.cuIpcGetMemHandle(&hh, d) == CUDA_SUCCESS;
+        if (!ok) _exit(1);
+        write_all(from[1], &hh, sizeof hh);
+        char go;
+        (void)read_all(to[0], &go, 1);
+        _exit(0); /* without a free: the process's end frees it */
+    }
+    close(to[0]);
+    close(from[1]);
+    CUipcMemHandle hh;
+    REQUIRE(read_all(from[0], &hh, sizeof hh));
+    CUdeviceptr p = 0;
+    CU_OK(cu.cuIpcOpenMemHandle_v2(&p, hh, 0)); /* the parent imports its child's memory */
+    if (p) {
+        CHECK(all_bytes(p, 0x42, 5000));
+        CU_OK(cu.cuIpcCloseMemHandle(p));
+    }
+    char go = 'g';
+    write_all(to[1], &go, 1);
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    p = 0;
+    CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&p, hh, 0), CUDA_ERROR_INVALID_HANDLE);
+    CHECK_EQ(p, 0);
+    close(to[1]);
+    close(from[0]);
+    CHECK_EQ(stats().live_ipc_mappings, 0);
+}
+
+/* ---- the old ABIs abort ---- */
+
+static void call_old(const char *name) {
+    void *f = dlsym(lib, name);
+    REQUIRE(f);
+    unsigned u = 0;
+    CUcontext c = NULL;
+    CUdeviceptr d = 0;
+    CUipcMemHandle h;
+    memset(&h, 0, sizeof h);
+    char buf[16];
+    void *pv = NULL;
+    if (!strcmp(name, "cuMemAlloc")) ((CUresult(*)(unsigned *, unsigned))f)(&u, 4096);
+    else if (!strcmp(name, "cuMemFree")) ((CUresult(*)(unsigned))f)(u);
+    else if (!strcmp(name, "cuMemAllocHost")) ((CUresult(*)(void **, unsigned))f)(&pv, 4096);
+    else if (!strcmp(name, "cuMemGetAddressRange")) ((CUresult(*)(unsigned *, unsigned *, unsigned))f)(&u, &u, 0);
+    else if (!strcmp(name, "cuMemGetInfo")) ((CUresult(*)(unsigned *, unsigned *))f)(&u, &u);
+    else if (!strcmp(name, "cuDeviceTotalMem")) ((CUresult(*)(unsigned *, CUdevice))f)(&u, 0);
+    else if (!strcmp(name, "cuMemcpyHtoD")) ((CUresult(*)(unsigned, const void *, unsigned))f)(0, buf, 1);
+    else if (!strcmp(name, "cuMemcpyDtoH")) ((CUresult(*)(void *, unsigned, unsigned))f)(buf, 0, 1);
+    else if (!strcmp(name, "cuMemcpyDtoD")) ((CUresult(*)(unsigned, unsigned, unsigned))f)(0, 0, 1);
+    else if (!strcmp(name, "cuMemsetD8")) ((CUresult(*)(unsigned, unsigned char, unsigned))f)(0, 0, 1);
+    else if (!strcmp(name, "cuCtxCreate")) ((CUresult(*)(CUcontext *, unsigned, CUdevice))f)(&c, 0, 0);
+    else if (!strcmp(name, "cuCtxDestroy")) ((CUresult(*)(CUcontext))f)(pc[0]);
+    else if (!strcmp(name, "cuCtxPushCurrent")) ((CUresult(*)(CUcontext))f)(pc[0]);
+    else if (!strcmp(name, "cuCtxPopCurrent")) ((CUresult(*)(CUcontext *))f)(&c);
+    else if (!strcmp(name, "cuDevicePrimaryCtxRelease")) ((CUresult(*)(CUdevice))f)(0);
+    else if (!strcmp(name, "cuIpcOpenMemHandle"))
+        ((CUresult(*)(CUdeviceptr *, CUipcMemHandle, unsigned))f)(&d, h, 0);
+    else if (!strcmp(name, "cuGetProcAddress"))
+        ((CUresult(*)(const char *, void **, int, cuuint64_t))f)("cuInit", &pv, 13000, 0);
+}
+
+static void test_old_names(void) {
+    hm_test_set_context("old ABIs");
+    for (size_t i = 0; i < NOLD; i++) {
+        int err[2];
+        REQUIRE(pipe(err) == 0);
+        fflush(stdout);
+        fflush(stderr);
+        pid_t pid = fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            struct rlimit rl = {0, 0};
+            setrlimit(RLIMIT_CORE, &rl);
+            dup2(err[1], STDERR_FILENO);
+            close(err[0]);
+            call_old(old_names[i].name);
+            _exit(0); /* it returned */
+        }
+        close(err[1]);
+        char text[1024];
+        size_t got = 0;
+        ssize_t r;
+        while (got < sizeof text - 1 && (r = read(err[0], text + got, sizeof text - 1 - got)) > 0)
+            got += (size_t)r;
+        text[got] = '\0';
+        close(err[0]);
+        int status = 0;
+        REQUIRE(waitpid(pid, &status, 0) == pid);
+        CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT, "%s: status 0x%x",
+                  old_names[i].name, status);
+        CHECK_MSG(strstr(text, old_names[i].use) != NULL, "%s: the message names no %s: %s",
+                  old_names[i].name, old_names[i].use, text);
+    }
+}
+
+/* ---- failure injection ---- */
+
+static void test_injection(void) {
+    hm_test_set_context("injection");
+    set_current(pc[0]);
+    const hm_cuda_test_stats_t s0 = stats();
+    const uint64_t calls0 = ctl.call_count("cuMemAlloc_v2");
+    CHECK_EQ(ctl.fail_next("cuMemAlloc_v2", 1, CUDA_ERROR_OUT_OF_MEMORY), 0);
+    CUdeviceptr p = 0x5678;
+    CU_EXPECT(cu.cuMemAlloc_v2(&p, 4096), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(p, 0x5678);
+    CHECK_EQ(stats().live_allocs, s0.live_allocs);
+    CHECK_EQ(stats().device_used[0], s0.device_used[0]);
+    CHECK_EQ(ctl.call_count("cuMemAlloc_v2"), calls0 + 1);
+    CU_OK(cu.cuMemAlloc_v2(&p, 4096)); /* once only */
+
+    /* the second next call */
+    CHECK_EQ(ctl.fail_next("cuMemHostAlloc", 2, CUDA_ERROR_ECC_UNCORRECTABLE), 0);
+    void *h1 = NULL, *h2 = NULL, *h3 = NULL;
+    CU_OK(cu.cuMemHostAlloc(&h1, 4096, 0));
+    CU_EXPECT(cu.cuMemHostAlloc(&h2, 4096, 0), CUDA_ERROR_ECC_UNCORRECTABLE);
+    CHECK(h2 == NULL);
+    CU_OK(cu.cuMemHostAlloc(&h3, 4096, 0));
+    /* cancelled; dropped by a reset */
+    CHECK_EQ(ctl.fail_next("cuMemHostAlloc", 1, CUDA_ERROR_UNKNOWN), 0);
+    CHECK_EQ(ctl.fail_next("cuMemHostAlloc", 0, CUDA_ERROR_UNKNOWN), 0);
+    CU_OK(cu.cuMemHostAlloc(&h2, 4096, 0));
+    CU_OK(cu.cuMemFreeHost(h2));
+
+    /* a copy that fails copies nothing; a free that fails frees nothing */
+    uint8_t buf[64];
+    memset(buf, 0xee, sizeof buf);
+    CU_OK(cu.cuMemsetD8_v2(p, 1, 64));
+    CHECK_EQ(ctl.fail_next("cuMemcpyDtoH_v2", 1, CUDA_ERROR_ILLEGAL_ADDRESS), 0);
+    CU_EXPECT(cu.cuMemcpyDtoH_v2(buf, p, 64), CUDA_ERROR_ILLEGAL_ADDRESS);
+    CHECK(buf[0] == 0xee && buf[63] == 0xee);
+    CHECK_EQ(ctl.fail_next("cuMemFree_v2", 1, CUDA_ERROR_LAUNCH_FAILED), 0);
+    CU_EXPECT(cu.cuMemFree_v2(p), CUDA_ERROR_LAUNCH_FAILED);
+    CHECK_EQ(stats().live_device_allocs, s0.live_device_allocs + 1);
+    CU_OK(cu.cuMemFree_v2(p));
+
+    /* context calls: nothing changes */
+    CHECK_EQ(ctl.fail_next("cuCtxGetCurrent", 1, CUDA_ERROR_INVALID_CONTEXT), 0);
+    CUcontext c = (CUcontext)(uintptr_t)3;
+    CU_EXPECT(cu.cuCtxGetCurrent(&c), CUDA_ERROR_INVALID_CONTEXT);
+    CHECK(c == (CUcontext)(uintptr_t)3);
+    CHECK_EQ(ctl.fail_next("cuCtxPushCurrent_v2", 1, CUDA_ERROR_UNKNOWN), 0);
+    CU_EXPECT(cu.cuCtxPushCurrent_v2(pc[other_dev()]), CUDA_ERROR_UNKNOWN);
+    CHECK(get_current() == pc[0]);
+    CHECK_EQ(ctl.fail_next("cuDevicePrimaryCtxRetain", 1, CUDA_ERROR_OUT_OF_MEMORY), 0);
+    CU_EXPECT(cu.cuDevicePrimaryCtxRetain(&c, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_EQ(stats().primary_refs[0], s0.primary_refs[0]);
+
+    CHECK_EQ(ctl.fail_next("cuMemcpy", 1, CUDA_ERROR_UNKNOWN), 0);
+    ctl.reset();
+    CU_OK(cu.cuMemcpy(D(buf), D(buf + 32), 8));
+    CHECK_EQ(ctl.fail_next("cuNoSuchFunction", 1, CUDA_ERROR_UNKNOWN), -1);
+    CHECK_EQ(ctl.fail_next("cuMemAlloc_v2", 1, CUDA_SUCCESS), -1);
+    CHECK_EQ(ctl.fail_next(NULL, 1, CUDA_ERROR_UNKNOWN), -1);
+    CU_OK(cu.cuMemFreeHost(h1));
+    CU_OK(cu.cuMemFreeHost(h3));
+    CHECK_EQ(stats().live_allocs, s0.live_allocs);
+}
+
+/* ---- call counts: every entry point, failures included ---- */
+
+/* One call of the named entry point that changes nothing (bad arguments). */
+static void call_harmless(const char *name) {
+    int local = 0;
+    void *pv = NULL;
+    CUdeviceptr d = 0;
+    CUcontext c = NULL;
+    CUipcMemHandle h;
+    memset(&h, 0, sizeof h);
+    const char *s = NULL;
+    if (!strcmp(name, "cuInit")) (void)cu.cuInit(1);
+    else if (!strcmp(name, "cuDriverGetVersion")) (void)cu.cuDriverGetVersion(NULL);
+    else if (!strcmp(name, "cuGetErrorName")) (void)cu.cuGetErrorName(CUDA_SUCCESS, &s);
+    else if (!strcmp(name, "cuGetErrorString")) (void)cu.cuGetErrorString(CUDA_SUCCESS, &s);
+    else if (!strcmp(name, "cuGetProcAddress_v2")) (void)cu.cuGetProcAddress_v2(NULL, NULL, 0, 0, NULL);
+    else if (!strcmp(name, "cuDeviceGet")) (void)cu.cuDeviceGet(NULL, 0);
+    else if (!strcmp(name, "cuDeviceGetCount")) (void)cu.cuDeviceGetCount(NULL);
+    else if (!strcmp(name, "cuDeviceGetName")) (void)cu.cuDeviceGetName(NULL, 0, 0);
+    else if (!strcmp(name, "cuDeviceGetUuid")) (void)cu.cuDeviceGetUuid(NULL, 0);
+    else if (!strcmp(name, "cuDeviceGetUuid_v2")) (void)cu.cuDeviceGetUuid_v2(NULL, 0);
+    else if (!strcmp(name, "cuDeviceGetAttribute")) (void)cu.cuDeviceGetAttribute(NULL, CU_DEVICE_ATTRIBUTE_WARP_SIZE, 0);
+    else if (!strcmp(name, "cuDeviceTotalMem_v2")) (void)cu.cuDeviceTotalMem_v2(NULL, 0);
+    else if (!strcmp(name, "cuDeviceCanAccessPeer")) (void)cu.cuDeviceCanAccessPeer(NULL, 0, 0);
+    else if (!strcmp(name, "cuDeviceGetDefaultMemPool")) (void)cu.cuDeviceGetDefaultMemPool(NULL, 0);
+    else if (!strcmp(name, "cuDevicePrimaryCtxRetain")) (void)cu.cuDevicePrimaryCtxRetain(NULL, 0);
+    else if (!strcmp(name, "cuDevicePrimaryCtxRelease_v2")) (void)cu.cuDevicePrimaryCtxRelease_v2(-1);
+    else if (!strcmp(name, "cuCtxCreate_v2")) (void)cu.cuCtxCreate_v2(NULL, 0, 0);
+    else if (!strcmp(name, "cuCtxCreate_v4")) (void)cu.cuCtxCreate_v4(NULL, NULL, 0, 0);
+    else if (!strcmp(name, "cuCtxDestroy_v2")) (void)cu.cuCtxDestroy_v2(NULL);
+    else if (!strcmp(name, "cuCtxGetCurrent")) (void)cu.cuCtxGetCurrent(&c);
+    else if (!strcmp(name, "cuCtxSetCurrent")) (void)cu.cuCtxSetCurrent((CUcontext)(void *)&local);
+    else if (!strcmp(name, "cuCtxPushCurrent_v2")) (void)cu.cuCtxPushCurrent_v2(NULL);
+    else if (!strcmp(name, "cuCtxPopCurrent_v2")) { /* pop and put back */
+        (void)cu.cuCtxPopCurrent_v2(&c);
+        (void)cu.cuCtxSetCurrent(NULL);
+        (void)cu.cuCtxPushCurrent_v2(c);
+    } else if (!strcmp(name, "cuCtxGetDevice")) (void)cu.cuCtxGetDevice(NULL);
+    else if (!strcmp(name, "cuCtxGetDevice_v2")) (void)cu.cuCtxGetDevice_v2(NULL, NULL);
+    else if (!strcmp(name, "cuCtxSynchronize")) (void)cu.cuCtxSynchronize();
+    else if (!strcmp(name, "cuCtxSynchronize_v2")) (void)cu.cuCtxSynchronize_v2(NULL);
+    else if (!strcmp(name, "cuMemAlloc_v2")) (void)cu.cuMemAlloc_v2(&d, 0);
+    else if (!strcmp(name, "cuMemFree_v2")) (void)cu.cuMemFree_v2(0);
+    else if (!strcmp(name, "cuMemAllocHost_v2")) (void)cu.cuMemAllocHost_v2(&pv, 0);
+    else if (!strcmp(name, "cuMemHostAlloc")) (void)cu.cuMemHostAlloc(&pv, 0, 0);
+    else if (!strcmp(name, "cuMemFreeHost")) (void)cu.cuMemFreeHost(&local);
+    else if (!strcmp(name, "cuMemAllocManaged")) (void)cu.cuMemAllocManaged(&d, 0, CU_MEM_ATTACH_GLOBAL);
+    else if (!strcmp(name, "cuMemGetAddressRange_v2")) (void)cu.cuMemGetAddressRange_v2(NULL, NULL, D(&local));
+    else if (!strcmp(name, "cuMemGetInfo_v2")) (void)cu.cuMemGetInfo_v2(NULL, NULL);
+    else if (!strcmp(name, "cuMemGetAllocationGranularity"))
+        (void)cu.cuMemGetAllocationGranularity(NULL, NULL, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    else if (!strcmp(name, "cuMemsetD8_v2")) (void)cu.cuMemsetD8_v2(0, 0, 0);
+    else if (!strcmp(name, "cuMemcpy")) (void)cu.cuMemcpy(0, 0, 0);
+    else if (!strcmp(name, "cuMemcpyHtoD_v2")) (void)cu.cuMemcpyHtoD_v2(0, NULL, 0);
+    else if (!strcmp(name, "cuMemcpyDtoH_v2")) (void)cu.cuMemcpyDtoH_v2(NULL, 0, 0);
+    else if (!strcmp(name, "cuMemcpyDtoD_v2")) (void)cu.cuMemcpyDtoD_v2(0, 0, 0);
+    else if (!strcmp(name, "cuPointerGetAttribute")) (void)cu.cuPointerGetAttribute(NULL, CU_POINTER_ATTRIBUTE_CONTEXT, 0);
+    else if (!strcmp(name, "cuPointerGetAttributes")) (void)cu.cuPointerGetAttributes(0, NULL, NULL, 0);
+    else if (!strcmp(name, "cuIpcGetMemHandle")) (void)cu.cuIpcGetMemHandle(NULL, 0);
+    else if (!strcmp(name, "cuIpcOpenMemHandle_v2")) (void)cu.cuIpcOpenMemHandle_v2(NULL, h, 0);
+    else if (!strcmp(name, "cuIpcCloseMemHandle")) (void)cu.cuIpcCloseMemHandle(0);
+    else if (!strcmp(name, "cuMemAllocAsync")) (void)cu.cuMemAllocAsync(&d, 0, NULL);
+    else if (!strcmp(name, "cuMemFreeAsync")) (void)cu.cuMemFreeAsync(0, NULL);
+    else if (!strcmp(name, "cuStreamSynchronize")) (void)cu.cuStreamSynchronize(NULL);
+    else CHECK_MSG(0, "no harmless call for %s", name);
+}
+
+static void test_counts(void) {
+    hm_test_set_context("call counts");
+    set_current(pc[0]);
+    static const char *const names[] = {
+#define X(name) #name,
+        CU_FNS(X)
+#undef X
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const uint64_t n0 = ctl.call_count(names[i]), all0 = stats().calls;
+        CHECK_MSG(n0 != UINT64_MAX, "%s is not counted", names[i]);
+        call_harmless(names[i]);
+        const uint64_t want = strcmp(names[i], "cuCtxPopCurrent_v2") == 0 ? 3 : 1;
+        CHECK_MSG(ctl.call_count(names[i]) == n0 + 1, "%s: %llu calls, expected %llu", names[i],
+                  (unsigned long long)ctl.call_count(names[i]), (unsigned long long)n0 + 1);
+        CHECK_MSG(stats().calls == all0 + want, "%s: %llu calls in all, expected %llu", names[i],
+                  (unsigned long long)stats().calls, (unsigned long long)(all0 + want));
+    }
+    CHECK(get_current() == pc[0]);
+    for (size_t i = 0; i < NOLD; i++) CHECK(ctl.call_count(old_names[i].name) != UINT64_MAX);
+    CHECK_EQ(ctl.call_count("cuMemAlloc_v3"), UINT64_MAX);
+    CHECK_EQ(ctl.call_count("hm_cuda_test_reset"), UINT64_MAX);
+    CHECK_EQ(ctl.call_count(NULL), UINT64_MAX);
+
+    /* what an allocation with the caller's context current costs: itself */
+    ctl.reset();
+    CHECK_EQ(stats().calls, 0);
+    CHECK_EQ(ctl.call_count("cuCtxGetCurrent"), 0);
+    CUdeviceptr d = 0;
+    CU_OK(cu.cuMemAlloc_v2(&d, 4096));
+    CU_OK(cu.cuMemFree_v2(d));
+    for (int i = 0; i < 3; i++) (void)get_current();
+    CU_OK(cu.cuCtxSetCurrent(pc[0]));
+    ctl.get_stats(NULL); /* the control API is not counted */
+    (void)ctl.call_count("cuMemAlloc_v2");
+    const hm_cuda_test_stats_t s = stats();
+    CHECK_EQ(s.calls, 6);
+    CHECK_EQ(ctl.call_count("cuMemAlloc_v2"), 1);
+    CHECK_EQ(ctl.call_count("cuMemFree_v2"), 1);
+    CHECK_EQ(ctl.call_count("cuCtxGetCurrent"), 3);
+    CHECK_EQ(ctl.call_count("cuCtxSetCurrent"), 1);
+}
+
+/* ---- threads and fork ---- */
+
+struct worker {
+    int index;
+    int fails;
+};
+
+static void *work(void *arg) {
+    struct worker *w = arg;
+    int before = hm_test_failed_count();
+    CUcontext c = NULL;
+    CU_OK(cu.cuCtxCreate_v2(&c, 0, w->index % ndev));
+    uint8_t *buf = malloc(64 * KIB);
+    REQUIRE(buf);
+    for (int i = 0; i < 150; i++) {
+        size_t n = 1 + (size_t)((i * 7919 + w->index * 104729) % (64 * 1024 - 1));
+        CUdeviceptr d = 0;
+        if (cu.cuMemAlloc_v2(&d, n) != CUDA_SUCCESS) {
+            CHECK(0);
+            break;
+        }
+        const uint8_t v = (uint8_t)(i + w->index);
+        CU_OK(cu.cuMemsetD8_v2(d, v, n));
+        CU_OK(cu.cuMemcpyDtoH_v2(buf, d, n));
+        CHECK(buf[0] == v && buf[n - 1] == v);
+        CHECK(context_of(d) == c);
+        CUipcMemHandle h;
+        CU_OK(cu.cuIpcGetMemHandle(&h, d));
+        CU_OK(cu.cuMemFree_v2(d));
+    }
+    free(buf);
+    CU_OK(cu.cuCtxDestroy_v2(c));
+    CHECK(get_current() == NULL);
+    w->fails = hm_test_failed_count() - before;
+    return NULL;
+}
+
+static void test_threads(void) {
+    hm_test_set_context("threads");
+    const hm_cuda_test_stats_t s0 = stats();
+    pthread_t t[4];
+    struct worker w[4];
+    for (int i = 0; i < 4; i++) {
+        w[i].index = i;
+        w[i].fails = 0;
+        REQUIRE(pthread_create(&t[i], NULL, work, &w[i]) == 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        CHECK_EQ(w[i].fails, 0);
+    }
+    const hm_cuda_test_stats_t s1 = stats();
+    CHECK_EQ(s1.live_allocs, s0.live_allocs);
+    CHECK_EQ(s1.live_contexts, s0.live_contexts);
+    CHECK_EQ(s1.leaks, s0.leaks);
+}
+
+static _Atomic int busy_stop;
+
+static void *busy(void *arg) {
+    (void)arg;
+    if (cu.cuCtxSetCurrent(pc[0]) != CUDA_SUCCESS) return NULL;
+    while (!busy_stop) {
+        CUdeviceptr d = 0;
+        if (cu.cuMemAlloc_v2(&d, 8192) == CUDA_SUCCESS) {
+            (void)cu.cuMemsetD8_v2(d, 1, 8192);
+            (void)cu.cuMemFree_v2(d);
+        }
+    }
+    return NULL;
+}
+
+static void test_fork_busy(void) {
+    hm_test_set_context("fork while busy");
+    set_current(pc[0]);
+    busy_stop = 0;
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, busy, NULL) == 0);
+    for (int i = 0; i < 20; i++) {
+        fflush(stdout);
+        fflush(stderr);
+        pid_t pid = fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            /* The child: no lock left taken, the driver works. */
+            CUdeviceptr d = 0;
+            int ok = cu.cuMemAlloc_v2(&d, 4096) == CUDA_SUCCESS &&
+                     cu.cuMemsetD8_v2(d, 7, 4096) == CUDA_SUCCESS && all_bytes(d, 7, 4096) &&
+                     cu.cuMemFree_v2(d) == CUDA_SUCCESS;
+            _exit(ok ? 0 : 1);
+        }
+        int st = 0;
+        REQUIRE(waitpid(pid, &st, 0) == pid);
+        CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "fork child %d: status 0x%x", i, st);
+    }
+    busy_stop = 1;
+    pthread_join(t, NULL);
+}
+
+/* ---- the end of a primary context, and the end ---- */
+
+static void test_primary_reset(void) {
+    hm_test_set_context("primary reset");
+    set_current(pc[0]);
+    const hm_cuda_test_stats_t s0 = stats();
+    CUdeviceptr d = 0;
+    void *h = NULL;
+    CU_REQUIRE_OK(cu.cuMemAlloc_v2(&d, 4096));
+    CU_REQUIRE_OK(cu.cuMemAllocHost_v2(&h, 4096));
+    const unsigned refs = s0.primary_refs[0];
+    for (unsigned i = 0; i < refs; i++) CU_OK(cu.cuDevicePrimaryCtxRelease_v2(0));
+    const hm_cuda_test_stats_t s1 = stats();
+    CHECK_EQ(s1.primary_refs[0], 0);
+    CHECK_EQ(s1.leaks, s0.leaks + 2);
+    CHECK_EQ(s1.live_allocs, s0.live_allocs);
+    CU_EXPECT(cu.cuDevicePrimaryCtxRelease_v2(0), CUDA_ERROR_INVALID_CONTEXT);
+    /* still current, but reset: the calls that need it refuse */
+    CHECK(get_current() == pc[0]);
+    expect_no_context(CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    CU_OK(cu.cuCtxSetCurrent(pc[0])); /* may be made current */
+    /* retained again: the same handle, working */
+    for (unsigned i = 0; i < refs; i++) {
+        CUcontext c = NULL;
+        CU_OK(cu.cuDevicePrimaryCtxRetain(&c, 0));
+        CHECK(c == pc[0]);
+    }
+    CU_OK(cu.cuMemAlloc_v2(&d, 4096));
+    CU_OK(cu.cuMemFree_v2(d));
+}
+
+static void test_end(void) {
+    hm_test_set_context("end");
+    for (int i = 0; i < ndev; i++) CU_OK(cu.cuDevicePrimaryCtxRelease_v2(i));
+    CU_OK(cu.cuCtxSetCurrent(NULL));
+    CHECK(get_current() == NULL);
+    const hm_cuda_test_stats_t s = stats();
+    CHECK_EQ(s.live_allocs, 0);
+    CHECK_EQ(s.live_ipc_mappings, 0);
+    CHECK_EQ(s.live_ipc_refs, 0);
+    CHECK_EQ(s.live_contexts, 0);
+    for (int i = 0; i < HM_CUDA_TEST_MAX_DEVICES; i++) {
+        CHECK_EQ(s.primary_refs[i], 0);
+        CHECK_EQ(s.device_used[i], 0);
+    }
+    printf("calls since the last reset: %llu\n", (unsigned long long)s.calls);
+}
+
+/* ---- other modes ---- */
+
+static int no_device(void) {
+    hm_test_set_context("no device");
+    load();
+    control();
+    int v = 0, n = -1;
+    CU_OK(cu.cuDriverGetVersion(&v));
+    CU_EXPECT(cu.cuInit(0), CUDA_ERROR_NO_DEVICE);
+    CU_EXPECT(cu.cuDeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED);
+    CU_EXPECT(cu.cuInit(0), CUDA_ERROR_NO_DEVICE);
+    CHECK_EQ(n, -1);
+    return hm_test_finish();
+}
+
+static int soname(void) {
+    hm_test_set_context("soname");
+    /* LD_LIBRARY_PATH points at the driver's directory: the plain name
+     * finds this driver, before any real one. */
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) HM_TEST_SKIP("dlopen(libcuda.so.1): %s", dlerror());
+    CHECK(dlsym(h, "hm_cuda_test_reset") != NULL);
+    void *direct = dlopen(HM_CUDA_TEST_DRIVER_PATH, RTLD_NOW | RTLD_NOLOAD);
+    CHECK(direct == h); /* the same object */
+    if (direct) dlclose(direct);
+    resolve_all(h);
+    CU_OK(cu.cuInit(0));
+    dlclose(h);
+    return hm_test_finish();
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc == 4 && strcmp(argv[1], "ipc-importer") == 0) {
+        load();
+        control();
+        return ipc_importer(atoi(argv[2]), atoi(argv[3])) ? 1 : 0;
+    }
+    if (argc == 2 && strcmp(argv[1], "no-device") == 0) return no_device();
+    if (argc == 2 && strcmp(argv[1], "soname") == 0) return soname();
+    load();
+    control();
+    test_symbols();
+    test_before_init();
+    size_t total = 0;
+    CU_REQUIRE_OK(cu.cuDeviceTotalMem_v2(&total, 0));
+    limit = total;
+    if (!getenv("HM_CUDA_TEST_DEVICE_MEM")) CHECK_EQ(limit, 256 * MIB);
+    printf("driver: %d devices, %llu MiB each, strict IPC %s\n", ndev,
+           (unsigned long long)(limit / MIB), strict_env ? "on" : "off");
+    test_errors();
+    test_devices();
+    test_proc_address();
+    test_contexts();
+    test_alloc();
+    test_attributes();
+    test_limits();
+    test_faults();
+    test_copies();
+    test_async();
+    test_ipc();
+    test_ipc_exporter_gone();
+    test_old_names();
+    test_injection();
+    test_counts();
+    test_threads();
+    test_fork_busy();
+    test_primary_reset();
+    test_end();
+    return hm_test_finish();
+}
