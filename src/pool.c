@@ -119,7 +119,10 @@ hm_result_t hm_pool_destroy(hm_pool_t *pool) {
                     pool->provider->info.name);
     hm__tracker_index_fini(&pool->index);
     hm_result_t r = HM_SUCCESS;
-    if (pool->flags & HM_POOL_FLAG_OWN_PROVIDER) r = hm_provider_destroy(pool->provider);
+    /* An owned provider whose ranges the IPC layer holds for exports goes
+     * after their last put (importers still map those bytes). */
+    if ((pool->flags & HM_POOL_FLAG_OWN_PROVIDER) && !hm__ipc_provider_defer(pool->provider))
+        r = hm_provider_destroy(pool->provider);
     free(pool);
     return r;
 }

@@ -51,9 +51,12 @@
  *    HM_ERROR_DOUBLE_FREE); hm_pool_realloc() of such a block moves the data
  *    to a new block (HM_ERROR_BUSY where the CPU cannot copy it). Other
  *    blocks of the same provider range are freed and reused at once. If
- *    the pool gives the exported range itself back (its destroy, where the
- *    provider outlives the pool), the range stays allocated in the provider
- *    until that put, so no other pool gets its bytes. Meanwhile the exporter must not
+ *    the pool gives the exported range itself back (its destroy), the range
+ *    stays allocated in the provider until that put, so no other pool gets
+ *    its bytes and importers keep them; a provider the pool owns
+ *    (HM_POOL_FLAG_OWN_PROVIDER) is destroyed after that put instead of in
+ *    hm_pool_destroy (in a forked child, which drops the parent's exports,
+ *    such a provider stays). Meanwhile the exporter must not
  *    touch the freed pointer; the importer may keep reading and writing its
  *    mapping. Splitting or merging a provider range with handles
  *    outstanding is refused (HM_ERROR_BUSY; pools treat that as "not now").

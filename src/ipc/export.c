@@ -153,6 +153,13 @@ static struct {
     _Atomic size_t due_count;
     size_t nretry;                 /* put_retry orphans */
     struct hm_ipc_pool *destroying; /* whose exports exports_pool_destroy is releasing */
+    /* Providers whose pools destroyed them while the IPC layer held their
+     * ranges (hm__ipc_provider_defer): destroyed after the last such
+     * range's put; `reap` those due, destroyed with no lock held by
+     * xreap(). */
+    hm_provider_t **deferred, **reap;
+    size_t ndeferred, cdeferred, nreap, creap;
+    _Atomic size_t reap_count;
 } gx = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* ------------------------------------------------------------------------ */
@@ -331,8 +338,10 @@ static HM_NOINLINE void xdue_run(void) {
     }
     free(d);
 }
+static void xreap(void);
 static inline void xdue_check(void) {
     if (hm_unlikely(atomic_load_explicit(&gx.due_count, memory_order_relaxed))) xdue_run();
+    xreap();
 }
 
 /* Does x have an outstanding view whose pointer lies in the block at p of
@@ -468,6 +477,12 @@ static bool in_orphans(const xent_t *x) { return x->oprev || gx.orphans == x; }
 /* After x's provider put: a range the pool freed while it was exported
  * goes back to its provider now (gx.lock held; the provider's free nests
  * under it as its ipc.put does). */
+static bool xholds_range_of(const hm_provider_t *prov, const xent_t *skip) {
+    for (xent_t *o = gx.orphans; o; o = o->onext)
+        if (o != skip && o->prov == prov && o->free_held) return true;
+    return false;
+}
+
 static void xfinish(xent_t *x) {
     if (!x->free_held) return;
     x->free_held = false;
@@ -475,6 +490,67 @@ static void xfinish(xent_t *x) {
     if (r != HM_SUCCESS)
         HM_LOG_WARN("IPC: provider '%s' refused [%p, +%zu) back after its last put: %s",
                     x->prov->info.name, (void *)x->base, x->size, hm_result_string(r));
+    /* The last held range of a provider its pool destroyed: the provider
+     * goes now (after the unlock: xreap). */
+    for (size_t i = 0; i < gx.ndeferred; i++) {
+        if (gx.deferred[i] != x->prov || xholds_range_of(x->prov, x)) continue;
+        gx.deferred[i] = gx.deferred[--gx.ndeferred];
+        if (gx.nreap == gx.creap) {
+            size_t cap = gx.creap ? 2 * gx.creap : 4;
+            hm_provider_t **t = realloc(gx.reap, cap * sizeof(*t));
+            if (!t) {
+                HM_LOG_ERROR("IPC: no memory to destroy provider '%s' after its last put: left",
+                             x->prov->info.name);
+                break;
+            }
+            gx.reap = t;
+            gx.creap = cap;
+        }
+        gx.reap[gx.nreap++] = x->prov;
+        atomic_store_explicit(&gx.reap_count, gx.nreap, memory_order_relaxed);
+        break;
+    }
+}
+
+/* Destroy the providers xfinish found due (no lock held). */
+static void xreap(void) {
+    if (hm_likely(!atomic_load_explicit(&gx.reap_count, memory_order_relaxed))) return;
+    hm__mutex_lock(&gx.lock);
+    hm_provider_t **r = gx.reap;
+    size_t n = gx.nreap;
+    gx.reap = NULL;
+    gx.nreap = gx.creap = 0;
+    atomic_store_explicit(&gx.reap_count, 0, memory_order_relaxed);
+    hm__mutex_unlock(&gx.lock);
+    for (size_t i = 0; i < n; i++) {
+        hm_result_t e = hm_provider_destroy(r[i]);
+        if (e != HM_SUCCESS)
+            HM_LOG_ERROR("IPC: the deferred destroy of a provider failed: %s",
+                         hm_result_string(e));
+    }
+    free(r);
+}
+
+bool hm__ipc_provider_defer(hm_provider_t *prov) {
+    if (hm_likely(!atomic_load_explicit(&gx.norphans, memory_order_relaxed))) return false;
+    hm__mutex_lock(&gx.lock);
+    bool held = xholds_range_of(prov, NULL);
+    if (held && gx.ndeferred == gx.cdeferred) {
+        size_t cap = gx.cdeferred ? 2 * gx.cdeferred : 4;
+        hm_provider_t **t = realloc(gx.deferred, cap * sizeof(*t));
+        if (t) {
+            gx.deferred = t;
+            gx.cdeferred = cap;
+        } else {
+            held = false; /* destroyed now: its held ranges go with it */
+        }
+    }
+    if (held) gx.deferred[gx.ndeferred++] = prov;
+    hm__mutex_unlock(&gx.lock);
+    if (held)
+        HM_LOG_INFO("IPC: provider '%s' is destroyed after the last put of its exported ranges",
+                    prov->info.name);
+    return held;
 }
 
 /* Put again what prov refused before (put_retry orphans), now that it
@@ -833,6 +909,7 @@ hm_result_t hm_ipc_put(hm_ipc_handle_t *handle) {
     if (hm_unlikely(v->gone) && !x->refs) xrelease(x); /* last user, detached */
     hm__mutex_unlock(&gx.lock);
     xflush_run(&fl);
+    xreap();
     return HM_SUCCESS;
 }
 
@@ -905,13 +982,13 @@ static void exports_pool_destroy(hm_ipc_pool_t *pi) {
         if (x->live) xdetach(x);
     }
     /* The rest are orphans, used or put_retry. A used one stays exported
-     * until its last put where the provider outlives the pool: its range,
-     * which the destroy is about to give back, is the IPC layer's until
-     * then (hm__ipc_range_take), so the provider hands those bytes to no
-     * other pool meanwhile. Otherwise (the pool destroys its provider; a
-     * put_retry one) the provider export goes now (a refusal now is final)
-     * and a used one's handle memory at its last put. */
-    bool keep = !(pi->pool->flags & HM_POOL_FLAG_OWN_PROVIDER);
+     * until its last put: its range, which the destroy is about to give
+     * back, is the IPC layer's until then (hm__ipc_range_take), so the
+     * provider hands those bytes to no other pool meanwhile and an importer
+     * keeps them; a provider the pool owns is destroyed after that put
+     * (hm__ipc_provider_defer). A put_retry one's provider export goes now
+     * (a refusal now is final). */
+    bool keep = true;
     for (xent_t *x = pi->xhead, *nx; x; x = nx) {
         nx = x->lnext;
         bool used = x->refs != 0;

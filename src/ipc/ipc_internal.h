@@ -43,6 +43,12 @@ bool hm__ipc_range_take(hm_pool_t *pool, void *base, size_t size);
 /* hm_provider_destroy(), before the provider's fini: exports of its ranges
  * that outlived their pools are put now, their ranges left to the fini. */
 void hm__ipc_provider_gone(hm_provider_t *prov);
+/* A pool's destroy, about to destroy the provider it owns: true when the
+ * IPC layer holds ranges of prov for exports with gets outstanding; it then
+ * destroys prov itself after their last put (the bytes an importer maps
+ * stay allocated until then, as where the provider outlives the pool), and
+ * the caller must not touch prov again. false: destroy it now. */
+bool hm__ipc_provider_defer(hm_provider_t *prov);
 /* The pool is about to split or merge the provider range at base: true
  * (the caller answers HM_ERROR_BUSY) while it has an outstanding export;
  * otherwise an unused cached export of it is dropped. */
