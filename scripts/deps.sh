@@ -19,11 +19,13 @@ profile=${1:-test}
 build=(cmake make gcc g++ libc6-dev pkg-config libhwloc-dev liburcu-dev libze-dev)
 # Tests and optional parts: valgrind (leak checks of error paths), clang
 # (a second compiler for the header test), jemalloc (HM_WITH_JEMALLOC pool),
-# and util-linux for setarch (TSan on kernels with high mmap entropy).
+# and util-linux for setarch (TSan on kernels with high mmap entropy); Open
+# MPI for the MPI companion (libhetmem_mpi) and its tests under mpirun.
 # python3 and git are real programs run under the malloc-replacement
 # library; libclang-rt-14-dev gives clang's libFuzzer runtime (IPC decoder
 # fuzz test); the allocators compared in bench/ come as their Debian packages.
 extra=(valgrind clang libclang-rt-14-dev libjemalloc-dev util-linux binutils
+       libopenmpi-dev openmpi-bin
        python3 git libjemalloc2 libmimalloc2.0 libtcmalloc-minimal4 debian-archive-keyring)
 
 case "$profile" in
