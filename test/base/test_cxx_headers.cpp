@@ -9,6 +9,16 @@
 #include <hetmem/providers/os.h>
 #include <hetmem/providers/fixed.h>
 #include <hetmem/pools/proxy.h>
+#include <hetmem/pools/native.h>
+#include <hetmem/pools/jemalloc.h>
+#include <hetmem/providers/file.h>
+#include <hetmem/providers/devdax.h>
+#include <hetmem/ipc.h>
+#include <hetmem/providers/cuda.h>
+#include <hetmem/providers/level_zero.h>
+#ifdef HM_TEST_MPI
+#include <hetmem/mpi.h>
+#endif
 #include <hetmem/hetmem.h>
 
 #include <cstdio>
