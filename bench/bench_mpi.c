@@ -16,8 +16,9 @@
  *                     receive buffer, then MPI_Barrier (so that no rank
  *                     rewrites its buffer while a neighbour reads it).
  *     window          one MPI_Win_allocate_shared window of S bytes per rank
- *                     on the node communicator (alloc_shared_noncontig: each
- *                     rank's segment page-aligned), the left neighbour's
+ *                     on the node communicator (with the hint
+ *                     alloc_shared_noncontig, which lets MPI place each
+ *                     rank's segment on its own), the left neighbour's
  *                     base from MPI_Win_shared_query, MPI_Win_lock_all once;
  *                     a step is the same memcpy and the same MPI_Barrier.
  *                     Neither variant calls a fence in the step: the source
