@@ -1227,11 +1227,12 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
     e->in_local = true;
     pi->n++;
     (void)take_ref(e, &gen);
+    size_t esize = (size_t)e->size; /* e may be evicted and reused once unlocked */
     hm__mutex_lock(&gc.lock);
     ring_insert(e);
     hm__mutex_unlock(&gc.lock);
     hm__mutex_unlock(&pi->lock);
-    tc_note(e, gen, e->local, e->size);
+    tc_note(e, gen, local, esize);
     if (victim) retire(victim);
     if (over_bound()) evict_over_bound();
     *ptr = (char *)local + w->offset;
