@@ -7,7 +7,7 @@
 /* Allocation                                                               */
 
 /* The size class for size/align, or -1 for a large allocation. */
-static int class_for(const nv_pool_t *nv, size_t size, size_t align) {
+HM_RUN static int class_for(const nv_pool_t *nv, size_t size, size_t align) {
     if (align <= 8) return size <= nv->class_limit ? (int)cls_of(size) : -1;
     if (align > nv->slab_size) return -1;
     size_t sz = size > align ? size : align;
@@ -18,7 +18,7 @@ static int class_for(const nv_pool_t *nv, size_t size, size_t align) {
 }
 
 /* The word take_word would take from s (s->nfree > 0). */
-static uint32_t next_word(const nv_slab_t *s) {
+HM_RUN static uint32_t next_word(const nv_slab_t *s) {
     uint32_t i = s->scan;
     while (!s->bits[i]) i = i + 1 == s->nwords ? 0 : i + 1;
     return i;
@@ -35,7 +35,7 @@ static uint32_t next_word(const nv_slab_t *s) {
  * slab serves only the overflow. Called by cls_refill only (the stack is
  * empty, cl->bits too). Returns the current slab. */
 #define NV_TOUCHED_LOOK 4
-static HM_NOINLINE nv_slab_t *cls_prefer_touched(nv_heap_t *h, nv_cls_t *cl, unsigned c) {
+HM_RUN static HM_NOINLINE nv_slab_t *cls_prefer_touched(nv_heap_t *h, nv_cls_t *cl, unsigned c) {
     nv_slab_t *p = h->partial[c];
     for (unsigned k = 0; p && k < NV_TOUCHED_LOOK; p = p->next, k++) {
         if (!p->nfree || next_word(p) >= p->hw) continue;
@@ -61,7 +61,7 @@ static HM_NOINLINE nv_slab_t *cls_prefer_touched(nv_heap_t *h, nv_cls_t *cl, uns
  * where three and a half at most were in use at once). Called only while
  * the pool keeps something (nv_pool.kept, a hint read without the lock).
  * Returns the current slab. */
-static HM_NOINLINE nv_slab_t *cls_prefer_retained(nv_pool_t *nv, nv_heap_t *h, nv_cls_t *cl,
+HM_RUN static HM_NOINLINE nv_slab_t *cls_prefer_retained(nv_pool_t *nv, nv_heap_t *h, nv_cls_t *cl,
                                                   unsigned c) {
     size_t span = nv->cls_span[c];
     uint32_t words = cls_words(nv, c);
@@ -96,7 +96,7 @@ HM_INLINE int retained_first(nv_pool_t *nv, const nv_slab_t *s) {
     return s->scan >= s->hw && s->hw && atomic_load_explicit(&nv->kept, memory_order_relaxed);
 }
 
-static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
+HM_RUN static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
     nv_pool_t *nv = h->nv;
     nv_cls_t *cl = &h->cls[c];
     if (hm_unlikely(!cl->stk)) { /* the heap's first use of the class: see nv_cls */
@@ -144,7 +144,7 @@ static hm_result_t cls_refill(nv_heap_t *h, unsigned c) {
     return HM_SUCCESS;
 }
 
-static hm_result_t alloc_small(nv_heap_t *h, unsigned c, void **out) {
+HM_RUN static hm_result_t alloc_small(nv_heap_t *h, unsigned c, void **out) {
     nv_cls_t *cl = &h->cls[c];
     if (!cl_bits(cl)) {
         uintptr_t p = stk_pop(h, cl);
@@ -161,7 +161,7 @@ static hm_result_t alloc_small(nv_heap_t *h, unsigned c, void **out) {
     return HM_SUCCESS;
 }
 
-static HM_NOINLINE hm_result_t alloc_slow(nv_pool_t *nv, size_t size, size_t align,
+HM_RUN static HM_NOINLINE hm_result_t alloc_slow(nv_pool_t *nv, size_t size, size_t align,
                                           void **out) {
     int c = class_for(nv, size, align);
     if (c < 0) return large_alloc(nv, size, align, out);
@@ -185,7 +185,7 @@ static HM_NOINLINE hm_result_t alloc_slow(nv_pool_t *nv, size_t size, size_t ali
 }
 
 /* The fast path's refill: h is the caller's heap, c a class. */
-static HM_NOINLINE hm_result_t alloc_refill(nv_heap_t *h, unsigned c, void **out) {
+HM_RUN static HM_NOINLINE hm_result_t alloc_refill(nv_heap_t *h, unsigned c, void **out) {
     hm_result_t r = alloc_small(h, c, out);
     if (hm_unlikely(r == HM_ERROR_OUT_OF_MEMORY)) /* see alloc_slow */
         r = large_alloc(h->nv, hm__nv_cls_size[c], 16, out);
@@ -252,7 +252,7 @@ HM_INLINE uintptr_t alloc_fast(nv_pool_t *nv, size_t size, nv_heap_t **hp, nv_cl
     return alloc_pop(cl);
 }
 
-static hm_result_t nv_alloc(void *state, size_t size, size_t align, void **out) {
+HM_RUN static hm_result_t nv_alloc(void *state, size_t size, size_t align, void **out) {
     nv_pool_t *nv = state;
     if (hm_likely(align <= 8)) {
         nv_heap_t *h;

@@ -57,7 +57,7 @@ static __thread nv_tls_t tl;
 
 static void tl_destructor(void *arg);
 
-static void global_init(void) {
+HM_RUN static void global_init(void) {
     hm__nv_cls_size[0] = 8;
     for (unsigned i = 1; i <= 16; i++) hm__nv_cls_size[i] = 16u * i;
     for (unsigned k = 8; k < 20; k++)

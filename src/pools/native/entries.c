@@ -12,7 +12,7 @@
 /* nv_malloc_entry past its fast path: size 0 (EINVAL, as hm_pool_malloc's
  * generic entries), a size beyond fast_limit, no heap found by thread
  * pointer, or a refill. */
-static HM_NOINLINE void *malloc_entry_slow(nv_pool_t *nv, size_t size) {
+HM_RUN static HM_NOINLINE void *malloc_entry_slow(nv_pool_t *nv, size_t size) {
     if (hm_unlikely(!size)) {
         errno = hm__result_errno(HM_ERROR_INVALID_ARGUMENT);
         return NULL;
@@ -20,7 +20,7 @@ static HM_NOINLINE void *malloc_entry_slow(nv_pool_t *nv, size_t size) {
     return nv_malloc_fast(nv, size);
 }
 
-static void *nv_malloc_entry(hm_pool_t *pool, size_t size) {
+HM_RUN static void *nv_malloc_entry(hm_pool_t *pool, size_t size) {
     nv_pool_t *nv = pool->state;
     /* size - 1 wraps for 0, which takes the slow path. */
     if (hm_unlikely(size - 1 >= nv->fast_limit)) return malloc_entry_slow(nv, size);
@@ -41,15 +41,15 @@ static void *nv_malloc_entry(hm_pool_t *pool, size_t size) {
 }
 
 /* Host memory (nv_pool.prefetch): a stacked block is prefetched. */
-static hm_result_t nv_free_entry_host(hm_pool_t *pool, void *p) {
+HM_RUN static hm_result_t nv_free_entry_host(hm_pool_t *pool, void *p) {
     return free_impl(pool->state, p, NV_FREE_OP, NULL, NV_PF_HOST);
 }
 /* Any other memory: never prefetched. */
-static hm_result_t nv_free_entry(hm_pool_t *pool, void *p) {
+HM_RUN static hm_result_t nv_free_entry(hm_pool_t *pool, void *p) {
     return free_impl(pool->state, p, NV_FREE_OP, NULL, NV_PF_NEVER);
 }
 
-static size_t nv_usable_size(void *state, const void *p) {
+HM_RUN static size_t nv_usable_size(void *state, const void *p) {
     nv_pool_t *nv = state;
     nv_slab_t *s = map_get(nv, p);
     uint32_t idx;
@@ -61,7 +61,7 @@ static size_t nv_usable_size(void *state, const void *p) {
     return size;
 }
 
-int hm__native_owns(void *state, const void *p) {
+HM_RUN int hm__native_owns(void *state, const void *p) {
     nv_pool_t *nv = state;
     nv_slab_t *s = map_get(nv, p);
     uint32_t idx;

@@ -7,7 +7,7 @@
 /* ------------------------------------------------------------------------ */
 /* Free                                                                     */
 
-static hm_result_t free_block(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
+HM_RUN static hm_result_t free_block(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
     if (s->owner == h) return free_own(s, idx);
     hm_result_t r = remote_free(h, s, idx);
     if (r == HM_SUCCESS) stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
@@ -16,7 +16,7 @@ static hm_result_t free_block(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
 
 /* quiet: a pointer that is not the pool's returns HM_ERROR_NOT_FOUND
  * without a log line (hm__native_free_owned). */
-static hm_result_t free_slow_q(nv_pool_t *nv, void *p, int quiet) {
+HM_RUN static hm_result_t free_slow_q(nv_pool_t *nv, void *p, int quiet) {
     if (hm_unlikely(!p) && !quiet) return HM_SUCCESS; /* the free entry's NULL */
     nv_slab_t *s = map_get(nv, p);
     if (!s) {
@@ -42,17 +42,17 @@ static hm_result_t free_slow_q(nv_pool_t *nv, void *p, int quiet) {
     return r;
 }
 
-static HM_NOINLINE hm_result_t free_slow(nv_pool_t *nv, void *p) {
+HM_RUN static HM_NOINLINE hm_result_t free_slow(nv_pool_t *nv, void *p) {
     return free_slow_q(nv, p, 0);
 }
-static HM_NOINLINE hm_result_t free_slow_quiet(nv_pool_t *nv, void *p) {
+HM_RUN static HM_NOINLINE hm_result_t free_slow_quiet(nv_pool_t *nv, void *p) {
     return free_slow_q(nv, p, 1);
 }
 
 /* A valid block (index idx) of s freed by a thread not bound to its owner
  * heap, or one whose heap is not in its by_tp slot (h is then
  * &by_tp_nobody; the block may even be the caller's own). */
-static HM_NOINLINE hm_result_t free_other(nv_pool_t *nv, nv_slab_t *s, void *p, nv_heap_t *h,
+HM_RUN static HM_NOINLINE hm_result_t free_other(nv_pool_t *nv, nv_slab_t *s, void *p, nv_heap_t *h,
                                           uint32_t idx) {
     if (hm_unlikely(h == &by_tp_nobody)) {
         if (hm_unlikely(tl.id != nv->id)) return free_slow(nv, p);
@@ -87,7 +87,7 @@ enum { NV_FREE_OP, NV_FREE_QUIET, NV_FREE_FAST };
  * (nv_cls), so its double-free test reads both; then the block goes into
  * the bitmap and onto the stack like any other (s is current: no state
  * change). mode, other: as free_general's. */
-static HM_NOINLINE hm_result_t free_cur_word(nv_slab_t *s, uintptr_t p, int mode,
+HM_RUN static HM_NOINLINE hm_result_t free_cur_word(nv_slab_t *s, uintptr_t p, int mode,
                                              nv_other_fn other) {
     nv_cls_t *cl = s->cl;
     uint32_t idx = slab_idx(s, p - s->base), w = idx >> 6;
@@ -152,6 +152,7 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
 
 /* free_general out of line (the cached remote free's fallback: inlined,
  * its registers would cost every free a stack frame). */
+HM_RUN
 static HM_NOINLINE hm_result_t free_general_out(nv_pool_t *nv, void *p, nv_heap_t *me, int mode,
                                                 nv_other_fn other) {
     return free_general(nv, p, me, mode, other, NV_PF_ASK);
@@ -184,17 +185,17 @@ HM_INLINE int cached_free(nv_heap_t *me, uintptr_t roff) {
  * needs cost the local free no stack frame, and the fallback's mode is a
  * constant: with the 32-bit magic, the op's copy saves one callee-saved
  * register where the shared copy with a 128-bit mul saved five). */
-static HM_NOINLINE hm_result_t free_cached_op(nv_pool_t *nv, void *p, nv_heap_t *me,
+HM_RUN static HM_NOINLINE hm_result_t free_cached_op(nv_pool_t *nv, void *p, nv_heap_t *me,
                                               uintptr_t roff) {
     if (hm_likely(cached_free(me, roff))) return HM_SUCCESS;
     return free_general_out(nv, p, me, NV_FREE_OP, NULL);
 }
-static HM_NOINLINE hm_result_t free_cached_quiet(nv_pool_t *nv, void *p, nv_heap_t *me,
+HM_RUN static HM_NOINLINE hm_result_t free_cached_quiet(nv_pool_t *nv, void *p, nv_heap_t *me,
                                                  uintptr_t roff) {
     if (hm_likely(cached_free(me, roff))) return HM_SUCCESS;
     return free_general_out(nv, p, me, NV_FREE_QUIET, NULL);
 }
-static HM_NOINLINE hm_result_t free_cached_fast(nv_pool_t *nv, void *p, nv_heap_t *me,
+HM_RUN static HM_NOINLINE hm_result_t free_cached_fast(nv_pool_t *nv, void *p, nv_heap_t *me,
                                                 uintptr_t roff, nv_other_fn other) {
     if (hm_likely(cached_free(me, roff))) return HM_SUCCESS;
     return free_general_out(nv, p, me, NV_FREE_FAST, other);
@@ -220,13 +221,13 @@ HM_INLINE hm_result_t free_more(nv_pool_t *nv, void *p, nv_heap_t *me, int mode,
 
 /* One out-of-line copy per mode: the fast case of free_impl then needs no
  * stack frame. */
-static HM_NOINLINE hm_result_t free_more_op(nv_pool_t *nv, void *p, nv_heap_t *me) {
+HM_RUN static HM_NOINLINE hm_result_t free_more_op(nv_pool_t *nv, void *p, nv_heap_t *me) {
     return free_more(nv, p, me, NV_FREE_OP, NULL);
 }
-static HM_NOINLINE hm_result_t free_more_quiet(nv_pool_t *nv, void *p, nv_heap_t *me) {
+HM_RUN static HM_NOINLINE hm_result_t free_more_quiet(nv_pool_t *nv, void *p, nv_heap_t *me) {
     return free_more(nv, p, me, NV_FREE_QUIET, NULL);
 }
-static HM_NOINLINE hm_result_t free_more_fast(nv_pool_t *nv, void *p, nv_heap_t *me,
+HM_RUN static HM_NOINLINE hm_result_t free_more_fast(nv_pool_t *nv, void *p, nv_heap_t *me,
                                               nv_other_fn other) {
     return free_more(nv, p, me, NV_FREE_FAST, other);
 }
@@ -280,20 +281,20 @@ HM_INLINE hm_result_t free_impl(void *state, void *p, int mode, nv_other_fn othe
     return free_more_fast(nv, p, me, other);
 }
 
-static hm_result_t nv_free(void *state, void *p) {
+HM_RUN static hm_result_t nv_free(void *state, void *p) {
     return free_impl(state, p, NV_FREE_OP, NULL, NV_PF_ASK);
 }
 
-hm_result_t hm__native_free_owned(void *state, void *p) {
+HM_RUN hm_result_t hm__native_free_owned(void *state, void *p) {
     return free_impl(state, p, NV_FREE_QUIET, NULL, NV_PF_ASK);
 }
 
-hm_result_t hm__native_alloc(void *state, size_t size, size_t align, void **out) {
+HM_RUN hm_result_t hm__native_alloc(void *state, size_t size, size_t align, void **out) {
     return nv_alloc(state, size, align, out);
 }
 
 /* hm__native_malloc's refill (h: the caller's heap, cl: the class). */
-static HM_NOINLINE void *malloc_refill(nv_heap_t *h, nv_cls_t *cl, size_t size, int *guard,
+HM_RUN static HM_NOINLINE void *malloc_refill(nv_heap_t *h, nv_cls_t *cl, size_t size, int *guard,
                                        void *(*other)(size_t)) {
     uintptr_t p = stk_pop(h, cl); /* calls nothing */
     if (hm_likely(p)) return (void *)p;
@@ -304,7 +305,7 @@ static HM_NOINLINE void *malloc_refill(nv_heap_t *h, nv_cls_t *cl, size_t size, 
     return hm_likely(r == HM_SUCCESS) ? q : other(size);
 }
 
-void *hm__native_malloc(void *state, size_t size, int *guard, void *(*other)(size_t)) {
+HM_RUN void *hm__native_malloc(void *state, size_t size, int *guard, void *(*other)(size_t)) {
     nv_heap_t *h;
     nv_cls_t *cl;
     uintptr_t p = alloc_fast(state, size, &h, &cl);
@@ -315,7 +316,7 @@ void *hm__native_malloc(void *state, size_t size, int *guard, void *(*other)(siz
 
 /* The malloc_fast op (hm_pool_malloc tail-calls it): alloc_fast, else
  * nv_alloc with its result as errno. */
-static HM_NOINLINE void *malloc_fast_refill(nv_heap_t *h, nv_cls_t *cl) {
+HM_RUN static HM_NOINLINE void *malloc_fast_refill(nv_heap_t *h, nv_cls_t *cl) {
     uintptr_t p = stk_pop(h, cl);
     if (p) return (void *)p;
     void *q;
@@ -327,7 +328,7 @@ static HM_NOINLINE void *malloc_fast_refill(nv_heap_t *h, nv_cls_t *cl) {
     return q;
 }
 
-static void *nv_malloc_fast(void *state, size_t size) {
+HM_RUN static void *nv_malloc_fast(void *state, size_t size) {
     nv_heap_t *h;
     nv_cls_t *cl = alloc_cls(state, size, &h);
     if (hm_unlikely(!cl)) return hm__malloc_via(nv_alloc, state, size);
@@ -338,6 +339,6 @@ static void *nv_malloc_fast(void *state, size_t size) {
     return malloc_fast_refill(h, cl);
 }
 
-hm_result_t hm__native_free(void *state, void *p, hm_result_t (*other)(void *)) {
+HM_RUN hm_result_t hm__native_free(void *state, void *p, hm_result_t (*other)(void *)) {
     return free_impl(state, p, NV_FREE_FAST, other, NV_PF_ASK);
 }

@@ -21,7 +21,7 @@ static size_t partial_size(const nv_pool_t *nv) {
  * its stacks, a mapping of their own, so that only the pages of the classes
  * in use are backed (whatever malloc the process runs on). Nothing of it is
  * touched. NULL: out of host memory. */
-static nv_heap_t *heap_carve(nv_pool_t *nv, int kind, nv_sent_t **stkp) {
+HM_RUN static nv_heap_t *heap_carve(nv_pool_t *nv, int kind, nv_sent_t **stkp) {
     void *stk;
     if (hm__prim_map(stk_map_size(nv), 0, HM_PRIM_PROT_READ | HM_PRIM_PROT_WRITE,
                      HM_PRIM_MAP_NORESERVE, -1, 0, &stk) != HM_SUCCESS)
@@ -40,7 +40,7 @@ static nv_heap_t *heap_carve(nv_pool_t *nv, int kind, nv_sent_t **stkp) {
 
 /* Set up a heap and its stacks from heap_carve and enter it in the pool's
  * list. */
-static void heap_init(nv_pool_t *nv, nv_heap_t *h, nv_sent_t *stk) {
+HM_RUN static void heap_init(nv_pool_t *nv, nv_heap_t *h, nv_sent_t *stk) {
     h->stk_map = stk;
     h->partial = (nv_slab_t **)((char *)h - partial_size(nv));
     h->nv = nv;
@@ -55,7 +55,7 @@ static void heap_init(nv_pool_t *nv, nv_heap_t *h, nv_sent_t *stk) {
     hm__mutex_unlock(&nv->lock);
 }
 
-static nv_heap_t *heap_new(nv_pool_t *nv) {
+HM_RUN static nv_heap_t *heap_new(nv_pool_t *nv) {
     nv_sent_t *stk;
     nv_heap_t *h = heap_carve(nv, META_HEAP, &stk);
     if (h) heap_init(nv, h, stk);
@@ -65,7 +65,7 @@ static nv_heap_t *heap_new(nv_pool_t *nv) {
 /* The heap of threads without one (orphan_lock held): carved at nv_init,
  * set up at its first use, so that a pool whose threads all have heaps
  * never touches it. */
-static nv_heap_t *orphan_heap(nv_pool_t *nv) {
+HM_RUN static nv_heap_t *orphan_heap(nv_pool_t *nv) {
     if (hm_unlikely(!nv->orphan_ready)) {
         heap_init(nv, nv->orphan, nv->orphan_stk);
         nv->orphan_ready = true;
@@ -74,7 +74,7 @@ static nv_heap_t *orphan_heap(nv_pool_t *nv) {
 }
 
 /* Publish what h holds for others and hand it to the pool (g_lock held). */
-static void heap_abandon(nv_heap_t *h) {
+HM_RUN static void heap_abandon(nv_heap_t *h) {
     nv_pool_t *nv = h->nv;
     atomic_store_explicit(&h->tp, 0, memory_order_relaxed);
     flush_all(h);
@@ -92,7 +92,7 @@ static void heap_abandon(nv_heap_t *h) {
  * reuse (never unmapped: a binding may outlive its pool). */
 static nv_binding_t *g_spare_bindings;
 
-static nv_binding_t *binding_new_locked(void) {
+HM_RUN static nv_binding_t *binding_new_locked(void) {
     if (!tl.first_used) {
         tl.first_used = 1;
         return &tl.first;
@@ -115,7 +115,7 @@ static nv_binding_t *binding_new_locked(void) {
 }
 
 /* b is the caller's (its thread's tl.bindings or not yet in them). */
-static void binding_free_locked(nv_binding_t *b) {
+HM_RUN static void binding_free_locked(nv_binding_t *b) {
     if (b == &tl.first) {
         tl.first_used = 0;
         return;
@@ -124,7 +124,7 @@ static void binding_free_locked(nv_binding_t *b) {
     g_spare_bindings = b;
 }
 
-static HM_NOINLINE nv_heap_t *heap_get_slow(nv_pool_t *nv) {
+HM_RUN static HM_NOINLINE nv_heap_t *heap_get_slow(nv_pool_t *nv) {
     if (tl.dead) return NULL;
     for (nv_binding_t **bp = &tl.bindings; *bp;) {
         nv_binding_t *b = *bp;
@@ -202,7 +202,7 @@ HM_INLINE nv_heap_t *heap_own(nv_pool_t *nv) {
 
 /* h is the caller's heap: enter it in by_tp unless the slot serves another
  * live thread (that one keeps it; this thread then takes the TLS path). */
-static void by_tp_note(nv_pool_t *nv, nv_heap_t *h) {
+HM_RUN static void by_tp_note(nv_pool_t *nv, nv_heap_t *h) {
     uintptr_t tp = thread_tp();
     /* nv->own: taken when no thread is bound to the heap there. Racing
      * writers store heaps of live threads; whichever stays is trusted by
@@ -219,7 +219,7 @@ static void by_tp_note(nv_pool_t *nv, nv_heap_t *h) {
 }
 
 /* pthread key destructor: abandon every heap of the exiting thread. */
-static void tl_destructor(void *arg) {
+HM_RUN static void tl_destructor(void *arg) {
     (void)arg;
     hm__mutex_lock(&g_lock);
     for (nv_binding_t *b = tl.bindings, *next; b; b = next) {

@@ -6,7 +6,7 @@
 /* ------------------------------------------------------------------------ */
 /* Init and fini                                                            */
 
-static hm_result_t resolve_params(nv_pool_t *nv, hm_provider_t *prov,
+HM_RUN static hm_result_t resolve_params(nv_pool_t *nv, hm_provider_t *prov,
                                   const hm_native_params_t *p) {
     hm_native_params_t dflt = {.magic = NV_PARAMS_MAGIC, .batch = NV_BATCH_CAP};
     if (!p) p = &dflt;
@@ -137,7 +137,7 @@ static void nv_fini(void *state) {
     free(nv);
 }
 
-static hm_result_t nv_init(hm_pool_t *pool, const void *params, void **state) {
+HM_RUN static hm_result_t nv_init(hm_pool_t *pool, const void *params, void **state) {
     pthread_once(&g_once, global_init);
     hm_provider_t *prov = hm_pool_get_provider(pool);
     nv_pool_t *nv = aligned_alloc(HM_CACHE_LINE, hm_align_up(sizeof(*nv), HM_CACHE_LINE));

@@ -7,13 +7,13 @@
 /* Large allocations: live map (address -> size) and the cache of freed     */
 /* ranges, under large_lock.                                                */
 
-static size_t lmap_slot(uintptr_t k, size_t cap) {
+HM_RUN static size_t lmap_slot(uintptr_t k, size_t cap) {
     k ^= k >> 31;
     k *= 0x9E3779B97F4A7C15ull; /* Fibonacci hashing (Knuth, TAOCP vol. 3, 6.4) */
     return (size_t)(k >> 17) & (cap - 1);
 }
 
-static int lmap_grow(nv_lmap_t *m) {
+HM_RUN static int lmap_grow(nv_lmap_t *m) {
     size_t ncap = m->cap ? m->cap * 2 : 64;
     nv_lentry_t *ne = calloc(ncap, sizeof(*ne));
     if (!ne) return 0;
@@ -29,7 +29,7 @@ static int lmap_grow(nv_lmap_t *m) {
     return 1;
 }
 
-static int lmap_put(nv_lmap_t *m, uintptr_t base, size_t size) {
+HM_RUN static int lmap_put(nv_lmap_t *m, uintptr_t base, size_t size) {
     if ((m->count + 1) * 2 > m->cap && !lmap_grow(m)) return 0;
     size_t j = lmap_slot(base, m->cap);
     while (m->e[j].base) j = (j + 1) & (m->cap - 1);
@@ -39,7 +39,7 @@ static int lmap_put(nv_lmap_t *m, uintptr_t base, size_t size) {
     return 1;
 }
 
-static nv_lentry_t *lmap_find(nv_lmap_t *m, uintptr_t base) {
+HM_RUN static nv_lentry_t *lmap_find(nv_lmap_t *m, uintptr_t base) {
     if (!m->cap) return NULL;
     for (size_t j = lmap_slot(base, m->cap); m->e[j].base; j = (j + 1) & (m->cap - 1))
         if (m->e[j].base == base) return &m->e[j];
@@ -48,7 +48,7 @@ static nv_lentry_t *lmap_find(nv_lmap_t *m, uintptr_t base) {
 
 /* Remove base; its size, or 0. Linear probing with backward-shift deletion
  * (Knuth, TAOCP vol. 3, 6.4, Algorithm R): no tombstones. */
-static size_t lmap_take(nv_lmap_t *m, uintptr_t base) {
+HM_RUN static size_t lmap_take(nv_lmap_t *m, uintptr_t base) {
     nv_lentry_t *e = lmap_find(m, base);
     if (!e) return 0;
     size_t size = e->size, i = (size_t)(e - m->e), mask = m->cap - 1;
@@ -66,12 +66,12 @@ static size_t lmap_take(nv_lmap_t *m, uintptr_t base) {
 }
 
 /* Bytes kept (retained slabs + cached large ranges) may grow by n? */
-static int kept_fits(nv_pool_t *nv, size_t n) {
+HM_RUN static int kept_fits(nv_pool_t *nv, size_t n) {
     size_t kept = atomic_load_explicit(&nv->kept, memory_order_relaxed);
     return nv->retained_max == SIZE_MAX || (kept <= nv->retained_max && n <= nv->retained_max - kept);
 }
 
-static void purge_range(nv_pool_t *nv, uintptr_t base, size_t size) {
+HM_RUN static void purge_range(nv_pool_t *nv, uintptr_t base, size_t size) {
     if (nv->can_purge_force || nv->can_purge_lazy)
         hm_pool_provider_purge(nv->pool, (void *)base, size, nv->can_purge_force);
 }
@@ -106,7 +106,7 @@ HM_INLINE hm_result_t provider_take(nv_pool_t *nv, size_t size, size_t align, vo
     return HM_SUCCESS;
 }
 
-static hm_result_t large_alloc(nv_pool_t *nv, size_t size, size_t align, void **out) {
+HM_RUN static hm_result_t large_alloc(nv_pool_t *nv, size_t size, size_t align, void **out) {
     size_t rsize = size <= nv->large_threshold ? scale_round(size) : size;
     if (rsize) rsize = hm_align_up(rsize, nv->page);
     if (!rsize) return HM_ERROR_OUT_OF_MEMORY;
@@ -159,7 +159,7 @@ static hm_result_t large_alloc(nv_pool_t *nv, size_t size, size_t align, void **
 }
 
 /* Keep [base, +size) in the cache (large_lock held). 0: no room. */
-static int lcache_push(nv_pool_t *nv, uintptr_t base, size_t size) {
+HM_RUN static int lcache_push(nv_pool_t *nv, uintptr_t base, size_t size) {
     if (nv->lcache_len == nv->lcache_cap) {
         size_t ncap = nv->lcache_cap ? nv->lcache_cap * 2 : 16;
         nv_lentry_t *n = realloc(nv->lcache, ncap * sizeof(*n));
@@ -174,7 +174,7 @@ static int lcache_push(nv_pool_t *nv, uintptr_t base, size_t size) {
     return 1;
 }
 
-static hm_result_t large_free(nv_pool_t *nv, void *p) {
+HM_RUN static hm_result_t large_free(nv_pool_t *nv, void *p) {
     hm__mutex_lock(&nv->large_lock);
     size_t size = lmap_take(&nv->live, (uintptr_t)p);
     if (!size) {

@@ -16,7 +16,7 @@
  * in turn; the orphan heap, untouched until used, is on pages of its own). */
 enum { META_HEAP, META_BATCH, META_TOP };
 
-static void *meta_carve(nv_pool_t *nv, size_t size, int kind) {
+HM_RUN static void *meta_carve(nv_pool_t *nv, size_t size, int kind) {
     if (!nv->meta) return NULL;
     uintptr_t at;
     if (kind == META_HEAP) {
@@ -38,7 +38,7 @@ static void *meta_carve(nv_pool_t *nv, size_t size, int kind) {
 /* size bytes of zeroed host memory, whole cache lines, that live until
  * nv_fini (depot_lock held), of a kind above; NULL: out of host memory
  * (logged by the mapping). */
-static void *meta_alloc(nv_pool_t *nv, size_t size, int kind) {
+HM_RUN static void *meta_alloc(nv_pool_t *nv, size_t size, int kind) {
     size = hm_align_up(size, HM_CACHE_LINE);
     void *p = meta_carve(nv, size, kind);
     if (p) return p;

@@ -163,7 +163,7 @@ static const hm_pool_ops_t native_ops = {
 
 const hm_pool_ops_t *hm_native_pool_ops(void) { return &native_ops; }
 
-hm_result_t hm_native_pool_create(hm_provider_t *provider, const hm_native_params_t *params,
+HM_RUN hm_result_t hm_native_pool_create(hm_provider_t *provider, const hm_native_params_t *params,
                                   uint32_t flags, hm_pool_t **pool) {
     return hm_pool_create(&native_ops, provider, params, flags, pool);
 }

@@ -10,7 +10,7 @@
  * straight from mmap: zero pages that the kernel backs only where a slot is
  * written, whatever malloc the process runs on (tcmalloc, for one, memsets
  * a large calloc: 1 MiB of RSS per pool before any allocation). */
-static void *map_table(size_t n) {
+HM_RUN static void *map_table(size_t n) {
     void *p;
     return hm__prim_map(n * sizeof(uintptr_t), 0, HM_PRIM_PROT_READ | HM_PRIM_PROT_WRITE,
                         HM_PRIM_MAP_NORESERVE, -1, 0, &p) == HM_SUCCESS
@@ -22,7 +22,7 @@ static void map_table_free(void *t, size_t n) {
     if (t) (void)hm__prim_unmap(t, n * sizeof(uintptr_t));
 }
 
-static hm_result_t map_init(nv_pool_t *nv) {
+HM_RUN static hm_result_t map_init(nv_pool_t *nv) {
     unsigned bits = NV_ADDR_BITS - nv->shift;
     nv->leaf_bits = bits / 2;
     nv->root_shift = nv->shift + nv->leaf_bits;
@@ -49,7 +49,7 @@ static void map_fini(nv_pool_t *nv) {
  * the caller yet: map_set then rechecks under the lock). The first leaf is
  * in the hint only (nv_pool.hint_first), never in the root, so that a pool
  * whose slabs all lie in one leaf's span touches no page of the root. */
-static _Atomic uintptr_t *map_leaf(nv_pool_t *nv, size_t ri) {
+HM_RUN static _Atomic uintptr_t *map_leaf(nv_pool_t *nv, size_t ri) {
     if (atomic_load_explicit(&nv->hint_first, memory_order_acquire) == ri << nv->leaf_bits)
         return atomic_load_explicit(&nv->hint_leaf, memory_order_relaxed);
     return (_Atomic uintptr_t *)atomic_load_explicit(&nv->root[ri], memory_order_acquire);
@@ -59,7 +59,7 @@ static _Atomic uintptr_t *map_leaf(nv_pool_t *nv, size_t ri) {
  * memory. Under the pool lock: installs are rare (one per leaf span, 4 GiB
  * with 64 KiB slabs), and the lock orders the hint's two fields for the
  * writers (readers: see map_get). */
-static HM_NOINLINE _Atomic uintptr_t *map_leaf_install(nv_pool_t *nv, size_t ri) {
+HM_RUN static HM_NOINLINE _Atomic uintptr_t *map_leaf_install(nv_pool_t *nv, size_t ri) {
     hm__mutex_lock(&nv->lock);
     _Atomic uintptr_t *leaf = map_leaf(nv, ri);
     if (!leaf && (leaf = map_table(nv->leaf_len))) {
@@ -79,7 +79,7 @@ static HM_NOINLINE _Atomic uintptr_t *map_leaf_install(nv_pool_t *nv, size_t ri)
 /* Point every unit of [base, base+span) at s (NULL to clear). 0: out of
  * host memory for a leaf (nothing changed for the units not reached).
  * Called without the pool lock (it takes it to install a leaf). */
-static int map_set(nv_pool_t *nv, uintptr_t base, size_t span, nv_slab_t *s) {
+HM_RUN static int map_set(nv_pool_t *nv, uintptr_t base, size_t span, nv_slab_t *s) {
     for (uintptr_t k = base >> nv->shift, end = (base + span) >> nv->shift; k < end; k++) {
         size_t ri = k >> nv->leaf_bits;
         _Atomic uintptr_t *leaf = map_leaf(nv, ri);

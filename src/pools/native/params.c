@@ -23,7 +23,7 @@ struct hm_native_params {
     unsigned batch;
 };
 
-hm_result_t hm_native_params_create(hm_native_params_t **params) {
+HM_RUN hm_result_t hm_native_params_create(hm_native_params_t **params) {
     if (!params) {
         HM_LOG_ERROR("hm_native_params_create: params is NULL");
         return HM_ERROR_INVALID_ARGUMENT;
@@ -42,7 +42,7 @@ static int params_ok(const hm_native_params_t *p, const char *fn) {
     return 0;
 }
 
-hm_result_t hm_native_params_destroy(hm_native_params_t *params) {
+HM_RUN hm_result_t hm_native_params_destroy(hm_native_params_t *params) {
     if (!params) return HM_SUCCESS;
     if (!params_ok(params, "hm_native_params_destroy")) return HM_ERROR_INVALID_ARGUMENT;
     params->magic = 0;
@@ -50,7 +50,7 @@ hm_result_t hm_native_params_destroy(hm_native_params_t *params) {
     return HM_SUCCESS;
 }
 
-hm_result_t hm_native_params_set_defaults(hm_native_params_t *params,
+HM_RUN hm_result_t hm_native_params_set_defaults(hm_native_params_t *params,
                                           hm_native_defaults_t defaults) {
     if (!params_ok(params, "hm_native_params_set_defaults")) return HM_ERROR_INVALID_ARGUMENT;
     if (defaults != HM_NATIVE_DEFAULTS_AUTO && defaults != HM_NATIVE_DEFAULTS_HOST &&
@@ -62,7 +62,7 @@ hm_result_t hm_native_params_set_defaults(hm_native_params_t *params,
     return HM_SUCCESS;
 }
 
-hm_result_t hm_native_params_set_slab_size(hm_native_params_t *params, size_t size) {
+HM_RUN hm_result_t hm_native_params_set_slab_size(hm_native_params_t *params, size_t size) {
     if (!params_ok(params, "hm_native_params_set_slab_size")) return HM_ERROR_INVALID_ARGUMENT;
     if (!hm_is_pow2(size) || size < NV_SLAB_MIN || size > NV_SLAB_MAX) {
         HM_LOG_ERROR("hm_native_params_set_slab_size(%zu): must be a power of two in "
@@ -74,7 +74,7 @@ hm_result_t hm_native_params_set_slab_size(hm_native_params_t *params, size_t si
     return HM_SUCCESS;
 }
 
-hm_result_t hm_native_params_set_size_class_limit(hm_native_params_t *params, size_t size) {
+HM_RUN hm_result_t hm_native_params_set_size_class_limit(hm_native_params_t *params, size_t size) {
     if (!params_ok(params, "hm_native_params_set_size_class_limit"))
         return HM_ERROR_INVALID_ARGUMENT;
     if (size < 64 || size > NV_CLASS_LIMIT_MAX) {
@@ -87,7 +87,7 @@ hm_result_t hm_native_params_set_size_class_limit(hm_native_params_t *params, si
     return HM_SUCCESS;
 }
 
-hm_result_t hm_native_params_set_large_threshold(hm_native_params_t *params, size_t size) {
+HM_RUN hm_result_t hm_native_params_set_large_threshold(hm_native_params_t *params, size_t size) {
     if (!params_ok(params, "hm_native_params_set_large_threshold"))
         return HM_ERROR_INVALID_ARGUMENT;
     params->large_threshold = size;
@@ -95,7 +95,7 @@ hm_result_t hm_native_params_set_large_threshold(hm_native_params_t *params, siz
     return HM_SUCCESS;
 }
 
-hm_result_t hm_native_params_set_retained_bytes(hm_native_params_t *params, size_t bytes) {
+HM_RUN hm_result_t hm_native_params_set_retained_bytes(hm_native_params_t *params, size_t bytes) {
     if (!params_ok(params, "hm_native_params_set_retained_bytes"))
         return HM_ERROR_INVALID_ARGUMENT;
     params->retained = bytes;
@@ -103,7 +103,7 @@ hm_result_t hm_native_params_set_retained_bytes(hm_native_params_t *params, size
     return HM_SUCCESS;
 }
 
-hm_result_t hm_native_params_set_remote_queue(hm_native_params_t *params,
+HM_RUN hm_result_t hm_native_params_set_remote_queue(hm_native_params_t *params,
                                               hm_native_remote_queue_t queue) {
     if (!params_ok(params, "hm_native_params_set_remote_queue"))
         return HM_ERROR_INVALID_ARGUMENT;
@@ -115,7 +115,7 @@ hm_result_t hm_native_params_set_remote_queue(hm_native_params_t *params,
     return HM_SUCCESS;
 }
 
-hm_result_t hm_native_params_set_remote_batch(hm_native_params_t *params, unsigned count) {
+HM_RUN hm_result_t hm_native_params_set_remote_batch(hm_native_params_t *params, unsigned count) {
     if (!params_ok(params, "hm_native_params_set_remote_batch"))
         return HM_ERROR_INVALID_ARGUMENT;
     if (count < 1 || count > NV_BATCH_CAP) {

@@ -13,7 +13,7 @@ HM_INLINE unsigned batch_size_of(uint32_t n) {
 }
 
 /* An empty batch of size big (batch_size_of); NULL: out of host memory. */
-static nv_batch_t *batch_get(nv_heap_t *h, unsigned big) {
+HM_RUN static nv_batch_t *batch_get(nv_heap_t *h, unsigned big) {
     nv_batch_t *b = h->stock[big];
     if (!b) {
         nv_pool_t *nv = h->nv;
@@ -49,7 +49,7 @@ static nv_batch_t *batch_get(nv_heap_t *h, unsigned big) {
     return b;
 }
 
-static void batch_put(nv_heap_t *h, nv_batch_t *b) {
+HM_RUN static void batch_put(nv_heap_t *h, nv_batch_t *b) {
     unsigned big = batch_size_of(b->cap);
     b->link = h->stock[big];
     h->stock[big] = b;
@@ -69,7 +69,7 @@ static void batch_put(nv_heap_t *h, nv_batch_t *b) {
 /* o's batch, small or middle, has no room for another entry: move its
  * entries into one of the next size (its cached entry settled by the
  * caller). NULL: out of host memory (o unchanged). */
-static nv_batch_t *batch_grow(nv_heap_t *h, nv_out_t *o) {
+HM_RUN static nv_batch_t *batch_grow(nv_heap_t *h, nv_out_t *o) {
     unsigned big = batch_size_of(o->b->cap) + 1;
     nv_batch_t *s = o->b, *b = batch_get(h, big);
     if (!b) return NULL;
@@ -98,7 +98,7 @@ HM_INLINE void out_settle(nv_heap_t *h) {
     h->r_span = 0;
 }
 
-static void publish(nv_heap_t *h, nv_out_t *o) {
+HM_RUN static void publish(nv_heap_t *h, nv_out_t *o) {
     out_settle(h);
     nv_batch_t *b = o->b;
     nv_heap_t *dest = o->dest;
@@ -117,7 +117,7 @@ static void publish(nv_heap_t *h, nv_out_t *o) {
     }
 }
 
-static void flush_all(nv_heap_t *h) {
+HM_RUN static void flush_all(nv_heap_t *h) {
     out_settle(h);
     for (unsigned i = 0; i < NV_OUT_SLOTS; i++)
         if (h->out[i].b) publish(h, &h->out[i]);
@@ -132,7 +132,7 @@ HM_INLINE size_t out_slot(const nv_heap_t *dest) {
 /* The outgoing batch slot for dest: two-way set-associative (slot and its
  * neighbour), so that two destinations hashing to one slot do not evict each
  * other on every free (which would publish batches of one). */
-static nv_out_t *out_pick(nv_heap_t *h, nv_heap_t *dest) {
+HM_RUN static nv_out_t *out_pick(nv_heap_t *h, nv_heap_t *dest) {
     size_t i = out_slot(dest);
     nv_out_t *a = &h->out[i], *b = &h->out[i ^ 1];
     if (a->b && a->dest == dest) return a;
@@ -155,7 +155,7 @@ static HM_NOINLINE hm_result_t remote_double_free(const nv_slab_t *s, uint32_t i
  * word when it has one (nv_out.ix); the entry becomes h's cached one (nv_heap.r_key), so the
  * next frees into that word take nv_free's fast path. Statistics are the
  * caller's. */
-static hm_result_t remote_free(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
+HM_RUN static hm_result_t remote_free(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
     nv_pool_t *nv = h->nv;
     uint32_t sub = idx & 63;
     uint64_t bit = (uint64_t)1 << sub;
@@ -266,7 +266,7 @@ static HM_NOINLINE void drain_bad(const nv_rent_t *e, const char *why) {
  * freeing side checked each block; the owner checks again that the slab is
  * its own and the word a word of it (a double free may have raced with the
  * slab going back to the pool). */
-static void drain_batch(nv_heap_t *h, nv_batch_t *b) {
+HM_RUN static void drain_batch(nv_heap_t *h, nv_batch_t *b) {
     nv_pool_t *nv = h->nv;
     nv_slab_t *s = NULL;
     uintptr_t lo = 0, span = 0;
@@ -314,7 +314,7 @@ HM_INLINE int drain_pending(nv_heap_t *h) {
 }
 
 /* Drain h's remote queue (owner only). Returns the blocks freed. */
-static size_t drain(nv_heap_t *h) {
+HM_RUN static size_t drain(nv_heap_t *h) {
     size_t n = 0;
     if (h->nv->queue == HM_NATIVE_QUEUE_WFCQ) {
         /* A cheap look first: head.next is set once a first node is linked. */

@@ -16,7 +16,7 @@ static uint32_t cls_words(const nv_pool_t *nv, unsigned c) {
  * class (a 64 KiB slab of 4 KiB blocks needs 2 lines, of 8-byte blocks 18),
  * so the descriptors of big classes sit close together. NULL: out of host
  * memory. */
-static nv_slab_t *desc_new(uint32_t words) {
+HM_RUN static nv_slab_t *desc_new(uint32_t words) {
     size_t size = hm_align_up(sizeof(nv_slab_t) + (size_t)words * sizeof(uint64_t), HM_CACHE_LINE);
     nv_slab_t *s = aligned_alloc(HM_CACHE_LINE, size); /* see nv_slab_t's layout */
     if (!s) return NULL;
@@ -52,7 +52,7 @@ HM_INLINE void slab_state(nv_slab_t *s, int in_partial, int is_cur) {
 }
 
 /* Carve s for class c of heap h and publish it in the page map. */
-static int slab_carve(nv_pool_t *nv, nv_slab_t *s, nv_heap_t *h, unsigned c) {
+HM_RUN static int slab_carve(nv_pool_t *nv, nv_slab_t *s, nv_heap_t *h, unsigned c) {
     uint32_t bsize = hm__nv_cls_size[c];
     s->owner = h;
     s->cls = (uint16_t)c;
@@ -76,7 +76,7 @@ static int slab_carve(nv_pool_t *nv, nv_slab_t *s, nv_heap_t *h, unsigned c) {
 }
 
 /* Return an empty slab (not current, in no list) to the pool. */
-static void slab_release(nv_pool_t *nv, nv_slab_t *s) {
+HM_RUN static void slab_release(nv_pool_t *nv, nv_slab_t *s) {
     map_set(nv, s->base, s->span, NULL);
     s->owner = NULL;
     hm__mutex_lock(&nv->lock);
@@ -122,7 +122,7 @@ static void slab_unacquire(nv_pool_t *nv, nv_slab_t *s) {
 
 /* A slab for class c of heap h: a retained one of the same span, or a new
  * provider range. */
-static hm_result_t slab_acquire(nv_pool_t *nv, nv_heap_t *h, unsigned c, nv_slab_t **out) {
+HM_RUN static hm_result_t slab_acquire(nv_pool_t *nv, nv_heap_t *h, unsigned c, nv_slab_t **out) {
     size_t span = nv->cls_span[c];
     uint32_t words = cls_words(nv, c);
     nv_slab_t *s = NULL, **fit = NULL;
@@ -181,7 +181,7 @@ static hm_result_t slab_acquire(nv_pool_t *nv, nv_heap_t *h, unsigned c, nv_slab
 /* The head of the partial list of s's class in its owner heap. */
 HM_INLINE nv_slab_t **partial_head(nv_slab_t *s) { return &s->owner->partial[s->cls]; }
 
-static void partial_push(nv_cls_t *cl, nv_slab_t *s) {
+HM_RUN static void partial_push(nv_cls_t *cl, nv_slab_t *s) {
     (void)cl;
     nv_slab_t **head = partial_head(s);
     s->prev = NULL;
@@ -191,7 +191,7 @@ static void partial_push(nv_cls_t *cl, nv_slab_t *s) {
     slab_state(s, 1, s->is_cur);
 }
 
-static void partial_unlink(nv_cls_t *cl, nv_slab_t *s) {
+HM_RUN static void partial_unlink(nv_cls_t *cl, nv_slab_t *s) {
     (void)cl;
     if (s->prev) s->prev->next = s->next;
     else *partial_head(s) = s->next;
@@ -314,7 +314,7 @@ HM_INLINE void stk_put(nv_cls_t *cl, nv_slab_t *s, uintptr_t p, uint32_t idx, nv
 
 /* stk_push's part for a full stack; returns HM_SUCCESS (free_general
  * tail-calls it, so that its fast path keeps no register for it). */
-static HM_NOINLINE hm_result_t stk_full(const nv_slab_t *s) {
+HM_RUN static HM_NOINLINE hm_result_t stk_full(const nv_slab_t *s) {
     stat_add_i(&s->owner->st_bytes, -(int64_t)s->bsize);
     return HM_SUCCESS;
 }
@@ -327,7 +327,7 @@ HM_INLINE void stk_push(nv_cls_t *cl, nv_slab_t *s, uintptr_t p, uint32_t idx) {
 
 /* s (h's) goes back to the pool: drop its entries (oldest first, so the
  * order of the others stays). */
-static void stk_purge(nv_heap_t *h, const nv_slab_t *s) {
+HM_RUN static void stk_purge(nv_heap_t *h, const nv_slab_t *s) {
     nv_cls_t *cl = &h->cls[s->cls];
     nv_sent_t *top = stk_top(cl), *end = cl->stk + NV_STACK_CAP, *w = end;
     uint32_t n = stk_count(top);
@@ -383,7 +383,7 @@ HM_INLINE void heap_forget_last(nv_heap_t *h) {
  * policy that keeps fragmentation lowest in Johnstone and Wilson, "The
  * memory fragmentation problem: solved?", ISMM 1998). Local frees leave scan
  * alone (the free-block stacks reuse those blocks first). */
-static void take_word(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s) {
+HM_RUN static void take_word(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s) {
     uint32_t i = s->scan;
     while (!s->bits[i]) i = i + 1 == s->nwords ? 0 : i + 1;
     uint64_t w = s->bits[i];
@@ -400,7 +400,7 @@ static void take_word(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s) {
 }
 
 /* Give cl's current slab back to the lists (its word's free bits too). */
-static void cls_retire_cur(nv_heap_t *h, nv_cls_t *cl) {
+HM_RUN static void cls_retire_cur(nv_heap_t *h, nv_cls_t *cl) {
     nv_slab_t *s = cl->cur;
     if (!s) return;
     uint64_t bits = cl_bits(cl);
@@ -439,7 +439,7 @@ static HM_NOINLINE hm_result_t double_free_at(const nv_slab_t *s, uintptr_t p) {
 /* A free changed the state of s, which is not its class's current slab: it
  * was full (it joins the partial list) or it is now empty (it goes back to
  * the pool). */
-static HM_NOINLINE void slab_transition(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s) {
+HM_RUN static HM_NOINLINE void slab_transition(nv_heap_t *h, nv_cls_t *cl, nv_slab_t *s) {
     if (s->nfree == s->nblocks) {
         if (s->in_partial) partial_unlink(cl, s);
         nv_slab_t *cur = cl->cur;
@@ -472,6 +472,7 @@ typedef hm_result_t (*nv_other_fn)(void *p); /* see free_impl */
  * state (see slab_transition). other (hm__native_free's): a slab going back
  * to the pool may call free, so that case goes there, unchanged; a full
  * slab joining the partial list calls nothing. */
+HM_RUN
 static HM_NOINLINE hm_result_t free_transition(nv_slab_t *s, uintptr_t p, nv_other_fn other) {
     nv_heap_t *h = s->owner;
     uint32_t idx = slab_idx(s, p - s->base);
