@@ -62,7 +62,14 @@
  * peak. The file pages are mostly code, which the kernel maps up to 16
  * pages at a time around each page executed (fault-around) if they are in
  * the page cache, so their count depends on the library's layout and on the
- * cache, not on the allocator's use of memory. */
+ * cache, not on the allocator's use of memory.
+ *
+ * Code layout: the native pool's run-time code sits in the first 64 KiB of
+ * libhetmem's text (functions marked HM_RUN, cmake/hm_text.ld). After a
+ * change to the paths these children run, check that it still does:
+ *   scripts/text_layout.sh build-release
+ * runs the remote, fan-in and xmalloc children under callgrind and lists the
+ * functions they execute without the mark (nothing listed: exit status 0). */
 #include "harness.h"
 #include "workloads.h"
 

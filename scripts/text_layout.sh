@@ -1,13 +1,14 @@
 #!/bin/bash
 # SPDX-License-Identifier: MIT
 # Lists the functions of libhetmem.so that a native pool's run executes but
-# that lie outside the run-time section (.text.hm_run, cmake/hm_text.ld): add
-# them to the fragment, or they cost resident code pages (docs/architecture.md,
-# "Code layout"). Runs `bench_native --rss-child CASE native N` under
-# callgrind for the remote, fan-in and xmalloc cases; teardown (destroy, fini,
-# the tracker's drain and flush, the statistics read at the end) runs after
-# the figures are taken and is left out by name. Needs valgrind and a Release
-# build.
+# that lie outside the run-time section (.text.hm_run, cmake/hm_text.ld): each
+# is missing the HM_RUN mark at its definition (src/internal.h) and costs
+# resident code pages (docs/architecture.md, "Code layout"). Runs
+# `bench_native --rss-child CASE native N` under callgrind for the remote,
+# fan-in and xmalloc cases; teardown (destroy, fini, the tracker's drain and
+# flush, the statistics read at the end) runs after the figures are taken and
+# is left out by name. Needs valgrind and a Release build; part of the
+# benchmark's routine (bench/bench_native.c, README "Benchmarks"), not a test.
 #   scripts/text_layout.sh [BUILD_DIR]       (default: build)
 # Exit status: 0 when nothing is listed, 1 otherwise, 2 on a usage error.
 set -uo pipefail
@@ -38,7 +39,7 @@ rc=$?
 if [ $rc -eq 0 ]; then
   echo "text_layout: every function the runs execute is in .text.hm_run"
 else
-  echo "text_layout: executed outside .text.hm_run (add to cmake/hm_text.ld or check):"
+  echo "text_layout: executed outside .text.hm_run (mark them HM_RUN where they are defined):"
   cat "$tmp/out"
 fi
 exit $rc

@@ -42,7 +42,7 @@ static size_t reg_hash(const void *h) {
     return (size_t)(x >> 56) & (HM_REG_BUCKETS - 1);
 }
 
-int hm__handle_register(const void *h, int kind) {
+HM_RUN int hm__handle_register(const void *h, int kind) {
     reg_node_t *n = malloc(sizeof(*n));
     if (!n) return 0;
     n->h = h;
@@ -71,7 +71,7 @@ int hm__handle_unregister(const void *h, int kind) {
     return found != NULL;
 }
 
-int hm__handle_is_live(const void *h, int kind) {
+HM_RUN int hm__handle_is_live(const void *h, int kind) {
     int live = 0;
     size_t b = reg_hash(h);
     hm__mutex_lock(&lib.reg_lock);
@@ -174,12 +174,12 @@ static void fork_child(void) {
 /* The library's one pthread_atfork call site (per copy of the library: the
  * proxy's is its own; see fork.h): once at the first slot, again after a
  * driver's set-up (hm__fork_after_drivers). */
-static void fork_register(void) {
+HM_RUN static void fork_register(void) {
     if (pthread_atfork(fork_prepare, fork_parent, fork_child)) HM_DIE("pthread_atfork failed");
     atomic_fetch_add_explicit(&fork_registrations, 1, memory_order_relaxed);
 }
 
-void hm__fork_after_drivers(void) {
+HM_RUN void hm__fork_after_drivers(void) {
     static _Atomic size_t seen;
     size_t loaded = hm__dl_loaded();
     size_t was = atomic_load_explicit(&seen, memory_order_relaxed);
@@ -191,7 +191,7 @@ void hm__fork_after_drivers(void) {
     fork_register();
 }
 
-void hm__fork_enable(hm_fork_slot_t slot, const hm_fork_hooks_t *hooks) {
+HM_RUN void hm__fork_enable(hm_fork_slot_t slot, const hm_fork_hooks_t *hooks) {
     HM_ASSERT((unsigned)slot < HM_FORK_SLOTS);
     if (!hooks) hooks = &fork_builtin[slot];
     HM_ASSERT(hooks->prepare || hooks->parent || hooks->child);
@@ -222,7 +222,7 @@ size_t hm__fork_trace(hm_fork_phase_t phase, hm_fork_slot_t *out, size_t cap) {
 
 static _Atomic int lib_inited;
 
-static void init_once(void) {
+HM_RUN static void init_once(void) {
     hm__log_init();
     hm__tracker_init();
     /* The library's own slots (prim fills its own at the first read of the
@@ -238,7 +238,7 @@ static void init_once(void) {
     atomic_store(&lib_inited, 1);
 }
 
-void hm__init(void) {
+HM_RUN void hm__init(void) {
     if (pthread_once(&lib.once, init_once)) HM_DIE("pthread_once failed");
 }
 

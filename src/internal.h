@@ -15,6 +15,11 @@
 #define HM_CACHE_LINE 64
 #define HM_CACHE_ALIGNED __attribute__((aligned(HM_CACHE_LINE)))
 #define HM_PRINTF(a, b) __attribute__((format(printf, a, b)))
+/* Marks a function that a program using a native pool runs, from set-up through
+ * its steady state: the link puts the section at the start of the text
+ * segment (cmake/hm_text.ld says why); scripts/text_layout.sh lists what such
+ * runs execute without the mark. Inlined functions need none. */
+#define HM_RUN __attribute__((section(".text.hm_run")))
 
 #define hm_container_of(ptr, type, member) \
     ((type *)((char *)(ptr) - offsetof(type, member)))

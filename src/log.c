@@ -56,7 +56,7 @@ static const char *level_name(hm_log_level_t l) {
 
 /* Called once from hm__init(). */
 void hm__log_init(void);
-void hm__log_init(void) {
+HM_RUN void hm__log_init(void) {
     const char *env = getenv("HM_LOG");
     if (!env || !*env) return;
     char lvl[16];

@@ -13,6 +13,7 @@ static void *malloc_checked(hm_pool_t *pool, size_t size);
 static hm_result_t free_via_op(hm_pool_t *pool, void *ptr);
 static hm_result_t free_checked(hm_pool_t *pool, void *ptr);
 
+HM_RUN
 hm_result_t hm_pool_create(const hm_pool_ops_t *ops, hm_provider_t *provider, const void *params,
                            uint32_t flags, hm_pool_t **out) {
     hm__init();
@@ -135,6 +136,7 @@ static HM_NOINLINE __attribute__((cold)) void *fail_errno(hm_result_t r) {
     return NULL;
 }
 
+HM_RUN
 void *hm__malloc_via(hm_result_t (*alloc)(void *state, size_t size, size_t alignment, void **ptr),
                      void *state, size_t size) {
     void *p;
@@ -144,12 +146,12 @@ void *hm__malloc_via(hm_result_t (*alloc)(void *state, size_t size, size_t align
 }
 
 /* The entries (hm_pool.malloc_entry): pool is not NULL. */
-static HM_NOINLINE void *malloc_checked(hm_pool_t *pool, size_t size) {
+HM_RUN static HM_NOINLINE void *malloc_checked(hm_pool_t *pool, size_t size) {
     if (hm_unlikely(!size)) return fail_errno(HM_ERROR_INVALID_ARGUMENT);
     return hm__malloc_via(pool->alloc, pool->state, size);
 }
 
-static void *malloc_via_fast(hm_pool_t *pool, size_t size) {
+HM_RUN static void *malloc_via_fast(hm_pool_t *pool, size_t size) {
     if (hm_likely(size)) return pool->malloc_fast(pool->state, size); /* a tail call */
     return fail_errno(HM_ERROR_INVALID_ARGUMENT);
 }
@@ -159,12 +161,12 @@ static HM_NOINLINE __attribute__((cold)) void *malloc_null_pool(void) {
     return fail_errno(HM_ERROR_INVALID_ARGUMENT);
 }
 
-void *hm_pool_malloc(hm_pool_t *pool, size_t size) {
+HM_RUN void *hm_pool_malloc(hm_pool_t *pool, size_t size) {
     if (hm_likely(pool != NULL)) return pool->malloc_entry(pool, size); /* a tail call */
     return malloc_null_pool();
 }
 
-void *hm_pool_aligned_malloc(hm_pool_t *pool, size_t size, size_t alignment) {
+HM_RUN void *hm_pool_aligned_malloc(hm_pool_t *pool, size_t size, size_t alignment) {
     if (hm_unlikely(!pool || !size || !hm_is_pow2(alignment))) {
         if (!pool) HM_LOG_ERROR("hm_pool_aligned_malloc: pool is NULL");
         else if (size && !hm_is_pow2(alignment))
@@ -178,7 +180,7 @@ void *hm_pool_aligned_malloc(hm_pool_t *pool, size_t size, size_t alignment) {
     return p;
 }
 
-void *hm_pool_calloc(hm_pool_t *pool, size_t num, size_t size) {
+HM_RUN void *hm_pool_calloc(hm_pool_t *pool, size_t num, size_t size) {
     if (!pool) {
         HM_LOG_ERROR("hm_pool_calloc: pool is NULL");
         return fail_errno(HM_ERROR_INVALID_ARGUMENT);
@@ -269,7 +271,7 @@ static inline int owns(hm_pool_t *pool, const void *ptr) {
     return !pool->check_owner || hm__tracker_lookup_pool(ptr) == pool;
 }
 
-void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size) {
+HM_RUN void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size) {
     if (!pool) {
         HM_LOG_ERROR("hm_pool_realloc: pool is NULL");
         return fail_errno(HM_ERROR_INVALID_ARGUMENT);
@@ -348,11 +350,12 @@ static HM_NOINLINE hm_result_t free_checked(hm_pool_t *pool, void *ptr) {
 
 /* The pool checks pointers itself (or is untracked) and holds no IPC
  * mapping that ptr could be. */
-static hm_result_t free_via_op(hm_pool_t *pool, void *ptr) {
+HM_RUN static hm_result_t free_via_op(hm_pool_t *pool, void *ptr) {
     if (hm_likely(ptr != NULL)) return pool->free(pool->state, ptr); /* a tail call */
     return HM_SUCCESS;
 }
 
+HM_RUN
 void hm__pool_set_entries(hm_pool_t *pool, hm_pool_malloc_entry_t m, hm_pool_free_entry_t f) {
     pool->malloc_entry = m;
     if (pool->check_owner) return;
@@ -388,13 +391,13 @@ static HM_NOINLINE __attribute__((cold)) hm_result_t free_null_pool(void) {
     return HM_ERROR_INVALID_ARGUMENT;
 }
 
-hm_result_t hm_pool_free(hm_pool_t *pool, void *ptr) {
+HM_RUN hm_result_t hm_pool_free(hm_pool_t *pool, void *ptr) {
     if (hm_likely(pool != NULL)) /* a tail call */
         return atomic_load_explicit(&pool->free_entry, memory_order_relaxed)(pool, ptr);
     return free_null_pool();
 }
 
-size_t hm_pool_malloc_usable_size(hm_pool_t *pool, const void *ptr) {
+HM_RUN size_t hm_pool_malloc_usable_size(hm_pool_t *pool, const void *ptr) {
     if (!pool || !ptr || !pool->ops.usable_size || !owns(pool, ptr)) return 0;
     return pool->ops.usable_size(pool->state, ptr);
 }
@@ -424,12 +427,13 @@ hm_result_t hm_pool_get_stats(hm_pool_t *pool, hm_pool_stats_t *stats) {
 const char *hm_pool_name(const hm_pool_t *pool) {
     return pool ? (pool->ops.name ? pool->ops.name : "unnamed") : "(null)";
 }
+HM_RUN
 hm_provider_t *hm_pool_get_provider(const hm_pool_t *pool) { return pool ? pool->provider : NULL; }
 uint32_t hm_pool_flags(const hm_pool_t *pool) { return pool ? pool->flags : 0; }
 
 /* ---- tracker-backed public calls ---- */
 
-hm_result_t hm_free(void *ptr) {
+HM_RUN hm_result_t hm_free(void *ptr) {
     if (!ptr) return HM_SUCCESS;
     hm_tracker_entry_t e;
     if (hm_unlikely(!hm__tracker_lookup(ptr, &e))) {
@@ -441,7 +445,7 @@ hm_result_t hm_free(void *ptr) {
     return free_tracked(e.pool, ptr, &e);
 }
 
-hm_pool_t *hm_pool_by_ptr(const void *ptr) {
+HM_RUN hm_pool_t *hm_pool_by_ptr(const void *ptr) {
     if (!ptr) return NULL;
     return hm__tracker_lookup_pool(ptr);
 }
@@ -469,6 +473,7 @@ static uint32_t track_flags(const hm_pool_t *pool) {
     return pool->cpu_accessible ? HM_TRACK_HOST_ACCESSIBLE : 0;
 }
 
+HM_RUN
 hm_result_t hm_pool_provider_alloc(hm_pool_t *pool, size_t size, size_t alignment, void **ptr) {
     if (hm_unlikely(!pool)) return HM_ERROR_INVALID_ARGUMENT;
     hm_result_t r = hm_provider_alloc(pool->provider, size, alignment, ptr);
@@ -482,7 +487,7 @@ hm_result_t hm_pool_provider_alloc(hm_pool_t *pool, size_t size, size_t alignmen
     return r;
 }
 
-hm_result_t hm_pool_provider_free(hm_pool_t *pool, void *ptr, size_t size) {
+HM_RUN hm_result_t hm_pool_provider_free(hm_pool_t *pool, void *ptr, size_t size) {
     if (hm_unlikely(!pool || !ptr || !size)) return HM_ERROR_INVALID_ARGUMENT;
     hm_provider_t *prov = pool->provider;
     if (!prov->ops.free) return HM_ERROR_NOT_SUPPORTED;

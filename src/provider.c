@@ -33,7 +33,7 @@ _Static_assert(OPS_V1_SIZE == offsetof(hm_provider_ops_t, ipc) +
                                   sizeof(((hm_provider_ops_t *)0)->ipc),
                "version 2 ops must start right after the version 1 table");
 
-hm_result_t hm_provider_create(const hm_provider_ops_t *ops, const void *params,
+HM_RUN hm_result_t hm_provider_create(const hm_provider_ops_t *ops, const void *params,
                                hm_provider_t **out) {
     hm__init();
     if (!ops || !out) {
@@ -117,7 +117,7 @@ hm_result_t hm_provider_destroy(hm_provider_t *p) {
     return HM_SUCCESS;
 }
 
-int hm__provider_is_live(const hm_provider_t *p) {
+HM_RUN int hm__provider_is_live(const hm_provider_t *p) {
     return p && hm__handle_is_live(p, HM_HANDLE_PROVIDER);
 }
 
@@ -129,7 +129,7 @@ int hm__provider_is_live(const hm_provider_t *p) {
         }                                                         \
     } while (0)
 
-hm_result_t hm_provider_alloc(hm_provider_t *p, size_t size, size_t alignment, void **ptr) {
+HM_RUN hm_result_t hm_provider_alloc(hm_provider_t *p, size_t size, size_t alignment, void **ptr) {
     CHECK_PROVIDER(p, "hm_provider_alloc");
     if (hm_unlikely(!ptr)) {
         HM_LOG_ERROR("hm_provider_alloc: out pointer is NULL");
@@ -180,7 +180,7 @@ static hm_result_t range_args(const hm_provider_t *p, const void *ptr, size_t si
     return HM_SUCCESS;
 }
 
-hm_result_t hm_provider_free(hm_provider_t *p, void *ptr, size_t size) {
+HM_RUN hm_result_t hm_provider_free(hm_provider_t *p, void *ptr, size_t size) {
     hm_result_t r = range_args(p, ptr, size, "hm_provider_free");
     if (r) return r;
     if (!p->ops.free) return HM_ERROR_NOT_SUPPORTED;
@@ -291,16 +291,17 @@ hm_result_t hm_provider_get_info(const hm_provider_t *p, hm_provider_info_t *inf
 }
 
 const char *hm_provider_name(const hm_provider_t *p) { return p ? p->info.name : "(null)"; }
-hm_memory_kind_t hm_provider_memory_kind(const hm_provider_t *p) {
+HM_RUN hm_memory_kind_t hm_provider_memory_kind(const hm_provider_t *p) {
     return p ? p->info.kind : HM_MEMORY_HOST;
 }
-bool hm_provider_cpu_accessible(const hm_provider_t *p) {
+HM_RUN bool hm_provider_cpu_accessible(const hm_provider_t *p) {
     return p && (p->info.caps & HM_PROVIDER_CAP_CPU_ACCESS);
 }
+HM_RUN
 size_t hm_provider_min_page_size(const hm_provider_t *p) { return p ? p->info.min_page_size : 0; }
-size_t hm_provider_recommended_page_size(const hm_provider_t *p) {
+HM_RUN size_t hm_provider_recommended_page_size(const hm_provider_t *p) {
     return p ? p->info.recommended_page_size : 0;
 }
-uint32_t hm_provider_caps(const hm_provider_t *p) { return p ? p->info.caps : 0; }
+HM_RUN uint32_t hm_provider_caps(const hm_provider_t *p) { return p ? p->info.caps : 0; }
 const hm_provider_ops_t *hm_provider_get_ops(const hm_provider_t *p) { return p ? &p->ops : NULL; }
 void *hm_provider_get_state(const hm_provider_t *p) { return p ? p->state : NULL; }

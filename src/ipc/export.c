@@ -531,7 +531,7 @@ static void xreap(void) {
     free(r);
 }
 
-bool hm__ipc_provider_defer(hm_provider_t *prov) {
+HM_RUN bool hm__ipc_provider_defer(hm_provider_t *prov) {
     if (hm_likely(!atomic_load_explicit(&gx.norphans, memory_order_relaxed))) return false;
     hm__mutex_lock(&gx.lock);
     bool held = xholds_range_of(prov, NULL);
@@ -913,7 +913,7 @@ hm_result_t hm_ipc_put(hm_ipc_handle_t *handle) {
     return HM_SUCCESS;
 }
 
-bool hm__ipc_range_take(hm_pool_t *pool, void *base, size_t size) {
+HM_RUN bool hm__ipc_range_take(hm_pool_t *pool, void *base, size_t size) {
     if (hm_likely(!atomic_load_explicit(&gx.count, memory_order_relaxed) &&
                   !atomic_load_explicit(&gx.norphans, memory_order_relaxed)))
         return false;
@@ -935,7 +935,7 @@ bool hm__ipc_range_take(hm_pool_t *pool, void *base, size_t size) {
     return taken;
 }
 
-void hm__ipc_provider_gone(hm_provider_t *prov) {
+HM_RUN void hm__ipc_provider_gone(hm_provider_t *prov) {
     if (hm_likely(!atomic_load_explicit(&gx.norphans, memory_order_relaxed))) return;
     hm__mutex_lock(&gx.lock);
     for (xent_t *o = gx.orphans; o; o = o->onext) {
@@ -947,7 +947,7 @@ void hm__ipc_provider_gone(hm_provider_t *prov) {
     hm__mutex_unlock(&gx.lock);
 }
 
-bool hm__ipc_range_release(hm_pool_t *pool, void *base, size_t size) {
+HM_RUN bool hm__ipc_range_release(hm_pool_t *pool, void *base, size_t size) {
     if (hm_likely(!atomic_load_explicit(&gx.count, memory_order_relaxed))) return false;
     bool taken = false;
     hm__mutex_lock(&gx.lock);

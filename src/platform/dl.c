@@ -29,7 +29,7 @@ struct hm_dl_lib {
 static hm_dl_lib_t *_Atomic g_libs;
 static _Atomic size_t g_loaded; /* libraries dlopen() loaded */
 
-size_t hm__dl_loaded(void) { return atomic_load_explicit(&g_loaded, memory_order_relaxed); }
+HM_RUN size_t hm__dl_loaded(void) { return atomic_load_explicit(&g_loaded, memory_order_relaxed); }
 
 static hm_dl_lib_t *find(hm_dl_lib_t *from, const char *path) {
     for (hm_dl_lib_t *e = from; e; e = e->next)

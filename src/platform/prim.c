@@ -92,7 +92,7 @@
 
 static _Atomic size_t page_size_cache;
 
-size_t hm__prim_page_size(void) {
+HM_RUN size_t hm__prim_page_size(void) {
     size_t ps = atomic_load_explicit(&page_size_cache, memory_order_relaxed);
     if (hm_likely(ps)) return ps;
     long v = sysconf(_SC_PAGESIZE);
@@ -174,11 +174,12 @@ static int os_map_flags(unsigned flags, int fd) {
 
 /* Unmap a trimmed piece; failure here leaves only unused address space
  * behind, so it is recorded and otherwise ignored. */
-static void unmap_piece(void *addr, size_t size) {
+HM_RUN static void unmap_piece(void *addr, size_t size) {
     if (size && munmap(addr, size) != 0)
         (void)hm__errno_result(errno, "munmap(%p, %zu) of an alignment trim", addr, size);
 }
 
+HM_RUN
 hm_result_t hm__prim_map(size_t size, size_t alignment, unsigned prot, unsigned flags, int fd,
                          uint64_t offset, void **out) {
     *out = NULL;
@@ -245,7 +246,7 @@ hm_result_t hm__prim_map(size_t size, size_t alignment, unsigned prot, unsigned 
     return HM_SUCCESS;
 }
 
-hm_result_t hm__prim_unmap(void *addr, size_t size) {
+HM_RUN hm_result_t hm__prim_unmap(void *addr, size_t size) {
     if (munmap(addr, size) != 0) return hm__errno_result(errno, "munmap(%p, %zu)", addr, size);
     return HM_SUCCESS;
 }
@@ -256,7 +257,7 @@ hm_result_t hm__prim_protect(void *addr, size_t size, unsigned prot) {
     return HM_SUCCESS;
 }
 
-hm_result_t hm__prim_advise(void *addr, size_t size, hm_prim_advice_t advice) {
+HM_RUN hm_result_t hm__prim_advise(void *addr, size_t size, hm_prim_advice_t advice) {
     int a;
     const char *name;
     switch (advice) {
@@ -536,9 +537,9 @@ void hm__prim_atfork_child(void) {
 /* The PRIM slot of the fork list, filled at the first read of the epoch or
  * the nonce (a child-only slot: filling it takes no lock, so the first read
  * may come from under any lock). */
-static void prim_fork_start(void) { hm__fork_enable(HM_FORK_PRIM, NULL); }
+HM_RUN static void prim_fork_start(void) { hm__fork_enable(HM_FORK_PRIM, NULL); }
 
-unsigned hm__prim_fork_epoch(void) {
+HM_RUN unsigned hm__prim_fork_epoch(void) {
     pthread_once(&fork_once, prim_fork_start);
     return atomic_load_explicit(&fork_epoch, memory_order_acquire);
 }

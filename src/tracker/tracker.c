@@ -230,7 +230,7 @@ static inline size_t slot_index(unsigned level, uintptr_t a) {
 static _Atomic uint64_t g_next_id = 1;
 static __thread uint64_t t_id_next, t_id_end;
 
-static uint64_t new_id(void) {
+HM_RUN static uint64_t new_id(void) {
     if (hm_unlikely(t_id_next == t_id_end)) {
         t_id_next = atomic_fetch_add_explicit(&g_next_id, ID_BLOCK, memory_order_relaxed);
         t_id_end = t_id_next + ID_BLOCK;
@@ -288,7 +288,7 @@ static void free_list(retired_t *r) {
 static void reclaim_later(retired_t *list);
 
 /* Append [head..tail] (n objects) to this thread's shard; maybe reclaim. */
-static void retire_list(retired_t *head, retired_t *tail, size_t n) {
+HM_RUN static void retire_list(retired_t *head, retired_t *tail, size_t n) {
     if (!head) return;
     if (hm_unlikely(!t_shard))
         t_shard = 1 + atomic_fetch_add_explicit(&g_shard_rr, 1, memory_order_relaxed) %
@@ -326,7 +326,7 @@ static _Atomic long g_batches_pending;
  * (test_tracker_fork hung so, with its writer thread in that window). */
 static pthread_mutex_t g_reclaim_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void batch_free(struct rcu_head *h) {
+HM_RUN static void batch_free(struct rcu_head *h) {
     batch_t *b = caa_container_of(h, batch_t, head);
     TSAN_GRACE_DONE();
     TSAN_ACQUIRE(b);
@@ -342,7 +342,7 @@ static void wait_batches(void) {
     }
 }
 
-static void reclaim_later(retired_t *list) {
+HM_RUN static void reclaim_later(retired_t *list) {
     batch_t *b = malloc(sizeof *b);
     if (hm_unlikely(!b)) {
         grace_period();
@@ -392,7 +392,7 @@ static retired_t *steal_all_shards(void) {
 }
 
 /* ---- allocation of metadata ---- */
-static node_t *node_new(void) {
+HM_RUN static node_t *node_new(void) {
     node_t *n = aligned_alloc(HM_CACHE_LINE, sizeof(node_t));
     if (n) {
         memset(n, 0, sizeof *n);
@@ -401,7 +401,7 @@ static node_t *node_new(void) {
     return n;
 }
 
-static plist_t *plist_new(uint32_t n) {
+HM_RUN static plist_t *plist_new(uint32_t n) {
     plist_t *p = malloc(sizeof *p + (size_t)n * sizeof(ple_t));
     if (p) {
         p->retire.kind = RET_PLAIN;
@@ -449,7 +449,7 @@ static void root_unmap(root_t *r) {
 }
 
 /* Create the root on first use. */
-static root_t *root_get(void) {
+HM_RUN static root_t *root_get(void) {
     root_t *r = atomic_load_explicit(&g_root, memory_order_acquire);
     if (hm_likely(r)) return r;
     root_t *p = root_map();
@@ -511,7 +511,7 @@ typedef struct tcache {
 static __thread tcache_t t_cache;
 
 /* Must run inside a read-side section. */
-static rec_t *find_rec(uintptr_t a) {
+HM_RUN static rec_t *find_rec(uintptr_t a) {
     root_t *root = atomic_load_explicit(&g_root, memory_order_acquire);
     if (hm_unlikely(!root || (a >> VA_BITS))) return NULL;
     tcache_t *tc = &t_cache;
@@ -555,7 +555,7 @@ static void fill_entry(const rec_t *r, hm_tracker_entry_t *out) {
     out->flags = r->flags;
 }
 
-int hm__tracker_lookup(const void *ptr, hm_tracker_entry_t *out) {
+HM_RUN int hm__tracker_lookup(const void *ptr, hm_tracker_entry_t *out) {
     rd_t rd = rd_lock();
     rec_t *r = find_rec((uintptr_t)ptr);
     if (r && out) fill_entry(r, out);
@@ -563,7 +563,7 @@ int hm__tracker_lookup(const void *ptr, hm_tracker_entry_t *out) {
     return r != NULL;
 }
 
-hm_pool_t *hm__tracker_lookup_pool(const void *ptr) {
+HM_RUN hm_pool_t *hm__tracker_lookup_pool(const void *ptr) {
     rd_t rd = rd_lock();
     rec_t *r = find_rec((uintptr_t)ptr);
     hm_pool_t *pool = r ? r->pool : NULL;
@@ -760,7 +760,7 @@ static int only_old(const op_t *op, uintptr_t cur) {
 
 /* Apply op to one slot spanning [s, s + span); [lo, hi) is the op's range
  * clipped to it. Returns 0 to stop the walk (INSERT failure). */
-static int slot_apply(op_t *op, slot_t *slot, unsigned level, uintptr_t s, uintptr_t lo,
+HM_RUN static int slot_apply(op_t *op, slot_t *slot, unsigned level, uintptr_t s, uintptr_t lo,
                       uintptr_t hi) {
     uintptr_t e = s + ((uintptr_t)1 << level_shift[level]);
     int full = lo == s && hi == e;
@@ -939,7 +939,7 @@ static int range_ok(uintptr_t base, size_t size) {
 static pthread_mutex_t g_reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static hm_tracker_index_t *g_reg_head;
 
-void hm__tracker_index_init(hm_tracker_index_t *idx) {
+HM_RUN void hm__tracker_index_init(hm_tracker_index_t *idx) {
     int e = pthread_mutex_init(&idx->lock, NULL);
     if (e) HM_DIE("pthread_mutex_init: %d", e);
     idx->head = NULL;
@@ -1019,6 +1019,7 @@ static rec_t *rec_new(hm_tracker_index_t *idx, hm_pool_t *pool, hm_provider_t *p
     return r;
 }
 
+HM_RUN
 hm_result_t hm__tracker_insert(hm_tracker_index_t *idx, hm_pool_t *pool, hm_provider_t *provider,
                                uintptr_t base, size_t size, uint32_t flags, uint64_t *id) {
     if (hm_unlikely(!idx || !range_ok(base, size))) {
@@ -1083,7 +1084,7 @@ static rec_t *claim(uintptr_t base, size_t size) {
     return r;
 }
 
-hm_result_t hm__tracker_remove(uintptr_t base, size_t size) {
+HM_RUN hm_result_t hm__tracker_remove(uintptr_t base, size_t size) {
     if (hm_unlikely(!range_ok(base, size))) return HM_ERROR_NOT_FOUND;
     root_t *root = atomic_load_explicit(&g_root, memory_order_acquire);
     if (!root) return HM_ERROR_NOT_FOUND;
@@ -1320,7 +1321,7 @@ void hm__tracker_flush(void) {
 
 /* ---- library hooks ---- */
 
-void hm__tracker_init(void) { (void)root_get(); }
+HM_RUN void hm__tracker_init(void) { (void)root_get(); }
 
 /* Does the subtree hold anything but nodes? */
 static int subtree_has_records(uintptr_t v) {

@@ -489,7 +489,7 @@ static hm_result_t check_page_kind(os_provider_t *s) {
 
 static void os_fini(void *state);
 
-static hm_result_t os_init(const void *params, void **state) {
+HM_RUN static hm_result_t os_init(const void *params, void **state) {
     *state = NULL;
     hm_os_params_t defaults = {
         .magic = OS_PARAMS_MAGIC,
@@ -563,7 +563,7 @@ static void os_fini(void *state) {
     free(s);
 }
 
-static void os_get_info(void *state, hm_provider_info_t *info) {
+HM_RUN static void os_get_info(void *state, hm_provider_info_t *info) {
     const os_provider_t *s = state;
     uint32_t caps = HM_PROVIDER_CAP_FREE | HM_PROVIDER_CAP_PURGE_LAZY |
                     HM_PROVIDER_CAP_PURGE_FORCE | HM_PROVIDER_CAP_SPLIT_MERGE;
@@ -648,7 +648,7 @@ static hm_result_t alloc_shared(os_provider_t *s, size_t len, size_t alignment, 
     return r;
 }
 
-static hm_result_t os_alloc(void *state, size_t size, size_t alignment, void **ptr) {
+HM_RUN static hm_result_t os_alloc(void *state, size_t size, size_t alignment, void **ptr) {
     os_provider_t *s = state;
     *ptr = NULL;
     if (!size) {
@@ -730,7 +730,7 @@ static hm_result_t free_shared(os_provider_t *s, void *ptr, size_t len) {
     return ur;
 }
 
-static hm_result_t os_free(void *state, void *ptr, size_t size) {
+HM_RUN static hm_result_t os_free(void *state, void *ptr, size_t size) {
     os_provider_t *s = state;
     size_t len;
     hm_result_t r = check_range(s, ptr, size, "free", &len);
@@ -1082,6 +1082,6 @@ static const hm_provider_ops_t os_ops = {
 
 const hm_provider_ops_t *hm_os_provider_ops(void) { return &os_ops; }
 
-hm_result_t hm_os_provider_create(const hm_os_params_t *params, hm_provider_t **provider) {
+HM_RUN hm_result_t hm_os_provider_create(const hm_os_params_t *params, hm_provider_t **provider) {
     return hm_provider_create(&os_ops, params, provider);
 }
