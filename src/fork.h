@@ -40,10 +40,10 @@
  *                                                                    set-up (which takes only
  *                                                                    jemalloc's own locks)
  *  IPC              ipc/             pilist_lock -> each pi->lock    pools give provider ranges
- *                                    -> gc.lock, imp_arena (import)  back (hm__ipc_range_release,
- *                                    -> gx.lock, view arenas         _busy) under their locks;
+ *                                    -> opened.lock, imp_arena (import)  back (hm__ipc_range_release,
+ *                                    -> exports.lock, view arenas         _busy) under their locks;
  *                                    (export) -> pidfd cache; the    ipc.get/put call providers
- *                                    child drops the parent's        under gx.lock
+ *                                    child drops the parent's        under exports.lock
  *                                    export cache
  *  (device          providers/cuda,  their own locks: a slot of      after IPC, which calls their
  *   providers)      level_zero       their own here                  ipc ops under its locks;

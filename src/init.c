@@ -227,7 +227,7 @@ HM_RUN static void init_once(void) {
     hm__tracker_init();
     /* The library's own slots (prim fills its own at the first read of the
      * fork epoch, the jemalloc pool at its first pool). IPC's is filled
-     * here, not at IPC's first use: every hm_ipc_get takes gx.lock before
+     * here, not at IPC's first use: every hm_ipc_get takes exports.lock before
      * it sets IPC up, so a fork at the process's first get would leave that
      * lock held in the child. */
     hm__fork_enable(HM_FORK_RCU, NULL);

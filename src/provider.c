@@ -130,6 +130,7 @@ HM_RUN int hm__provider_is_live(const hm_provider_t *p) {
     } while (0)
 
 HM_RUN hm_result_t hm_provider_alloc(hm_provider_t *p, size_t size, size_t alignment, void **ptr) {
+    if (ptr) *ptr = NULL; /* on every failure, this one's included */
     CHECK_PROVIDER(p, "hm_provider_alloc");
     if (hm_unlikely(!ptr)) {
         HM_LOG_ERROR("hm_provider_alloc: out pointer is NULL");

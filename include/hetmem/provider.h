@@ -224,7 +224,8 @@ HM_API hm_result_t hm_provider_destroy(hm_provider_t *provider);
 
 /* Raw provider calls. Every call is thread-safe. Memory obtained here is not
  * tracked (hm_free does not know it); pools get tracked memory through
- * hm_pool_provider_alloc(). */
+ * hm_pool_provider_alloc(). hm_provider_alloc sets *ptr to NULL on every
+ * failure (ptr itself NULL: HM_ERROR_INVALID_ARGUMENT). */
 HM_API hm_result_t hm_provider_alloc(hm_provider_t *provider, size_t size, size_t alignment,
                                      void **ptr);
 HM_API hm_result_t hm_provider_free(hm_provider_t *provider, void *ptr, size_t size);

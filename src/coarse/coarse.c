@@ -284,7 +284,6 @@ void hm__coarse_destroy(hm_coarse_t *c) {
     free(c);
 }
 
-size_t hm__coarse_granularity(const hm_coarse_t *c) { return c->gran; }
 
 /* Records the region [base, +len) as one free block (*blk, if blk is not
  * NULL). */

@@ -133,7 +133,6 @@ hm_result_t hm__coarse_lookup(hm_coarse_t *c, const void *ptr, size_t size,
                               hm_coarse_range_t *out);
 
 void hm__coarse_get_stats(hm_coarse_t *c, hm_coarse_stats_t *stats);
-size_t hm__coarse_granularity(const hm_coarse_t *c);
 
 /* ---- for tests ---- */
 /* Verify every invariant above; NULL if all hold, else a static message. */

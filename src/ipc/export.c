@@ -7,7 +7,7 @@
  * address is a different entry). The entry holds the provider's export
  * (ipc.get once; ipc.put when the entry goes) and one encoded handle per
  * exported offset ("views"). Views of live entries are also indexed by the
- * exported pointer (gx.vb): a repeated hm_ipc_get of a pointer is one probe
+ * exported pointer (exports.vb): a repeated hm_ipc_get of a pointer is one probe
  * there (no tracker lookup: an entry is detached, its views leaving the
  * index, before the pool front-end frees, splits or merges its range); a
  * new pointer costs a tracker lookup (lock-free) and a probe of the base
@@ -19,7 +19,7 @@
  * put. An entry whose provider put fails is kept, without views, as an
  * orphan (put_retry) and put again after the next put that provider accepts
  * and at its pool's destroy: the provider holds the range for the export
- * until then, not for good. All of it is guarded by gx.lock (short
+ * until then, not for good. All of it is guarded by exports.lock (short
  * sections, no system call on a hit; the provider's ipc.get/put run under it
  * so that a pool destroy can never race a put into a destroyed provider).
  *
@@ -31,20 +31,20 @@
  * into the pool with no lock held (pi->flushers keeps the pool alive until
  * then: its destroy waits). Splitting or merging a range with refs > 0 is
  * refused (hm__ipc_range_busy). A forked child moves the parent's lists to
- * gx.due, freed at its next IPC call or checked free. refs, dfr, held's
- * changes and due are guarded by gx.lock; held is read without it.
+ * exports.due, freed at its next IPC call or checked free. refs, dfr, held's
+ * changes and due are guarded by exports.lock; held is read without it.
  *
- *  Lock order: gx.lock -> view_arena.lock, view_arena_big.lock (views are
- *  made and freed under gx.lock); gx.lock -> the provider's own locks
- *  (ipc.get/put run under it); no import-side lock is taken under gx.lock.
+ *  Lock order: exports.lock -> view_arena.lock, view_arena_big.lock (views are
+ *  made and freed under exports.lock); exports.lock -> the provider's own locks
+ *  (ipc.get/put run under it); no import-side lock is taken under exports.lock.
  *
  *  Fields and who guards them:
- *   gx (hash, ring, orphans, views    gx.lock
+ *   exports (hash, ring, orphans, views    exports.lock
  *   index, due list), xent, xview
- *   gx.count, gx.due_count            written under gx.lock, read relaxed
+ *   exports.count, exports.due_count            written under exports.lock, read relaxed
  *                                     without it (fast "nothing exported")
- *   pi->xhead                         gx.lock
- *   pi->held                          changed under gx.lock, read relaxed
+ *   pi->xhead                         exports.lock
+ *   pi->held                          changed under exports.lock, read relaxed
  *   pi->flushers                      atomic; a destroy waits for 0 */
 #include "ipc/ipc_core.h"
 
@@ -59,9 +59,9 @@ static _Atomic unsigned ptrace_epoch; /* fork epoch + 1 of the last PR_SET_PTRAC
 /* One exported offset of an export entry: the handle given to users.
  * Reference counts and the CLOCK bit live here, not in the entry, so that a
  * get or put hit touches the view's first line only (plus the index
- * bucket). gx.lock guards every field. */
+ * bucket). exports.lock guards every field. */
 typedef struct xview {
-    struct xview *pnext; /* gx.vb, by exported pointer (while its xent is live);
+    struct xview *pnext; /* exports.vb, by exported pointer (while its xent is live);
                             arena free list when free */
     uintptr_t ptr;       /* the exported pointer: base + offset */
     uint32_t refs;       /* gets not yet put */
@@ -81,9 +81,9 @@ typedef struct xview {
     ((offsetof(xview_t, wire) + HM_IPC_HEADER_SIZE + HM_IPC_PAYLOAD_MAX + 63) & ~(size_t)63)
 
 typedef struct xent {
-    struct xent *hnext;        /* gx hash (live entries) */
+    struct xent *hnext;        /* exports hash (live entries) */
     struct xent *lprev, *lnext; /* pool's list (while pi is set) */
-    struct xent *oprev, *onext; /* gx.orphans: detached, still used */
+    struct xent *oprev, *onext; /* exports.orphans: detached, still used */
     struct xent *rprev, *rnext; /* CLOCK ring: live entries with no get outstanding */
     struct hm_ipc_pool *pi;    /* NULL once orphaned (pool destroyed) */
     hm_provider_t *prov;
@@ -148,7 +148,7 @@ static struct {
         void *ptr;
         size_t size;
     } *due;
-    _Atomic size_t norphans; /* gx.orphans' length (hm__ipc_range_take's quick test) */
+    _Atomic size_t norphans; /* exports.orphans' length (hm__ipc_range_take's quick test) */
     size_t ndue, cdue;
     _Atomic size_t due_count;
     size_t nretry;                 /* put_retry orphans */
@@ -160,16 +160,16 @@ static struct {
     hm_provider_t **deferred, **reap;
     size_t ndeferred, cdeferred, nreap, creap;
     _Atomic size_t reap_count;
-} gx = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} exports = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* ------------------------------------------------------------------------ */
 /* export cache                                                             */
 
-static inline size_t xbucket(uintptr_t base) { return hm__ipc_mix64(base) & (gx.cap - 1); }
+static inline size_t xbucket(uintptr_t base) { return hm__ipc_mix64(base) & (exports.cap - 1); }
 
-static xent_t *xfind(uintptr_t base) {
-    if (!gx.cap) return NULL;
-    for (xent_t *x = gx.b[xbucket(base)]; x; x = x->hnext)
+static xent_t *export_find(uintptr_t base) {
+    if (!exports.cap) return NULL;
+    for (xent_t *x = exports.b[xbucket(base)]; x; x = x->hnext)
         if (x->base == base) return x;
     return NULL;
 }
@@ -189,31 +189,31 @@ static void xent_free(xent_t *x) {
     free(x);
 }
 
-/* ---- holds: frees deferred while an export is outstanding (gx.lock) ---- */
+/* ---- holds: frees deferred while an export is outstanding (exports.lock) ---- */
 
 static void xdetach(xent_t *x);
 
-/* ---- the CLOCK ring of unused live entries (gx.lock held) ----
+/* ---- the CLOCK ring of unused live entries (exports.lock held) ----
  * An entry with gets outstanding is off the ring, so the evictor visits
  * only what it may evict: a get that must evict costs O(1) amortised
  * however many exports are held. */
 static void xring_add(xent_t *x) {
-    if (!gx.hand) {
+    if (!exports.hand) {
         x->rnext = x->rprev = x;
-        gx.hand = x;
+        exports.hand = x;
     } else { /* just behind the hand: visited last */
-        x->rnext = gx.hand;
-        x->rprev = gx.hand->rprev;
+        x->rnext = exports.hand;
+        x->rprev = exports.hand->rprev;
         x->rprev->rnext = x;
-        gx.hand->rprev = x;
+        exports.hand->rprev = x;
     }
     x->in_ring = true;
 }
 static void xring_del(xent_t *x) {
     if (x->rnext == x) {
-        gx.hand = NULL;
+        exports.hand = NULL;
     } else {
-        if (gx.hand == x) gx.hand = x->rnext;
+        if (exports.hand == x) exports.hand = x->rnext;
         x->rprev->rnext = x->rnext;
         x->rnext->rprev = x->rprev;
     }
@@ -293,14 +293,14 @@ static void xflush_run(xflush_t *fl) {
 
 /* Forked child: x's deferred frees become the child's to do. */
 static bool xdue_add(struct xdue d) {
-    if (gx.ndue == gx.cdue) {
-        size_t c = gx.cdue ? 2 * gx.cdue : 16;
-        struct xdue *n = realloc(gx.due, c * sizeof(*n));
+    if (exports.ndue == exports.cdue) {
+        size_t c = exports.cdue ? 2 * exports.cdue : 16;
+        struct xdue *n = realloc(exports.due, c * sizeof(*n));
         if (!n) return false;
-        gx.due = n;
-        gx.cdue = c;
+        exports.due = n;
+        exports.cdue = c;
     }
-    gx.due[gx.ndue++] = d;
+    exports.due[exports.ndue++] = d;
     return true;
 }
 static void xdefer_orphan(xent_t *x) {
@@ -314,18 +314,18 @@ static void xdefer_orphan(xent_t *x) {
         !xdue_add((struct xdue){.prov = x->prov, .ptr = (void *)x->base, .size = x->size}))
         HM_LOG_WARN("IPC: out of memory: [%p, +%zu), freed while the parent exported it, stays "
                     "allocated in this child", (void *)x->base, x->size);
-    atomic_store_explicit(&gx.due_count, gx.ndue, memory_order_relaxed);
+    atomic_store_explicit(&exports.due_count, exports.ndue, memory_order_relaxed);
 }
 
 /* Free the due blocks (any thread; no lock held by the caller). */
 static HM_NOINLINE void xdue_run(void) {
-    hm__mutex_lock(&gx.lock);
-    struct xdue *d = gx.due;
-    size_t n = gx.ndue;
-    gx.due = NULL;
-    gx.ndue = gx.cdue = 0;
-    atomic_store_explicit(&gx.due_count, 0, memory_order_relaxed);
-    hm__mutex_unlock(&gx.lock);
+    hm__mutex_lock(&exports.lock);
+    struct xdue *d = exports.due;
+    size_t n = exports.ndue;
+    exports.due = NULL;
+    exports.ndue = exports.cdue = 0;
+    atomic_store_explicit(&exports.due_count, 0, memory_order_relaxed);
+    hm__mutex_unlock(&exports.lock);
     for (size_t i = 0; i < n; i++) {
         hm_pool_t *pool = d[i].pool;
         hm_result_t r = pool ? pool->ops.free(pool->state, d[i].ptr)
@@ -340,7 +340,7 @@ static HM_NOINLINE void xdue_run(void) {
 }
 static void xreap(void);
 static inline void xdue_check(void) {
-    if (hm_unlikely(atomic_load_explicit(&gx.due_count, memory_order_relaxed))) xdue_run();
+    if (hm_unlikely(atomic_load_explicit(&exports.due_count, memory_order_relaxed))) xdue_run();
     xreap();
 }
 
@@ -361,9 +361,9 @@ static bool block_extent(hm_pool_t *pool, const void *ptr, size_t *n) {
 }
 
 /* The live export of pi's range *e with gets outstanding that holds the
- * block [ptr, +n), or NULL (gx.lock held). */
+ * block [ptr, +n), or NULL (exports.lock held). */
 static xent_t *xheld(hm_ipc_pool_t *pi, const void *ptr, size_t n, const hm_tracker_entry_t *e) {
-    xent_t *x = xfind(e->base);
+    xent_t *x = export_find(e->base);
     if (x && x->live && x->id == e->id && x->refs && x->pi == pi && xholds(x, (uintptr_t)ptr, n))
         return x;
     return NULL;
@@ -379,7 +379,7 @@ hm_result_t hm__ipc_free_held(hm_pool_t *pool, void *ptr, const hm_tracker_entry
         !block_extent(pool, ptr, &n))
         return HM_SUCCESS;
     hm_result_t r = HM_SUCCESS;
-    hm__mutex_lock(&gx.lock);
+    hm__mutex_lock(&exports.lock);
     xent_t *x = xheld(pi, ptr, n, e);
     if (!x) goto out; /* not held: the pool frees it now */
     *done = true;
@@ -404,7 +404,7 @@ hm_result_t hm__ipc_free_held(hm_pool_t *pool, void *ptr, const hm_tracker_entry
     }
     x->dfr[x->ndfr++] = ptr;
 out:
-    hm__mutex_unlock(&gx.lock);
+    hm__mutex_unlock(&exports.lock);
     return r;
 }
 
@@ -414,35 +414,35 @@ bool hm__ipc_is_held(hm_pool_t *pool, const void *ptr, const hm_tracker_entry_t 
     if (!pi || !atomic_load_explicit(&pi->held, memory_order_relaxed) ||
         !block_extent(pool, ptr, &n))
         return false;
-    hm__mutex_lock(&gx.lock);
+    hm__mutex_lock(&exports.lock);
     bool held = xheld(pi, ptr, n, e) != NULL;
-    hm__mutex_unlock(&gx.lock);
+    hm__mutex_unlock(&exports.lock);
     return held;
 }
 
 bool hm__ipc_range_busy(hm_pool_t *pool, void *base) {
-    if (hm_likely(!atomic_load_explicit(&gx.count, memory_order_relaxed))) return false;
-    hm__mutex_lock(&gx.lock);
-    xent_t *x = xfind((uintptr_t)base);
+    if (hm_likely(!atomic_load_explicit(&exports.count, memory_order_relaxed))) return false;
+    hm__mutex_lock(&exports.lock);
+    xent_t *x = export_find((uintptr_t)base);
     bool busy = x && x->pi && x->pi->pool == pool && x->refs;
     if (x && !busy && x->pi && x->pi->pool == pool) xdetach(x);
-    hm__mutex_unlock(&gx.lock);
+    hm__mutex_unlock(&exports.lock);
     return busy;
 }
 
 static void olist_unlink(xent_t *x) {
-    atomic_fetch_sub_explicit(&gx.norphans, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&exports.norphans, 1, memory_order_relaxed);
     if (x->oprev) x->oprev->onext = x->onext;
-    else gx.orphans = x->onext;
+    else exports.orphans = x->onext;
     if (x->onext) x->onext->oprev = x->oprev;
     x->oprev = x->onext = NULL;
 }
 static void olist_push(xent_t *x) {
-    atomic_fetch_add_explicit(&gx.norphans, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&exports.norphans, 1, memory_order_relaxed);
     x->oprev = NULL;
-    x->onext = gx.orphans;
-    if (gx.orphans) gx.orphans->oprev = x;
-    gx.orphans = x;
+    x->onext = exports.orphans;
+    if (exports.orphans) exports.orphans->oprev = x;
+    exports.orphans = x;
 }
 
 static void xlist_unlink(xent_t **head, xent_t *x) {
@@ -472,13 +472,13 @@ static bool xprovider_put(xent_t *x, const char *then) {
     return true;
 }
 
-static bool in_orphans(const xent_t *x) { return x->oprev || gx.orphans == x; }
+static bool in_orphans(const xent_t *x) { return x->oprev || exports.orphans == x; }
 
 /* After x's provider put: a range the pool freed while it was exported
- * goes back to its provider now (gx.lock held; the provider's free nests
+ * goes back to its provider now (exports.lock held; the provider's free nests
  * under it as its ipc.put does). */
 static bool xholds_range_of(const hm_provider_t *prov, const xent_t *skip) {
-    for (xent_t *o = gx.orphans; o; o = o->onext)
+    for (xent_t *o = exports.orphans; o; o = o->onext)
         if (o != skip && o->prov == prov && o->free_held) return true;
     return false;
 }
@@ -492,36 +492,36 @@ static void xfinish(xent_t *x) {
                     x->prov->info.name, (void *)x->base, x->size, hm_result_string(r));
     /* The last held range of a provider its pool destroyed: the provider
      * goes now (after the unlock: xreap). */
-    for (size_t i = 0; i < gx.ndeferred; i++) {
-        if (gx.deferred[i] != x->prov || xholds_range_of(x->prov, x)) continue;
-        gx.deferred[i] = gx.deferred[--gx.ndeferred];
-        if (gx.nreap == gx.creap) {
-            size_t cap = gx.creap ? 2 * gx.creap : 4;
-            hm_provider_t **t = realloc(gx.reap, cap * sizeof(*t));
+    for (size_t i = 0; i < exports.ndeferred; i++) {
+        if (exports.deferred[i] != x->prov || xholds_range_of(x->prov, x)) continue;
+        exports.deferred[i] = exports.deferred[--exports.ndeferred];
+        if (exports.nreap == exports.creap) {
+            size_t cap = exports.creap ? 2 * exports.creap : 4;
+            hm_provider_t **t = realloc(exports.reap, cap * sizeof(*t));
             if (!t) {
                 HM_LOG_ERROR("IPC: no memory to destroy provider '%s' after its last put: left",
                              x->prov->info.name);
                 break;
             }
-            gx.reap = t;
-            gx.creap = cap;
+            exports.reap = t;
+            exports.creap = cap;
         }
-        gx.reap[gx.nreap++] = x->prov;
-        atomic_store_explicit(&gx.reap_count, gx.nreap, memory_order_relaxed);
+        exports.reap[exports.nreap++] = x->prov;
+        atomic_store_explicit(&exports.reap_count, exports.nreap, memory_order_relaxed);
         break;
     }
 }
 
 /* Destroy the providers xfinish found due (no lock held). */
 static void xreap(void) {
-    if (hm_likely(!atomic_load_explicit(&gx.reap_count, memory_order_relaxed))) return;
-    hm__mutex_lock(&gx.lock);
-    hm_provider_t **r = gx.reap;
-    size_t n = gx.nreap;
-    gx.reap = NULL;
-    gx.nreap = gx.creap = 0;
-    atomic_store_explicit(&gx.reap_count, 0, memory_order_relaxed);
-    hm__mutex_unlock(&gx.lock);
+    if (hm_likely(!atomic_load_explicit(&exports.reap_count, memory_order_relaxed))) return;
+    hm__mutex_lock(&exports.lock);
+    hm_provider_t **r = exports.reap;
+    size_t n = exports.nreap;
+    exports.reap = NULL;
+    exports.nreap = exports.creap = 0;
+    atomic_store_explicit(&exports.reap_count, 0, memory_order_relaxed);
+    hm__mutex_unlock(&exports.lock);
     for (size_t i = 0; i < n; i++) {
         hm_result_t e = hm_provider_destroy(r[i]);
         if (e != HM_SUCCESS)
@@ -532,21 +532,21 @@ static void xreap(void) {
 }
 
 HM_RUN bool hm__ipc_provider_defer(hm_provider_t *prov) {
-    if (hm_likely(!atomic_load_explicit(&gx.norphans, memory_order_relaxed))) return false;
-    hm__mutex_lock(&gx.lock);
+    if (hm_likely(!atomic_load_explicit(&exports.norphans, memory_order_relaxed))) return false;
+    hm__mutex_lock(&exports.lock);
     bool held = xholds_range_of(prov, NULL);
-    if (held && gx.ndeferred == gx.cdeferred) {
-        size_t cap = gx.cdeferred ? 2 * gx.cdeferred : 4;
-        hm_provider_t **t = realloc(gx.deferred, cap * sizeof(*t));
+    if (held && exports.ndeferred == exports.cdeferred) {
+        size_t cap = exports.cdeferred ? 2 * exports.cdeferred : 4;
+        hm_provider_t **t = realloc(exports.deferred, cap * sizeof(*t));
         if (t) {
-            gx.deferred = t;
-            gx.cdeferred = cap;
+            exports.deferred = t;
+            exports.cdeferred = cap;
         } else {
             held = false; /* destroyed now: its held ranges go with it */
         }
     }
-    if (held) gx.deferred[gx.ndeferred++] = prov;
-    hm__mutex_unlock(&gx.lock);
+    if (held) exports.deferred[exports.ndeferred++] = prov;
+    hm__mutex_unlock(&exports.lock);
     if (held)
         HM_LOG_INFO("IPC: provider '%s' is destroyed after the last put of its exported ranges",
                     prov->info.name);
@@ -554,17 +554,17 @@ HM_RUN bool hm__ipc_provider_defer(hm_provider_t *prov) {
 }
 
 /* Put again what prov refused before (put_retry orphans), now that it
- * accepted a put; a pool's destroy does its own. gx.lock held. */
+ * accepted a put; a pool's destroy does its own. exports.lock held. */
 static void xretry(hm_provider_t *prov) {
-    for (xent_t *o = gx.orphans, *no; o && gx.nretry; o = no) {
+    for (xent_t *o = exports.orphans, *no; o && exports.nretry; o = no) {
         no = o->onext;
-        if (!o->put_retry || o->prov != prov || (o->pi && o->pi == gx.destroying) ||
+        if (!o->put_retry || o->prov != prov || (o->pi && o->pi == exports.destroying) ||
             !xprovider_put(o, "tried again later"))
             continue;
         xfinish(o);
         olist_unlink(o);
         if (o->pi) xlist_unlink(&o->pi->xhead, o);
-        gx.nretry--;
+        exports.nretry--;
         xent_free(o);
     }
 }
@@ -572,7 +572,7 @@ static void xretry(hm_provider_t *prov) {
 /* x is out of the hash and the ring and has no user left: its provider
  * export goes back and x is freed. If the provider refuses the put, x stays
  * on its pool's list as an orphan without views (put_retry), put again by
- * xretry or the pool's destroy. gx.lock held. */
+ * xretry or the pool's destroy. exports.lock held. */
 static void xrelease(xent_t *x) {
     hm_provider_t *prov = x->prov;
     if (xprovider_put(x, "tried again at a later put or the pool destroy")) {
@@ -580,7 +580,7 @@ static void xrelease(xent_t *x) {
         if (in_orphans(x)) olist_unlink(x);
         if (x->pi) xlist_unlink(&x->pi->xhead, x);
         xent_free(x);
-        if (gx.nretry) xretry(prov);
+        if (exports.nretry) xretry(prov);
         return;
     }
     for (xview_t *v = x->views, *nv; v; v = nv) { /* no handle names them any more */
@@ -589,58 +589,58 @@ static void xrelease(xent_t *x) {
     }
     x->views = NULL;
     if (!in_orphans(x)) olist_push(x);
-    if (!x->put_retry) gx.nretry++;
+    if (!x->put_retry) exports.nretry++;
     x->put_retry = true;
 }
 
-/* ---- views by exported pointer (gx.lock held) ---- */
-static inline size_t vbucket(uintptr_t ptr) { return hm__ipc_mix64(ptr) & (gx.vcap - 1); }
-static inline xview_t *vfind(uintptr_t ptr) {
-    if (hm_unlikely(!gx.vcap)) return NULL;
-    for (xview_t *v = gx.vb[vbucket(ptr)]; v; v = v->pnext)
+/* ---- views by exported pointer (exports.lock held) ---- */
+static inline size_t vbucket(uintptr_t ptr) { return hm__ipc_mix64(ptr) & (exports.vcap - 1); }
+static inline xview_t *view_find(uintptr_t ptr) {
+    if (hm_unlikely(!exports.vcap)) return NULL;
+    for (xview_t *v = exports.vb[vbucket(ptr)]; v; v = v->pnext)
         if (v->ptr == ptr) return v;
     return NULL;
 }
 static void vinsert(xview_t *v) {
-    if (gx.vn >= gx.vcap) { /* double (best effort: without memory chains grow) */
-        size_t cap = gx.vcap ? gx.vcap * 2 : 64;
+    if (exports.vn >= exports.vcap) { /* double (best effort: without memory chains grow) */
+        size_t cap = exports.vcap ? exports.vcap * 2 : 64;
         xview_t **b = calloc(cap, sizeof(*b));
         if (b) {
-            for (size_t i = 0; i < gx.vcap; i++)
-                for (xview_t *w = gx.vb[i], *nw; w; w = nw) {
+            for (size_t i = 0; i < exports.vcap; i++)
+                for (xview_t *w = exports.vb[i], *nw; w; w = nw) {
                     nw = w->pnext;
                     size_t k = hm__ipc_mix64(w->ptr) & (cap - 1);
                     w->pnext = b[k];
                     b[k] = w;
                 }
-            free(gx.vb);
-            gx.vb = b;
-            gx.vcap = cap;
-        } else if (!gx.vcap) {
+            free(exports.vb);
+            exports.vb = b;
+            exports.vcap = cap;
+        } else if (!exports.vcap) {
             return; /* no index at all: gets take the tracker path */
         }
     }
     size_t k = vbucket(v->ptr);
-    v->pnext = gx.vb[k];
-    gx.vb[k] = v;
-    gx.vn++;
+    v->pnext = exports.vb[k];
+    exports.vb[k] = v;
+    exports.vn++;
 }
 static void vunlink(xview_t *v) {
-    if (!gx.vcap) return;
-    xview_t **p = &gx.vb[vbucket(v->ptr)];
+    if (!exports.vcap) return;
+    xview_t **p = &exports.vb[vbucket(v->ptr)];
     while (*p && *p != v) p = &(*p)->pnext;
     if (*p) {
         *p = v->pnext;
-        gx.vn--;
+        exports.vn--;
     }
 }
 
-/* Take x out of the hash and ring (gx.lock held). Unused: released now.
- * Used: moved to gx.orphans and released at its last put; it also stays in
+/* Take x out of the hash and ring (exports.lock held). Unused: released now.
+ * Used: moved to exports.orphans and released at its last put; it also stays in
  * its pool's list so that a pool destroy releases the provider export
  * before the provider goes. */
 static void xdetach(xent_t *x) {
-    xent_t **p = &gx.b[xbucket(x->base)];
+    xent_t **p = &exports.b[xbucket(x->base)];
     while (*p != x) p = &(*p)->hnext;
     *p = x->hnext;
     if (x->in_ring) xring_del(x);
@@ -649,27 +649,27 @@ static void xdetach(xent_t *x) {
         vunlink(v);
         v->gone = 1;
     }
-    gx.n--;
-    atomic_store_explicit(&gx.count, gx.n, memory_order_relaxed);
+    exports.n--;
+    atomic_store_explicit(&exports.count, exports.n, memory_order_relaxed);
     if (!x->refs) xrelease(x);
     else olist_push(x);
 }
 
 static hm_result_t xgrow(void) {
-    if (gx.n < gx.cap) return HM_SUCCESS;
-    size_t cap = gx.cap ? gx.cap * 2 : 64;
+    if (exports.n < exports.cap) return HM_SUCCESS;
+    size_t cap = exports.cap ? exports.cap * 2 : 64;
     xent_t **b = calloc(cap, sizeof(*b));
     if (!b) return HM_ERROR_OUT_OF_HOST_MEMORY;
-    for (size_t i = 0; i < gx.cap; i++)
-        for (xent_t *x = gx.b[i], *nx; x; x = nx) {
+    for (size_t i = 0; i < exports.cap; i++)
+        for (xent_t *x = exports.b[i], *nx; x; x = nx) {
             nx = x->hnext;
             size_t k = hm__ipc_mix64(x->base) & (cap - 1);
             x->hnext = b[k];
             b[k] = x;
         }
-    free(gx.b);
-    gx.b = b;
-    gx.cap = cap;
+    free(exports.b);
+    exports.b = b;
+    exports.cap = cap;
     return HM_SUCCESS;
 }
 
@@ -680,16 +680,16 @@ static hm_result_t xgrow(void) {
  * entries may keep the cache over its bound until they are put. */
 #define XEVICT_STEPS 64
 static void xevict(void) {
-    for (int steps = XEVICT_STEPS; gx.n >= hm__ipc_export_max && gx.hand && steps; steps--) {
-        xent_t *x = gx.hand;
-        gx.hand = x->rnext;
+    for (int steps = XEVICT_STEPS; exports.n >= hm__ipc_export_max && exports.hand && steps; steps--) {
+        xent_t *x = exports.hand;
+        exports.hand = x->rnext;
         if (xused_clear(x)) continue;
         xdetach(x);
     }
 }
 
 /* The provider's export of te's range into a fresh entry, made with no
- * lock held: a driver's own locks never nest under gx.lock here (a driver
+ * lock held: a driver's own locks never nest under exports.lock here (a driver
  * may hold them across fork in handlers of its own, which run before the
  * library's). */
 static hm_result_t xmake(const hm_tracker_entry_t *te, xent_t **out) {
@@ -725,7 +725,7 @@ static void xunmake(xent_t *x, hm_provider_t *prov) {
     free(x);
 }
 
-/* Publish x (from xmake) for te's range in pi (gx.lock held). */
+/* Publish x (from xmake) for te's range in pi (exports.lock held). */
 static hm_result_t xlink(xent_t *x, const hm_tracker_entry_t *te, hm_ipc_pool_t *pi) {
     hm_provider_t *prov = te->provider;
     hm_result_t r = xgrow();
@@ -739,12 +739,12 @@ static hm_result_t xlink(xent_t *x, const hm_tracker_entry_t *te, hm_ipc_pool_t 
     x->id = te->id;
     x->live = true;
     size_t k = xbucket(x->base);
-    x->hnext = gx.b[k];
-    gx.b[k] = x;
+    x->hnext = exports.b[k];
+    exports.b[k] = x;
     xring_add(x); /* unused until the get that made it takes its reference */
     xlist_push(&pi->xhead, x);
-    gx.n++;
-    atomic_store_explicit(&gx.count, gx.n, memory_order_relaxed);
+    exports.n++;
+    atomic_store_explicit(&exports.count, exports.n, memory_order_relaxed);
     return HM_SUCCESS;
 }
 
@@ -791,20 +791,20 @@ hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size) 
     *size = 0;
     /* Hit: this very pointer was exported and its allocation is still the
      * same (the pool front-end detaches an export, taking its views out of
-     * gx.vb, before it frees, splits or merges the range). */
+     * exports.vb, before it frees, splits or merges the range). */
     xdue_check();
-    hm__mutex_lock(&gx.lock);
-    xview_t *hv = vfind((uintptr_t)ptr);
+    hm__mutex_lock(&exports.lock);
+    xview_t *hv = view_find((uintptr_t)ptr);
     if (hm_likely(hv != NULL)) {
         hv->refs++;
         xhold(hv->x);
         hv->used = 1;
         *handle = (hm_ipc_handle_t *)hv->wire;
         *size = hv->len;
-        hm__mutex_unlock(&gx.lock);
+        hm__mutex_unlock(&exports.lock);
         return HM_SUCCESS;
     }
-    hm__mutex_unlock(&gx.lock);
+    hm__mutex_unlock(&exports.lock);
     hm_tracker_entry_t te;
     if (hm_unlikely(!hm__tracker_lookup(ptr, &te))) {
         HM_LOG_ERROR("hm_ipc_get(%p): not memory of a tracked hetmem pool", ptr);
@@ -825,20 +825,20 @@ hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size) 
     hm__ipc_lazy_init(); /* the export cache's bound, before its first entry */
     hm_result_t r = HM_SUCCESS;
     xent_t *spare = NULL; /* made here, not needed: given back after the unlock */
-    hm__mutex_lock(&gx.lock);
-    xent_t *x = xfind(te.base);
+    hm__mutex_lock(&exports.lock);
+    xent_t *x = export_find(te.base);
     if (hm_unlikely(x && (x->id != te.id || x->size != te.size))) {
         xdetach(x); /* freed and reallocated at the same address */
         x = NULL;
     }
     if (hm_unlikely(!x)) {
-        hm__mutex_unlock(&gx.lock);
+        hm__mutex_unlock(&exports.lock);
         xent_t *fresh = NULL;
         r = xmake(&te, &fresh);
         if (r != HM_SUCCESS) return r;
-        hm__mutex_lock(&gx.lock);
+        hm__mutex_lock(&exports.lock);
         hm_tracker_entry_t now;
-        x = xfind(te.base);
+        x = export_find(te.base);
         if (hm_unlikely(x && (x->id != te.id || x->size != te.size))) {
             xdetach(x);
             x = NULL;
@@ -877,7 +877,7 @@ hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size) 
     *handle = (hm_ipc_handle_t *)v->wire;
     *size = v->len;
 out:
-    hm__mutex_unlock(&gx.lock);
+    hm__mutex_unlock(&exports.lock);
     if (spare) xunmake(spare, te.provider);
     return r;
 }
@@ -895,9 +895,9 @@ hm_result_t hm_ipc_put(hm_ipc_handle_t *handle) {
     xdue_check();
     xview_t *v = (xview_t *)(void *)((unsigned char *)handle - offsetof(xview_t, wire));
     if (hm_unlikely(!hm__ipc_arena_owns(&view_arena, v) && !hm__ipc_arena_owns(&view_arena_big, v))) v = NULL;
-    hm__mutex_lock(&gx.lock);
+    hm__mutex_lock(&exports.lock);
     if (hm_unlikely(!v || !v->x || !v->refs)) {
-        hm__mutex_unlock(&gx.lock);
+        hm__mutex_unlock(&exports.lock);
         HM_LOG_ERROR("hm_ipc_put(%p): not an outstanding handle from hm_ipc_get (put twice?)",
                      (void *)handle);
         return HM_ERROR_INVALID_HANDLE;
@@ -907,21 +907,21 @@ hm_result_t hm_ipc_put(hm_ipc_handle_t *handle) {
     xflush_t fl = {0};
     xunhold(x, &fl);
     if (hm_unlikely(v->gone) && !x->refs) xrelease(x); /* last user, detached */
-    hm__mutex_unlock(&gx.lock);
+    hm__mutex_unlock(&exports.lock);
     xflush_run(&fl);
     xreap();
     return HM_SUCCESS;
 }
 
 HM_RUN bool hm__ipc_range_take(hm_pool_t *pool, void *base, size_t size) {
-    if (hm_likely(!atomic_load_explicit(&gx.count, memory_order_relaxed) &&
-                  !atomic_load_explicit(&gx.norphans, memory_order_relaxed)))
+    if (hm_likely(!atomic_load_explicit(&exports.count, memory_order_relaxed) &&
+                  !atomic_load_explicit(&exports.norphans, memory_order_relaxed)))
         return false;
-    hm__mutex_lock(&gx.lock);
-    xent_t *x = xfind((uintptr_t)base);
+    hm__mutex_lock(&exports.lock);
+    xent_t *x = export_find((uintptr_t)base);
     if (!x || x->opool != pool || !x->refs) {
         x = NULL;
-        for (xent_t *o = gx.orphans; o && !x; o = o->onext)
+        for (xent_t *o = exports.orphans; o && !x; o = o->onext)
             if (o->opool == pool && o->base == (uintptr_t)base && o->refs && !o->free_held &&
                 !o->put_done)
                 x = o;
@@ -931,27 +931,27 @@ HM_RUN bool hm__ipc_range_take(hm_pool_t *pool, void *base, size_t size) {
         x->free_held = true;
         if (x->live) xdetach(x); /* used: an orphan until its last put */
     }
-    hm__mutex_unlock(&gx.lock);
+    hm__mutex_unlock(&exports.lock);
     return taken;
 }
 
 HM_RUN void hm__ipc_provider_gone(hm_provider_t *prov) {
-    if (hm_likely(!atomic_load_explicit(&gx.norphans, memory_order_relaxed))) return;
-    hm__mutex_lock(&gx.lock);
-    for (xent_t *o = gx.orphans; o; o = o->onext) {
+    if (hm_likely(!atomic_load_explicit(&exports.norphans, memory_order_relaxed))) return;
+    hm__mutex_lock(&exports.lock);
+    for (xent_t *o = exports.orphans; o; o = o->onext) {
         if (o->prov != prov) continue;
         if (!o->put_done) (void)xprovider_put(o, "the provider goes with the range");
         o->put_done = true;
         o->free_held = false; /* its fini takes every range back */
     }
-    hm__mutex_unlock(&gx.lock);
+    hm__mutex_unlock(&exports.lock);
 }
 
 HM_RUN bool hm__ipc_range_release(hm_pool_t *pool, void *base, size_t size) {
-    if (hm_likely(!atomic_load_explicit(&gx.count, memory_order_relaxed))) return false;
+    if (hm_likely(!atomic_load_explicit(&exports.count, memory_order_relaxed))) return false;
     bool taken = false;
-    hm__mutex_lock(&gx.lock);
-    xent_t *x = xfind((uintptr_t)base);
+    hm__mutex_lock(&exports.lock);
+    xent_t *x = export_find((uintptr_t)base);
     if (x && x->pi && x->pi->pool == pool) {
         /* Its provider put comes before the range goes back (xfinish): a
          * provider that refuses the put keeps its export record, and the
@@ -960,7 +960,7 @@ HM_RUN bool hm__ipc_range_release(hm_pool_t *pool, void *base, size_t size) {
         x->free_held = taken;
         xdetach(x);
     }
-    hm__mutex_unlock(&gx.lock);
+    hm__mutex_unlock(&exports.lock);
     return taken;
 }
 
@@ -969,8 +969,8 @@ HM_RUN bool hm__ipc_range_release(hm_pool_t *pool, void *base, size_t size) {
 
 static void exports_pool_destroy(hm_ipc_pool_t *pi) {
     size_t outstanding = 0;
-    hm__mutex_lock(&gx.lock);
-    gx.destroying = pi; /* xretry leaves this list to us: we walk it */
+    hm__mutex_lock(&exports.lock);
+    exports.destroying = pi; /* xretry leaves this list to us: we walk it */
     /* Live entries: unused ones are released (or stay, put_retry, where the
      * provider refuses), used ones become orphans. */
     for (xent_t *x = pi->xhead, *nx; x; x = nx) {
@@ -1001,13 +1001,13 @@ static void exports_pool_destroy(hm_ipc_pool_t *pi) {
         x->lprev = x->lnext = NULL;
         if (!used) {
             olist_unlink(x);
-            gx.nretry -= x->put_retry;
+            exports.nretry -= x->put_retry;
             xent_free(x);
         }
     }
     pi->xhead = NULL;
-    gx.destroying = NULL;
-    hm__mutex_unlock(&gx.lock);
+    exports.destroying = NULL;
+    hm__mutex_unlock(&exports.lock);
     if (outstanding)
         HM_LOG_WARN("pool '%s' destroyed with %zu exported allocations whose handles were not "
                     "put; %s", pi->pool->ops.name, outstanding,
@@ -1020,29 +1020,29 @@ void hm__ipc_export_pool_destroy(hm_pool_t *pool, hm_ipc_pool_t *pi) {
     /* A put in flight may still be freeing deferred blocks into the pool;
      * a child's due frees into it are dropped (fini takes the memory). */
     while (atomic_load_explicit(&pi->flushers, memory_order_acquire)) sched_yield();
-    hm__mutex_lock(&gx.lock);
+    hm__mutex_lock(&exports.lock);
     size_t kept = 0;
-    for (size_t i = 0; i < gx.ndue; i++)
-        if (gx.due[i].pool != pool) gx.due[kept++] = gx.due[i];
-    gx.ndue = kept;
-    atomic_store_explicit(&gx.due_count, kept, memory_order_relaxed);
-    hm__mutex_unlock(&gx.lock);
+    for (size_t i = 0; i < exports.ndue; i++)
+        if (exports.due[i].pool != pool) exports.due[kept++] = exports.due[i];
+    exports.ndue = kept;
+    atomic_store_explicit(&exports.due_count, kept, memory_order_relaxed);
+    hm__mutex_unlock(&exports.lock);
 }
 
-size_t hm__ipc_export_count(void) { return atomic_load(&gx.count); }
+size_t hm__ipc_export_count(void) { return atomic_load(&exports.count); }
 
 /* ------------------------------------------------------------------------ */
 /* fork                                                                     */
 
 void hm__ipc_export_atfork(int phase) {
     if (phase == 0) {
-        hm__mutex_lock(&gx.lock);
+        hm__mutex_lock(&exports.lock);
         hm__mutex_lock(&view_arena.lock);
         hm__mutex_lock(&view_arena_big.lock);
     } else {
         hm__mutex_unlock(&view_arena_big.lock);
         hm__mutex_unlock(&view_arena.lock);
-        hm__mutex_unlock(&gx.lock);
+        hm__mutex_unlock(&exports.lock);
     }
 }
 
@@ -1051,18 +1051,18 @@ void hm__ipc_export_atfork_child(void) {
      * exports are the parent's). Opened mappings are inherited and stay.
      * Blocks and ranges freed while the parent exported them are the
      * child's to give back (xdefer_orphan). */
-    hm__mutex_lock(&gx.lock);
-    for (size_t i = 0; i < gx.cap; i++) {
-        for (xent_t *x = gx.b[i], *nx; x; x = nx) {
+    hm__mutex_lock(&exports.lock);
+    for (size_t i = 0; i < exports.cap; i++) {
+        for (xent_t *x = exports.b[i], *nx; x; x = nx) {
             nx = x->hnext;
             xdefer_orphan(x);
             xent_free(x);
         }
-        gx.b[i] = NULL;
+        exports.b[i] = NULL;
     }
-    if (gx.vb) memset(gx.vb, 0, gx.vcap * sizeof(*gx.vb));
-    gx.vn = 0;
-    for (xent_t *x = gx.orphans, *nx; x; x = nx) {
+    if (exports.vb) memset(exports.vb, 0, exports.vcap * sizeof(*exports.vb));
+    exports.vn = 0;
+    for (xent_t *x = exports.orphans, *nx; x; x = nx) {
         nx = x->onext;
         xdefer_orphan(x);
         xent_free(x);
@@ -1077,10 +1077,10 @@ void hm__ipc_export_atfork_child(void) {
         }
         atomic_store_explicit(&pi->pool->holds_over, 0, memory_order_relaxed);
     }
-    gx.n = 0;
-    gx.hand = NULL;
-    gx.orphans = NULL;
-    gx.nretry = 0;
-    atomic_store(&gx.count, 0);
-    hm__mutex_unlock(&gx.lock);
+    exports.n = 0;
+    exports.hand = NULL;
+    exports.orphans = NULL;
+    exports.nretry = 0;
+    atomic_store(&exports.count, 0);
+    hm__mutex_unlock(&exports.lock);
 }

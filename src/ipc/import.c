@@ -36,9 +36,9 @@
  * with no lock held. Hit counters are per pool; in-use counts are summed
  * when the statistics are read: no shared counter on a hit.
  *
- *  Lock order: shared mappings (gs.lock) -> pool lock (pi->lock) -> ring
- *  lock (gc.lock);
- *  hm__ipc_pilist_lock -> pi->lock (statistics, fork). gx.lock and the arenas' locks nest
+ *  Lock order: shared mappings (shared_maps.lock) -> pool lock (pi->lock) -> ring
+ *  lock (opened.lock);
+ *  hm__ipc_pilist_lock -> pi->lock (statistics, fork). exports.lock (export.c) and the arenas' locks nest
  *  with nothing.
  *
  *  Entry fields and who guards them:
@@ -48,14 +48,14 @@
  *   generation, STALE (in state)    changed under pi->lock
  *   in_key, in_local, hash links,   pi->lock
  *   key index slots
- *   ring links, in_ring, claimed,   gc.lock
+ *   ring links, in_ring, claimed,   opened.lock
  *   dead
  *   used (CLOCK reference bit)      atomic, no lock
  *
  *  Lifecycle: an entry is "owned for closing" by whoever removes it from
  *  its pool's local-address hash (close of the last user of a stale entry,
  *  open replacing an unused stale entry, the evictor, the pool destroy).
- *  The evictor first claims an entry under gc.lock (removing it from the
+ *  The evictor first claims an entry under opened.lock (removing it from the
  *  ring) and only then takes the pool lock; if someone else became the
  *  closer meanwhile, the last of the two to let go recycles the memory
  *  (`dead`). A destroy waits for the pool's in-flight evictors
@@ -141,15 +141,15 @@ typedef struct imp {
     /* line 2, cold: slow paths only */
     unsigned char *pay_rest;   /* payload bytes past IMP_PAY_INLINE (heap), or NULL */
     struct imp *lnext;         /* local-address hash (pi->lock) */
-    struct imp *rprev, *rnext; /* CLOCK ring (gc.lock) */
+    struct imp *rprev, *rnext; /* CLOCK ring (opened.lock) */
     struct imp *fnext;         /* arena free list (arena lock) */
     struct hm_ipc_pool *pi;
     struct smap *map;            /* the shared mapping it is a member of, or NULL (fixed) */
     bool in_key, in_local;       /* pi->lock */
-    bool in_ring, claimed, dead; /* gc.lock */
+    bool in_ring, claimed, dead; /* opened.lock */
     /* Counted in the cache (in_ring) but off the ring's links: the evictor
      * met it in use (ring_park). Its last close puts it back (ring_unpark).
-     * Written under gc.lock, read by closers without it. */
+     * Written under opened.lock, read by closers without it. */
     _Atomic uint8_t parked;
 } HM_CACHE_ALIGNED imp_t;
 #define IMP_NO_MEMO UINT32_MAX
@@ -181,7 +181,7 @@ static struct {
     _Atomic size_t a_count, a_bytes;
     _Atomic size_t max_entries, max_bytes;
     _Atomic uint64_t hits, misses, evictions, stale; /* hits: of destroyed pools */
-} gc = {.lock = PTHREAD_MUTEX_INITIALIZER, .max_entries = 4096};
+} opened = {.lock = PTHREAD_MUTEX_INITIALIZER, .max_entries = 4096};
 
 /* Per-thread cache of the mappings this thread opened last, for
  * hm_ipc_close(): a slot is (range, entry, generation); a close inside the
@@ -200,10 +200,10 @@ typedef struct tcache {
 } tcache_t;
 /* Default TLS model (libhetmem.so may be dlopen()ed); the library is built
  * with TLS descriptors where available, so this costs no __tls_get_addr call. */
-static __thread tcache_t tc;
+static __thread tcache_t thread_opens;
 
 static inline void tc_note(imp_t *e, uint32_t gen, uintptr_t local, size_t size) {
-    tcache_t *t = &tc;
+    tcache_t *t = &thread_opens;
     for (unsigned i = 0; i < TC_SLOTS; i++)
         if (t->e[i] == e && t->gen[i] == gen && t->len[i]) return;
     unsigned i = t->next++ & (TC_SLOTS - 1);
@@ -356,7 +356,7 @@ static inline uint64_t key_hash(uint64_t pid, uint64_t nonce, uint64_t rbase) {
     return hm__ipc_mix64(rbase ^ hm__ipc_mix64(nonce ^ (pid << 40)));
 }
 
-static inline imp_t *kfind(hm_ipc_pool_t *pi, uint64_t h, uint64_t pid, uint64_t nonce,
+static inline imp_t *key_find(hm_ipc_pool_t *pi, uint64_t h, uint64_t pid, uint64_t nonce,
                            uint64_t rbase) {
     size_t mask = pi->kcap - 1;
     for (size_t i = h & mask;; i = (i + 1) & mask) {
@@ -368,7 +368,7 @@ static inline imp_t *kfind(hm_ipc_pool_t *pi, uint64_t h, uint64_t pid, uint64_t
         if (e->rbase == rbase && e->nonce == nonce && e->pid == pid) return e;
     }
 }
-static imp_t *lfind(hm_ipc_pool_t *pi, uintptr_t local) {
+static imp_t *local_find(hm_ipc_pool_t *pi, uintptr_t local) {
     for (imp_t *e = pi->lb[hm__ipc_mix64(local) & (pi->cap - 1)]; e; e = e->lnext)
         if (e->local == local) return e;
     return NULL;
@@ -446,29 +446,29 @@ static bool grow(hm_ipc_pool_t *pi) {
     return true;
 }
 
-/* ---- the CLOCK ring (gc.lock held) ----
- * Every cached mapping is counted (in_ring: gc.count, gc.bytes); those the
+/* ---- the CLOCK ring (opened.lock held) ----
+ * Every cached mapping is counted (in_ring: opened.count, opened.bytes); those the
  * evictor found in use are parked, off the ring's links, so that a scan
  * visits only what it may evict and an open over the bound costs O(1)
  * however many mappings are in use. A mapping in use stays on the links
  * until the evictor meets it (taking it off at its last close would put
- * gc.lock on the lock-free close path). */
+ * opened.lock on the lock-free close path). */
 static void ring_link(imp_t *e) {
-    if (!gc.hand) {
+    if (!opened.hand) {
         e->rnext = e->rprev = e;
-        gc.hand = e;
+        opened.hand = e;
     } else { /* just behind the hand: visited last */
-        e->rnext = gc.hand;
-        e->rprev = gc.hand->rprev;
+        e->rnext = opened.hand;
+        e->rprev = opened.hand->rprev;
         e->rprev->rnext = e;
-        gc.hand->rprev = e;
+        opened.hand->rprev = e;
     }
 }
 static void ring_unlink_links(imp_t *e) {
     if (e->rnext == e) {
-        gc.hand = NULL;
+        opened.hand = NULL;
     } else {
-        if (gc.hand == e) gc.hand = e->rnext;
+        if (opened.hand == e) opened.hand = e->rnext;
         e->rprev->rnext = e->rnext;
         e->rnext->rprev = e->rprev;
     }
@@ -487,12 +487,12 @@ static void ring_park(imp_t *e) {
 }
 /* A closer that dropped the last reference of a parked entry. */
 static HM_NOINLINE void ring_unpark(imp_t *e) {
-    hm__mutex_lock(&gc.lock);
+    hm__mutex_lock(&opened.lock);
     if (e->in_ring && atomic_load_explicit(&e->parked, memory_order_relaxed)) {
         atomic_store_explicit(&e->parked, 0, memory_order_relaxed);
         ring_link(e);
     }
-    hm__mutex_unlock(&gc.lock);
+    hm__mutex_unlock(&opened.lock);
 }
 static inline void unpark_check(imp_t *e) {
     if (hm_unlikely(atomic_load_explicit(&e->parked, memory_order_seq_cst))) ring_unpark(e);
@@ -500,27 +500,27 @@ static inline void unpark_check(imp_t *e) {
 static void ring_insert(imp_t *e) {
     ring_link(e);
     e->in_ring = true;
-    gc.count++;
-    gc.bytes += e->size;
-    atomic_store_explicit(&gc.a_count, gc.count, memory_order_relaxed);
-    atomic_store_explicit(&gc.a_bytes, gc.bytes, memory_order_relaxed);
+    opened.count++;
+    opened.bytes += e->size;
+    atomic_store_explicit(&opened.a_count, opened.count, memory_order_relaxed);
+    atomic_store_explicit(&opened.a_bytes, opened.bytes, memory_order_relaxed);
 }
 static void ring_unlink(imp_t *e) {
     if (atomic_load_explicit(&e->parked, memory_order_relaxed))
         atomic_store_explicit(&e->parked, 0, memory_order_relaxed);
     else ring_unlink_links(e);
     e->in_ring = false;
-    gc.count--;
-    gc.bytes -= e->size;
-    atomic_store_explicit(&gc.a_count, gc.count, memory_order_relaxed);
-    atomic_store_explicit(&gc.a_bytes, gc.bytes, memory_order_relaxed);
+    opened.count--;
+    opened.bytes -= e->size;
+    atomic_store_explicit(&opened.a_count, opened.count, memory_order_relaxed);
+    atomic_store_explicit(&opened.a_bytes, opened.bytes, memory_order_relaxed);
 }
 
 static inline bool over_bound(void) {
-    size_t me = atomic_load_explicit(&gc.max_entries, memory_order_relaxed);
-    size_t mb = atomic_load_explicit(&gc.max_bytes, memory_order_relaxed);
-    return (me && atomic_load_explicit(&gc.a_count, memory_order_relaxed) > me) ||
-           (mb && atomic_load_explicit(&gc.a_bytes, memory_order_relaxed) > mb);
+    size_t me = atomic_load_explicit(&opened.max_entries, memory_order_relaxed);
+    size_t mb = atomic_load_explicit(&opened.max_bytes, memory_order_relaxed);
+    return (me && atomic_load_explicit(&opened.a_count, memory_order_relaxed) > me) ||
+           (mb && atomic_load_explicit(&opened.a_bytes, memory_order_relaxed) > mb);
 }
 
 /* The provider's close of a mapping out of the cache and the tracker; a
@@ -650,14 +650,14 @@ static void closing_finish(closing_t *cl, hm_pool_t *pool) {
  *
  *   state    OPENING (the first member's driver open is in flight), READY,
  *            CLOSING (the last member's driver close is in flight). An
- *            open that meets OPENING or CLOSING waits on gs.cv: a handle is
+ *            open that meets OPENING or CLOSING waits on shared_maps.cv: a handle is
  *            never in two driver opens of one context at once, nor opened
  *            while it closes.
- *   members  gs.lock. A listed member's entry is not recycled (it leaves
+ *   members  shared_maps.lock. A listed member's entry is not recycled (it leaves
  *            first), and its pool is alive (a destroy makes its entries
  *            leave before it frees the pool's IPC state).
- *   Lock order: gs.lock -> pi->lock -> gc.lock. No provider call is made
- *   under gs.lock (opens and closes run in the OPENING/CLOSING states).
+ *   Lock order: shared_maps.lock -> pi->lock -> opened.lock. No provider call is made
+ *   under shared_maps.lock (opens and closes run in the OPENING/CLOSING states).
  * Each pool's entry counts in the cache's bound on its own (a mapping
  * shared by two pools counts twice). */
 enum { SM_OPENING, SM_READY, SM_CLOSING };
@@ -679,16 +679,16 @@ static struct {
     pthread_cond_t cv;
     smap_t **kb, **lb; /* chained hashes by key and by local base: cap buckets */
     size_t cap, n;
-} gs = {.lock = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+} shared_maps = {.lock = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 static inline size_t sm_kslot(uint64_t ctx, uint64_t pid, uint64_t nonce, uint64_t rbase) {
-    return hm__ipc_mix64(key_hash(pid, nonce, rbase) ^ ctx) & (gs.cap - 1);
+    return hm__ipc_mix64(key_hash(pid, nonce, rbase) ^ ctx) & (shared_maps.cap - 1);
 }
-static inline size_t sm_lslot(uintptr_t local) { return hm__ipc_mix64(local) & (gs.cap - 1); }
+static inline size_t sm_lslot(uintptr_t local) { return hm__ipc_mix64(local) & (shared_maps.cap - 1); }
 
 static smap_t *sm_find(uint64_t ctx, const hm_wire_t *w) {
-    if (!gs.cap) return NULL;
-    for (smap_t *m = gs.kb[sm_kslot(ctx, w->pid, w->nonce, w->base)]; m; m = m->knext)
+    if (!shared_maps.cap) return NULL;
+    for (smap_t *m = shared_maps.kb[sm_kslot(ctx, w->pid, w->nonce, w->base)]; m; m = m->knext)
         if (m->ctx == ctx && m->family == w->family && m->pid == w->pid &&
             m->nonce == w->nonce && m->rbase == w->base && m->alloc_id == w->alloc_id &&
             m->size == w->size)
@@ -696,39 +696,39 @@ static smap_t *sm_find(uint64_t ctx, const hm_wire_t *w) {
     return NULL;
 }
 static smap_t *sm_lfind(uintptr_t local) {
-    if (!gs.cap) return NULL;
-    for (smap_t *m = gs.lb[sm_lslot(local)]; m; m = m->lnext)
+    if (!shared_maps.cap) return NULL;
+    for (smap_t *m = shared_maps.lb[sm_lslot(local)]; m; m = m->lnext)
         if (m->local == local) return m;
     return NULL;
 }
 static void sm_kunlink(smap_t *m) {
-    smap_t **p = &gs.kb[sm_kslot(m->ctx, m->pid, m->nonce, m->rbase)];
+    smap_t **p = &shared_maps.kb[sm_kslot(m->ctx, m->pid, m->nonce, m->rbase)];
     while (*p != m) p = &(*p)->knext;
     *p = m->knext;
-    gs.n--;
+    shared_maps.n--;
 }
 static void sm_lunlink(smap_t *m) {
     if (!m->in_local) return;
-    smap_t **p = &gs.lb[sm_lslot(m->local)];
+    smap_t **p = &shared_maps.lb[sm_lslot(m->local)];
     while (*p != m) p = &(*p)->lnext;
     *p = m->lnext;
     m->in_local = false;
 }
 /* Room for one more (false: out of memory). */
 static bool sm_grow(void) {
-    if (gs.n < gs.cap) return true;
-    size_t cap = gs.cap ? gs.cap * 2 : 64;
+    if (shared_maps.n < shared_maps.cap) return true;
+    size_t cap = shared_maps.cap ? shared_maps.cap * 2 : 64;
     smap_t **kb = calloc(cap, sizeof(*kb)), **lb = calloc(cap, sizeof(*lb));
     if (!kb || !lb) {
         free(kb);
         free(lb);
-        return gs.cap && gs.n < gs.cap * 4; /* longer chains, still correct */
+        return shared_maps.cap && shared_maps.n < shared_maps.cap * 4; /* longer chains, still correct */
     }
-    size_t old = gs.cap;
-    smap_t **okb = gs.kb, **olb = gs.lb;
-    gs.kb = kb;
-    gs.lb = lb;
-    gs.cap = cap;
+    size_t old = shared_maps.cap;
+    smap_t **okb = shared_maps.kb, **olb = shared_maps.lb;
+    shared_maps.kb = kb;
+    shared_maps.lb = lb;
+    shared_maps.cap = cap;
     for (size_t i = 0; i < old; i++) {
         for (smap_t *m = okb[i], *nx; m; m = nx) {
             nx = m->knext;
@@ -775,19 +775,19 @@ static hm_result_t map_join(uint64_t ctx, const hm_wire_t *w, imp_t *e, smap_t *
                             uintptr_t *local) {
     *made = NULL;
     *local = 0;
-    hm__mutex_lock(&gs.lock);
+    hm__mutex_lock(&shared_maps.lock);
     smap_t *m;
     while ((m = sm_find(ctx, w)) && m->state != SM_READY)
-        if (pthread_cond_wait(&gs.cv, &gs.lock) != 0) HM_DIE("pthread_cond_wait failed");
+        if (pthread_cond_wait(&shared_maps.cv, &shared_maps.lock) != 0) HM_DIE("pthread_cond_wait failed");
     if (m) {
         bool ok = sm_add_member(m, e);
         if (ok) *local = m->local;
-        hm__mutex_unlock(&gs.lock);
+        hm__mutex_unlock(&shared_maps.lock);
         return ok ? HM_SUCCESS : HM_ERROR_OUT_OF_HOST_MEMORY;
     }
     m = sm_grow() ? calloc(1, sizeof(*m)) : NULL;
     if (!m) {
-        hm__mutex_unlock(&gs.lock);
+        hm__mutex_unlock(&shared_maps.lock);
         return HM_ERROR_OUT_OF_HOST_MEMORY;
     }
     m->ctx = ctx;
@@ -802,35 +802,35 @@ static hm_result_t map_join(uint64_t ctx, const hm_wire_t *w, imp_t *e, smap_t *
     m->cap = 2;
     (void)sm_add_member(m, e); /* inline room */
     size_t b = sm_kslot(ctx, w->pid, w->nonce, w->base);
-    m->knext = gs.kb[b];
-    gs.kb[b] = m;
-    gs.n++;
-    hm__mutex_unlock(&gs.lock);
+    m->knext = shared_maps.kb[b];
+    shared_maps.kb[b] = m;
+    shared_maps.n++;
+    hm__mutex_unlock(&shared_maps.lock);
     *made = m;
     return HM_SUCCESS;
 }
 
 /* The first member's open succeeded: the mapping is at local, tracked for pool. */
 static void map_ready(smap_t *m, uintptr_t local, hm_pool_t *pool) {
-    hm__mutex_lock(&gs.lock);
+    hm__mutex_lock(&shared_maps.lock);
     m->local = local;
     m->owner = pool;
     m->state = SM_READY;
     size_t b = sm_lslot(local);
-    m->lnext = gs.lb[b];
-    gs.lb[b] = m;
+    m->lnext = shared_maps.lb[b];
+    shared_maps.lb[b] = m;
     m->in_local = true;
-    pthread_cond_broadcast(&gs.cv);
-    hm__mutex_unlock(&gs.lock);
+    pthread_cond_broadcast(&shared_maps.cv);
+    hm__mutex_unlock(&shared_maps.lock);
 }
 
 /* The first member's open failed: the mapping never existed. */
 static void map_abort(smap_t *m) {
-    hm__mutex_lock(&gs.lock);
+    hm__mutex_lock(&shared_maps.lock);
     sm_kunlink(m);
     m->mem[0]->map = NULL;
-    pthread_cond_broadcast(&gs.cv);
-    hm__mutex_unlock(&gs.lock);
+    pthread_cond_broadcast(&shared_maps.cv);
+    hm__mutex_unlock(&shared_maps.lock);
     sm_free(m);
 }
 
@@ -842,7 +842,7 @@ static void map_abort(smap_t *m) {
 static smap_t *map_leave(imp_t *e) {
     smap_t *m = e->map;
     hm_pool_t *pool = e->pi->pool;
-    hm__mutex_lock(&gs.lock);
+    hm__mutex_lock(&shared_maps.lock);
     size_t i = 0;
     while (m->mem[i] != e) i++;
     m->mem[i] = m->mem[--m->n];
@@ -863,17 +863,17 @@ static smap_t *map_leave(imp_t *e) {
     } else {
         m->state = SM_CLOSING;
     }
-    hm__mutex_unlock(&gs.lock);
+    hm__mutex_unlock(&shared_maps.lock);
     return m;
 }
 
 /* The last member closed m: forget it, and let waiting opens through. */
 static void map_closed(smap_t *m) {
-    hm__mutex_lock(&gs.lock);
+    hm__mutex_lock(&shared_maps.lock);
     sm_kunlink(m);
     sm_lunlink(m);
-    pthread_cond_broadcast(&gs.cv);
-    hm__mutex_unlock(&gs.lock);
+    pthread_cond_broadcast(&shared_maps.cv);
+    hm__mutex_unlock(&shared_maps.lock);
     sm_free(m);
 }
 
@@ -895,17 +895,17 @@ static void unmap_entry(imp_t *e) {
     }
 }
 
-/* Fork: gs.lock is taken first (it comes before every pool lock). The
+/* Fork: shared_maps.lock is taken first (it comes before every pool lock). The
  * child drops the mappings whose open or close was in flight in a thread
  * that does not exist there (phase: 0 prepare, 1 parent, 2 child). */
 void hm__ipc_import_share_atfork(int phase) {
     if (phase == 0) {
-        hm__mutex_lock(&gs.lock);
+        hm__mutex_lock(&shared_maps.lock);
         return;
     }
     if (phase == 2) {
-        for (size_t i = 0; i < gs.cap; i++) {
-            for (smap_t *m = gs.kb[i], *nx; m; m = nx) {
+        for (size_t i = 0; i < shared_maps.cap; i++) {
+            for (smap_t *m = shared_maps.kb[i], *nx; m; m = nx) {
                 nx = m->knext;
                 if (m->state == SM_READY) continue;
                 for (size_t k = 0; k < m->n; k++) m->mem[k]->map = NULL;
@@ -914,9 +914,9 @@ void hm__ipc_import_share_atfork(int phase) {
                 sm_free(m);
             }
         }
-        pthread_cond_init(&gs.cv, NULL);
+        pthread_cond_init(&shared_maps.cv, NULL);
     }
-    hm__mutex_unlock(&gs.lock);
+    hm__mutex_unlock(&shared_maps.lock);
 }
 
 /* e is out of both pool hashes, killed, unused; the caller is its closer. */
@@ -929,13 +929,13 @@ static void retire(imp_t *e) {
      * free it once it is dead). */
     bool shared = e->map != NULL;
     smap_t *last = shared ? map_leave(e) : NULL;
-    hm__mutex_lock(&gc.lock);
+    hm__mutex_lock(&opened.lock);
     if (e->in_ring) ring_unlink(e);
     if (e->claimed) { /* an evictor holds it: it frees it */
         e->dead = true;
         free_it = false;
     }
-    hm__mutex_unlock(&gc.lock);
+    hm__mutex_unlock(&opened.lock);
     if (!shared || last) close_mapping(pool, local, size);
     if (last) map_closed(last);
     if (free_it) imp_free(e);
@@ -946,22 +946,22 @@ static void retire(imp_t *e) {
 #define EVICT_STEPS 64
 static void evict_over_bound(void) {
     for (;;) {
-        hm__mutex_lock(&gc.lock);
-        size_t me = atomic_load_explicit(&gc.max_entries, memory_order_relaxed);
-        size_t mb = atomic_load_explicit(&gc.max_bytes, memory_order_relaxed);
-        if ((!me || gc.count <= me) && (!mb || gc.bytes <= mb)) {
-            hm__mutex_unlock(&gc.lock);
+        hm__mutex_lock(&opened.lock);
+        size_t me = atomic_load_explicit(&opened.max_entries, memory_order_relaxed);
+        size_t mb = atomic_load_explicit(&opened.max_bytes, memory_order_relaxed);
+        if ((!me || opened.count <= me) && (!mb || opened.bytes <= mb)) {
+            hm__mutex_unlock(&opened.lock);
             return;
         }
         /* At most EVICT_STEPS visits per call, the hand keeping its place
          * for the next: an open that finds every mapping in use costs O(1),
          * not a walk of the whole ring. (Mappings in use stay on the ring:
          * their last close is a lock-free compare-and-swap, which must not
-         * take gc.lock to put them back.) */
+         * take opened.lock to put them back.) */
         imp_t *v = NULL;
-        for (size_t steps = EVICT_STEPS; steps && gc.hand; steps--) {
-            imp_t *e = gc.hand;
-            gc.hand = e->rnext;
+        for (size_t steps = EVICT_STEPS; steps && opened.hand; steps--) {
+            imp_t *e = opened.hand;
+            opened.hand = e->rnext;
             if (st_refs(atomic_load_explicit(&e->state, memory_order_relaxed))) {
                 ring_park(e);
                 continue;
@@ -971,14 +971,14 @@ static void evict_over_bound(void) {
             break;
         }
         if (!v) { /* everything is in use */
-            hm__mutex_unlock(&gc.lock);
+            hm__mutex_unlock(&opened.lock);
             return;
         }
         ring_unlink(v);
         v->claimed = true;
         hm_ipc_pool_t *pi = v->pi;
         atomic_fetch_add_explicit(&pi->evictors, 1, memory_order_relaxed);
-        hm__mutex_unlock(&gc.lock);
+        hm__mutex_unlock(&opened.lock);
 
         int outcome; /* 0: we close it, 1: back in use, 2: someone else closes */
         hm__mutex_lock(&pi->lock);
@@ -992,10 +992,10 @@ static void evict_over_bound(void) {
             imp_kill(v);
             outcome = 0;
         } else if (v->in_local) {
-            hm__mutex_lock(&gc.lock);
+            hm__mutex_lock(&opened.lock);
             ring_insert(v);
             v->claimed = false;
-            hm__mutex_unlock(&gc.lock);
+            hm__mutex_unlock(&opened.lock);
             outcome = 1;
         } else {
             outcome = 2;
@@ -1004,12 +1004,12 @@ static void evict_over_bound(void) {
         if (outcome == 0) {
             unmap_entry(v);
             imp_free(v);
-            atomic_fetch_add_explicit(&gc.evictions, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&opened.evictions, 1, memory_order_relaxed);
         } else if (outcome == 2) {
-            hm__mutex_lock(&gc.lock);
+            hm__mutex_lock(&opened.lock);
             v->claimed = false;
             bool free_it = v->dead;
-            hm__mutex_unlock(&gc.lock);
+            hm__mutex_unlock(&opened.lock);
             if (free_it) imp_free(v);
         }
         atomic_fetch_sub_explicit(&pi->evictors, 1, memory_order_release);
@@ -1037,7 +1037,7 @@ static const char *family_name(uint32_t f) {
  * pi->lock held. */
 static imp_t *unlink_stale(hm_ipc_pool_t *pi, imp_t *e) {
     kunlink(pi, e);
-    atomic_fetch_add_explicit(&gc.stale, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&opened.stale, 1, memory_order_relaxed);
     uint64_t w = atomic_fetch_or_explicit(&e->state, ST_STALE, memory_order_acq_rel);
     if (st_refs(w)) return NULL; /* closed at its last close */
     lunlink(pi, e);
@@ -1193,7 +1193,7 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
     imp_t *victim = NULL;
     uint32_t gen = 0;
     hm__mutex_lock(&pi->lock);
-    imp_t *o = kfind(pi, kh, w->pid, w->nonce, w->base);
+    imp_t *o = key_find(pi, kh, w->pid, w->nonce, w->base);
     if (o && imp_same(o, w)) {
         /* Another thread opened it meanwhile: share theirs, undo ours. (A
          * handle that differs from o's in anything but the offset replaces o
@@ -1228,9 +1228,9 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
     pi->n++;
     (void)take_ref(e, &gen);
     size_t esize = (size_t)e->size; /* e may be evicted and reused once unlocked */
-    hm__mutex_lock(&gc.lock);
+    hm__mutex_lock(&opened.lock);
     ring_insert(e);
-    hm__mutex_unlock(&gc.lock);
+    hm__mutex_unlock(&opened.lock);
     hm__mutex_unlock(&pi->lock);
     tc_note(e, gen, local, esize);
     if (victim) retire(victim);
@@ -1274,7 +1274,7 @@ static HM_NOINLINE hm_result_t open_slow(hm_pool_t *pool, const hm_ipc_handle_t 
     if (hm_unlikely(!pi)) return HM_ERROR_OUT_OF_HOST_MEMORY;
     uint64_t kh = key_hash(w.pid, w.nonce, w.base);
     hm__mutex_lock(&pi->lock);
-    imp_t *e = kfind(pi, kh, w.pid, w.nonce, w.base);
+    imp_t *e = key_find(pi, kh, w.pid, w.nonce, w.base);
     if (hm_likely(e != NULL)) {
         /* A hit needs every field but the offset (and so the checksum)
          * equal to the validated handle's: a handle that differs elsewhere
@@ -1292,7 +1292,7 @@ static HM_NOINLINE hm_result_t open_slow(hm_pool_t *pool, const hm_ipc_handle_t 
         }
     }
     hm__mutex_unlock(&pi->lock);
-    atomic_fetch_add_explicit(&gc.misses, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&opened.misses, 1, memory_order_relaxed);
     if (hm_unlikely(prov->ops.ipc.handle_size(prov->state) != w.payload_len)) {
         HM_LOG_ERROR("hm_ipc_open: payload of %u bytes; provider '%s' reads %zu", w.payload_len,
                      prov->info.name, prov->ops.ipc.handle_size(prov->state));
@@ -1327,7 +1327,7 @@ hm_result_t hm_ipc_open_fd(hm_pool_t *pool, const hm_ipc_handle_t *handle, size_
         uint64_t base = hm__wire_peek64(b, HM__WIRE_OFF_BASE);
         uint64_t kh = key_hash(pid, nonce, base);
         hm__mutex_lock(&pi->lock);
-        imp_t *e = kfind(pi, kh, pid, nonce, base);
+        imp_t *e = key_find(pi, kh, pid, nonce, base);
         uint32_t gen = 0;
         uint64_t offset;
         if (hm_likely(e != NULL && imp_hit(e, b, size, &offset) && take_ref(e, &gen)))
@@ -1345,10 +1345,10 @@ hm_result_t hm_ipc_open(hm_pool_t *pool, const hm_ipc_handle_t *handle, size_t s
  * any member that has one (the mapping stays while any member holds it, so
  * which pool's count drops changes only which entry becomes evictable). */
 static HM_NOINLINE hm_result_t close_shared(void *ptr, uintptr_t base) {
-    hm__mutex_lock(&gs.lock);
+    hm__mutex_lock(&shared_maps.lock);
     smap_t *m = sm_lfind(base);
     if (hm_unlikely(!m)) {
-        hm__mutex_unlock(&gs.lock);
+        hm__mutex_unlock(&shared_maps.lock);
         HM_LOG_ERROR("hm_ipc_close(%p): no open mapping there (closed concurrently?)", ptr);
         return HM_ERROR_INVALID_ARGUMENT;
     }
@@ -1378,7 +1378,7 @@ static HM_NOINLINE hm_result_t close_shared(void *ptr, uintptr_t base) {
         }
         hm__mutex_unlock(&pi->lock);
     }
-    hm__mutex_unlock(&gs.lock);
+    hm__mutex_unlock(&shared_maps.lock);
     if (hm_unlikely(!x)) {
         HM_LOG_ERROR("hm_ipc_close(%p): closed more times than opened", ptr);
         return HM_ERROR_DOUBLE_FREE;
@@ -1406,7 +1406,7 @@ static HM_NOINLINE hm_result_t close_slow(void *ptr) {
         return HM_ERROR_INVALID_ARGUMENT;
     }
     hm__mutex_lock(&pi->lock);
-    imp_t *e = lfind(pi, te.base);
+    imp_t *e = local_find(pi, te.base);
     if (hm_unlikely(!e)) {
         hm__mutex_unlock(&pi->lock);
         HM_LOG_ERROR("hm_ipc_close(%p): no open mapping there (closed concurrently?)", ptr);
@@ -1439,7 +1439,7 @@ hm_result_t hm_ipc_close(void *ptr) {
     /* Fast: ptr lies in a mapping this thread opened recently; drop the
      * reference with one CAS, unless it is the last one of a stale entry
      * (that needs the closer's work) or the slot is out of date. */
-    tcache_t *t = &tc;
+    tcache_t *t = &thread_opens;
     uintptr_t p = (uintptr_t)ptr;
     for (unsigned i = 0; i < TC_SLOTS; i++) {
         if (p - t->lo[i] >= t->len[i]) continue;
@@ -1498,7 +1498,7 @@ void hm__ipc_import_pool_fini(hm_ipc_pool_t *pi) {
 void hm__ipc_import_pool_destroy(hm_pool_t *pool, hm_ipc_pool_t *pi) {
     /* Take the mappings out of the pool's hashes DESTROY_BATCH at a time
      * (pi->lock held for that many unlinks; only an evictor that claimed one
-     * of ours waits on it), out of the CLOCK ring with one gc.lock hold per
+     * of ours waits on it), out of the CLOCK ring with one opened.lock hold per
      * batch, then unmap them with no lock held. */
     enum { DESTROY_BATCH = 16 };
     size_t open_count = 0, n = 0, bucket = 0;
@@ -1536,13 +1536,13 @@ void hm__ipc_import_pool_destroy(hm_pool_t *pool, hm_ipc_pool_t *pi) {
             shared[i] = batch[i]->map != NULL;
             last[i] = shared[i] ? map_leave(batch[i]) : NULL;
         }
-        hm__mutex_lock(&gc.lock);
+        hm__mutex_lock(&opened.lock);
         for (size_t i = 0; i < k; i++) {
             if (batch[i]->in_ring) ring_unlink(batch[i]);
             mine[i] = !batch[i]->claimed;
             if (!mine[i]) batch[i]->dead = true; /* its evictor frees it */
         }
-        hm__mutex_unlock(&gc.lock);
+        hm__mutex_unlock(&opened.lock);
         for (size_t i = 0; i < k; i++) {
             if (last[i]) { /* the last pool to hold a shared mapping: closed now */
                 close_mapping(pool, local[i], size[i]);
@@ -1566,21 +1566,21 @@ void hm__ipc_import_pool_destroy(hm_pool_t *pool, hm_ipc_pool_t *pi) {
 }
 
 void hm__ipc_import_fold_hits(hm_ipc_pool_t *pi) {
-    atomic_fetch_add_explicit(&gc.hits, pi->hits, memory_order_relaxed);
+    atomic_fetch_add_explicit(&opened.hits, pi->hits, memory_order_relaxed);
 }
 
 /* ------------------------------------------------------------------------ */
 /* limits, statistics, fork                                                 */
 
 void hm__ipc_import_init(size_t max_entries, size_t max_bytes) {
-    atomic_store(&gc.max_entries, max_entries);
-    atomic_store(&gc.max_bytes, max_bytes);
+    atomic_store(&opened.max_entries, max_entries);
+    atomic_store(&opened.max_bytes, max_bytes);
 }
 
 hm_result_t hm_ipc_set_cache_limits(size_t max_entries, size_t max_bytes) {
     hm__ipc_lazy_init();
-    atomic_store(&gc.max_entries, max_entries);
-    atomic_store(&gc.max_bytes, max_bytes);
+    atomic_store(&opened.max_entries, max_entries);
+    atomic_store(&opened.max_bytes, max_bytes);
     if (over_bound()) evict_over_bound();
     return HM_SUCCESS;
 }
@@ -1588,16 +1588,16 @@ hm_result_t hm_ipc_set_cache_limits(size_t max_entries, size_t max_bytes) {
 hm_result_t hm_ipc_get_cache_stats(hm_ipc_cache_stats_t *st) {
     if (!st) return HM_ERROR_INVALID_ARGUMENT;
     hm__ipc_lazy_init();
-    hm__mutex_lock(&gc.lock);
-    st->entries = gc.count;
-    st->bytes = gc.bytes;
-    hm__mutex_unlock(&gc.lock);
+    hm__mutex_lock(&opened.lock);
+    st->entries = opened.count;
+    st->bytes = opened.bytes;
+    hm__mutex_unlock(&opened.lock);
     /* In-use entries and hits are per pool (no shared counter on the hit
      * paths): summed here. */
     size_t in_use = 0;
     uint64_t hits = 0;
     hm__mutex_lock(&hm__ipc_pilist_lock);
-    hits = atomic_load(&gc.hits);
+    hits = atomic_load(&opened.hits);
     for (hm_ipc_pool_t *pi = hm__ipc_pilist; pi; pi = pi->gnext) {
         hm__mutex_lock(&pi->lock);
         hits += pi->hits;
@@ -1609,19 +1609,19 @@ hm_result_t hm_ipc_get_cache_stats(hm_ipc_cache_stats_t *st) {
     hm__mutex_unlock(&hm__ipc_pilist_lock);
     st->in_use = in_use;
     st->hits = hits;
-    st->misses = atomic_load(&gc.misses);
-    st->evictions = atomic_load(&gc.evictions);
-    st->stale = atomic_load(&gc.stale);
+    st->misses = atomic_load(&opened.misses);
+    st->evictions = atomic_load(&opened.evictions);
+    st->stale = atomic_load(&opened.stale);
     st->exports = hm__ipc_export_count();
     return HM_SUCCESS;
 }
 
 void hm__ipc_import_atfork(int phase) {
     if (phase == 0) {
-        hm__mutex_lock(&gc.lock);
+        hm__mutex_lock(&opened.lock);
         hm__mutex_lock(&imp_arena.lock);
     } else {
         hm__mutex_unlock(&imp_arena.lock);
-        hm__mutex_unlock(&gc.lock);
+        hm__mutex_unlock(&opened.lock);
     }
 }

@@ -4,12 +4,12 @@
  * SPDX-License-Identifier: MIT
  *
  *  Lock order (the IPC fork slot's prepare takes them all in this order,
- *  src/fork.h): the shared mappings' lock (import.c's gs.lock) ->
+ *  src/fork.h): the shared mappings' lock (import.c's shared_maps.lock) ->
  *  pilist_lock -> every pi->lock -> the import side's
- *  (gc.lock, imp_arena) -> the export side's (gx.lock, the view arenas) ->
+ *  (opened.lock, imp_arena) -> the export side's (exports.lock, the view arenas) ->
  *  the pidfd cache.
  *  pi->lock guards the import side's per-pool index; the export side's
- *  per-pool fields (xhead, held) are gx.lock's. ident_lock nests with
+ *  per-pool fields (xhead, held) are exports.lock's. ident_lock nests with
  *  nothing. */
 #include "ipc/ipc_core.h"
 

@@ -72,7 +72,7 @@ struct xent;
 struct kslot;
 
 /* The IPC state of one pool: its import index (import.c, pi->lock) and its
- * exports (export.c, gx.lock). Made at the pool's first export or open,
+ * exports (export.c, exports.lock). Made at the pool's first export or open,
  * freed at its destroy. */
 struct hm_ipc_pool {
     pthread_mutex_t lock;
@@ -81,11 +81,11 @@ struct hm_ipc_pool {
     size_t kcap, kn;
     struct imp **lb;       /* local-address hash: cap buckets (chained) */
     size_t cap, n;
-    uint64_t hits; /* pi->lock; folded into gc.hits at destroy */
+    uint64_t hits; /* pi->lock; folded into opened.hits at destroy */
     _Atomic int evictors;
-    struct xent *xhead; /* this pool's export entries (gx.lock) */
+    struct xent *xhead; /* this pool's export entries (exports.lock) */
     /* This pool's live export entries with refs > 0: while 0 no free of
-     * the pool needs the export cache (changed under gx.lock, read
+     * the pool needs the export cache (changed under exports.lock, read
      * relaxed by the front end; see hm__ipc_free_held). */
     _Atomic size_t held;
     _Atomic int flushers; /* puts freeing deferred blocks into the pool now */

@@ -21,13 +21,12 @@
  * and nodes are reclaimed after an RCU grace period (urcu-bp); see
  * "Reclamation" below.
  *
- * Nodes and the per-thread node cache. The lead's first design made nodes
- * permanent so that threads could cache node pointers. Measured: a long-lived
- * region that is split at many points accumulates nodes, and every later
- * merge/remove of a large range then rewrites every slot of every node under
- * it (hundreds of thousands of CAS). So a split/merge/remove whose new value
- * for a wholly covered slot is one record (or nothing) replaces a child node
- * there with one CAS ("collapse") and retires the subtree, O(1). The cache
+ * Nodes and the per-thread node cache. Nodes are not permanent: a
+ * split/merge/remove whose new value for a wholly covered slot is one record
+ * (or nothing) replaces a child node there with one CAS ("collapse") and
+ * retires the subtree, O(1) — otherwise a long-lived region split at many
+ * points would keep its nodes, and every later merge or remove of a large
+ * range would rewrite every slot of every node under it. The cache
  * stays safe with one counter, g_cache_epoch, bumped after every collapse
  * (and root change) and before the grace period that frees the nodes: a
  * lookup reads it inside its read-side section and drops its cache if it

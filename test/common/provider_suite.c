@@ -210,11 +210,17 @@ static void case_null_args(psuite_t *s) {
     set_case(s, "NULL arguments");
     hm_provider_t *p = fresh(s);
     if (!p) return;
+    /* A failed alloc leaves *ptr NULL, whatever the reason. */
     void *ptr = (void *)(uintptr_t)1;
     CHECK_RES(hm_provider_alloc(NULL, 64, 0, &ptr), HM_ERROR_INVALID_ARGUMENT);
+    CHECK(ptr == NULL);
     CHECK_RES(hm_provider_alloc(p, 64, 0, NULL), HM_ERROR_INVALID_ARGUMENT);
+    ptr = (void *)(uintptr_t)1;
     CHECK_RES(hm_provider_alloc(p, 0, 0, &ptr), HM_ERROR_INVALID_ARGUMENT);
-    CHECK(ptr == NULL || ptr == (void *)(uintptr_t)1);
+    CHECK(ptr == NULL);
+    ptr = (void *)(uintptr_t)1;
+    CHECK_RES(hm_provider_alloc(p, 64, 3, &ptr), HM_ERROR_INVALID_ALIGNMENT);
+    CHECK(ptr == NULL);
 
     hm_result_t r = hm_provider_free(p, NULL, 4096);
     CHECK_MSG(r == HM_ERROR_INVALID_ARGUMENT || (!frees(p) && r == HM_ERROR_NOT_SUPPORTED),
