@@ -15,7 +15,7 @@
  * start.
  *
  *  slot             owner            prepare takes; the child        why this position
- *  PROXY_POOL       proxy_malloc.c   child only: the forked child    last in the child: it makes a
+ *  PROXY_POOL       preload.c        child only: the forked child    last in the child: it makes a
  *                   (HM_PROXY=       gets its own (private) pool     pool, so every other module
  *                   shared)                                          must be usable again
  *  RCU              tracker/         pauses the call_rcu helper      first: the helper runs
@@ -56,12 +56,12 @@
  *  PRIM             platform/prim.c  child only: fork epoch + 1,     early in the child: the hooks
  *                                    process nonce reset             after it see the child's
  *                                                                    epoch
- *  PROXY_SNAPSHOT   proxy_malloc.c   copies the shared heap (its     last: the native pool and the
+ *  PROXY_SNAPSHOT   preload.c        copies the shared heap (its     last: the native pool and the
  *                   (HM_PROXY=       ranges are fixed); the child    tracker are locked; first in
  *                   shared)          moves the copies over the       the child, before any hook
  *                                    heap                            writes to the heap
  *
- * The host providers (os, file, devdax, fixed, over coarse/) have no slot:
+ * The host providers (os, file, devdax, fixed, over providers/coarse/) have no slot:
  * the ranges held for IPC are the IPC module's, and the OS provider tells
  * that it runs in a forked child by the fork epoch (PRIM).
  *

@@ -8,7 +8,7 @@
  * Then: error paths, growth through the owner callback, many threads under
  * TSan, and "free everything -> one range per region". */
 #include "harness.h"
-#include "coarse/coarse.h"
+#include "providers/coarse/coarse.h"
 
 #include <pthread.h>
 #include <stdlib.h>

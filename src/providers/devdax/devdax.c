@@ -9,7 +9,7 @@
  * IPC opens map the aligned range around the allocation. */
 #include "providers/devdax/devdax.h"
 
-#include "coarse/coarse.h"
+#include "providers/coarse/coarse.h"
 #include "platform/prim.h"
 #include "providers/file/file.h"
 

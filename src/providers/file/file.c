@@ -18,7 +18,7 @@
  */
 #include "providers/file/file.h"
 
-#include "coarse/coarse.h"
+#include "providers/coarse/coarse.h"
 #include "platform/prim.h"
 
 #include <errno.h>

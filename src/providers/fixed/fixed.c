@@ -2,14 +2,14 @@
  * SPDX-License-Identifier: MIT
  *
  * The page-aligned inside of [buffer, buffer+size) is one region of the
- * coarse layer (src/coarse/coarse.h), which gives best-fit alloc, free,
+ * coarse layer (src/providers/coarse/coarse.h), which gives best-fit alloc, free,
  * split and merge with coalescing; thread-safe through the coarse lock. The
  * coarse object cannot grow and releases nothing: the buffer stays the
  * caller's. Memory never goes back to the OS (no purge: hetmem does not
  * know what the caller's buffer is, and it may be device memory). */
 #include "internal.h"
 #include "provider_internal.h"
-#include "coarse/coarse.h"
+#include "providers/coarse/coarse.h"
 
 #include <stdlib.h>
 #include <string.h>

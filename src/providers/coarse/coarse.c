@@ -1,6 +1,6 @@
 /* hetmem — the coarse layer (see coarse.h for the model and the contract).
  * SPDX-License-Identifier: MIT */
-#include "coarse/coarse.h"
+#include "providers/coarse/coarse.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -98,7 +98,7 @@ static void fork_child(void);
 /* The proxy's two slots of the fork list (fork.h): the snapshot, last in
  * prepare (the pool and the tracker are locked) and first in the child;
  * the child's own pool, last in the child. This library carries its own
- * copy of hetmem (src/proxy_malloc/CMakeLists.txt), and so its own list and
+ * copy of hetmem (src/preload/CMakeLists.txt), and so its own list and
  * its own pthread_atfork registration (init.c's), separate from
  * libhetmem.so's in a program that loads both: the proxy's registers at the
  * process's first malloc, earlier, so its prepare runs after libhetmem.so's
