@@ -82,7 +82,9 @@ static hm_result_t make_cell(void *arg, hm_pool_t **out) {
     return r;
 }
 
-/* Why a (pool, kind) pair is not run; NULL: it runs. Every skip is printed. */
+/* Why a (pool, kind) pair is not run; NULL: it runs. Every skip is printed.
+ * Every pool runs over every kind today (no pool refuses one); a pair that
+ * cannot work goes here, with the reason. */
 static const char *why_skipped(const pool_kind_t *pool, hm_test_provider_kind_t kind) {
     (void)pool;
     (void)kind;
