@@ -46,6 +46,37 @@ hm_result_t hm_test_os_provider(hm_os_visibility_t vis, unsigned prot, hm_provid
 hm_result_t hm_test_fixed_provider(void *buffer, size_t size, hm_memory_kind_t kind, bool cpu,
                                    hm_provider_t **out);
 
+/* The provider kinds of the pool x provider matrix (test/pools/test_pool_matrix.c):
+ * hm_test_make_provider() makes a fresh provider of a kind (called once per
+ * test case, like a hm_test_provider_factory). */
+typedef enum hm_test_provider_kind {
+    HM_TEST_OS_PRIVATE = 0, /* OS, private, read-write */
+    HM_TEST_OS_SHARED,      /* OS, shared (memfd), read-write */
+    HM_TEST_OS_UNTRACKED,   /* OS, private, read-write; the pool gets HM_POOL_FLAG_NO_TRACKING */
+    HM_TEST_OS_PROT_NONE,   /* OS, private, PROT_NONE: the pool must not touch it */
+    HM_TEST_FAULT,          /* fault(os-private), nothing armed */
+    HM_TEST_FAULT_NOFREE,   /* fault(os-private) with no free/split/merge (file/devdax-like) */
+    HM_TEST_FILE,           /* file provider, shared, a file in a temporary folder */
+    HM_TEST_FIXED_HOST,     /* fixed over a read-write 96 MiB buffer, host memory */
+    HM_TEST_FIXED_DEVICE,   /* fixed over a PROT_NONE 96 MiB buffer, device kind, no CPU */
+    HM_TEST_PROVIDER_KIND_COUNT
+} hm_test_provider_kind_t;
+
+typedef struct hm_test_provider_kind_info {
+    const char *name;       /* "os-private", ... (static storage) */
+    uint32_t pool_flags;    /* extra flags for the pool made over it */
+    hm_test_suite_opts_t opts; /* the pool suite's options for this kind */
+} hm_test_provider_kind_info_t;
+
+/* NULL for an unknown kind. */
+const hm_test_provider_kind_info_t *hm_test_provider_kind_info(hm_test_provider_kind_t kind);
+/* The fixed kinds share one buffer per kind (mapped at first use): at most
+ * one fixed provider of a kind may exist at a time, as in the suites. */
+hm_result_t hm_test_make_provider(hm_test_provider_kind_t kind, hm_provider_t **out);
+/* Unmap the fixed buffers and remove the file kind's folder, once every
+ * provider of those kinds is gone. 1: clean; 0: files were left behind. */
+int hm_test_providers_cleanup(void);
+
 /* The fault-injecting pass-through provider (fault_provider.c): wraps another
  * provider and forwards every op (but fill, copy and ipc_compatible); fails
  * the Nth call of an op with a chosen result; counts calls; tracks what the

@@ -1,6 +1,5 @@
-/* hetmem tests — the jemalloc pool: the pool suite over every provider (OS
- * private, shared, untracked, PROT_NONE; fixed host and device-kind (a
- * PROT_NONE buffer); fault-wrapped OS), and the pool's own contract: params,
+/* hetmem tests — the jemalloc pool's own contract (the pool suite over every
+ * provider kind is test/pools/test_pool_matrix.c): params,
  * refused providers, memory the CPU cannot touch, statistics and trim,
  * exact statistics (what users hold, from several threads, with no trim),
  * refusal of foreign, interior and other pools' pointers, region starts of
@@ -9,13 +8,11 @@
  * thread lines changing hands,
  * thousands of create/destroy cycles (arena reuse), thread-exit tcache
  * clean-up, provider failures, fork.
- * Usage: test_jemalloc_pool [os-private|os-shared|os-untracked|os-prot-none|
- *                            fault|fixed|unit|loops|limit|churn|fork|all]   (default: unit)
+ * Usage: test_jemalloc_pool [unit|loops|limit|churn|fork|all]   (default: unit)
  * SPDX-License-Identifier: MIT */
 #include "conformance.h"
 
 #include <hetmem/pools/jemalloc.h>
-#include <hetmem/providers/file.h>
 
 #include <errno.h>
 #include <pthread.h>
@@ -28,86 +25,7 @@
 
 #define KIB ((size_t)1 << 10)
 #define MIB ((size_t)1 << 20)
-#define FIXED_SIZE (96 * MIB)
 #define RW (HM_OS_PROT_READ | HM_OS_PROT_WRITE)
-
-/* ---- factories ---- */
-
-typedef struct os_factory {
-    hm_os_visibility_t visibility;
-    unsigned prot;
-    uint32_t flags;
-} os_factory_t;
-
-static hm_result_t make_je_os(void *arg, hm_pool_t **out) {
-    const os_factory_t *f = arg;
-    hm_provider_t *prov;
-    hm_result_t r = hm_test_os_provider(f->visibility, f->prot, &prov);
-    if (r != HM_SUCCESS) return r;
-    r = hm_jemalloc_pool_create(prov, NULL, HM_POOL_FLAG_OWN_PROVIDER | f->flags, out);
-    if (r != HM_SUCCESS) hm_provider_destroy(prov);
-    return r;
-}
-
-typedef struct fixed_factory {
-    void *buffer;
-    hm_memory_kind_t kind;
-    bool cpu;
-} fixed_factory_t;
-
-static hm_result_t make_je_fixed(void *arg, hm_pool_t **out) {
-    const fixed_factory_t *f = arg;
-    hm_provider_t *prov = NULL;
-    hm_result_t r = hm_test_fixed_provider(f->buffer, FIXED_SIZE, f->kind, f->cpu, &prov);
-    if (r != HM_SUCCESS) return r;
-    r = hm_jemalloc_pool_create(prov, NULL, HM_POOL_FLAG_OWN_PROVIDER, out);
-    if (r != HM_SUCCESS) hm_provider_destroy(prov);
-    return r;
-}
-
-static hm_result_t make_fault_ops(const hm_provider_ops_t *ops, hm_provider_t **fault) {
-    hm_provider_t *os;
-    hm_result_t r = hm_test_os_provider(HM_OS_PRIVATE, RW, &os);
-    if (r != HM_SUCCESS) return r;
-    hm_fault_params_t fp = {.inner = os, .own_inner = 1};
-    r = hm_provider_create(ops, &fp, fault);
-    if (r != HM_SUCCESS) hm_provider_destroy(os);
-    return r;
-}
-
-static hm_result_t make_fault(hm_provider_t **fault) {
-    return make_fault_ops(hm_fault_provider_ops(), fault);
-}
-
-/* arg non-NULL: the wrapper cannot free (file/devdax-like media). */
-static hm_result_t make_je_fault(void *arg, hm_pool_t **out) {
-    hm_provider_t *fault;
-    hm_result_t r =
-        make_fault_ops(arg ? hm_fault_provider_nofree_ops() : hm_fault_provider_ops(), &fault);
-    if (r != HM_SUCCESS) return r;
-    r = hm_jemalloc_pool_create(fault, NULL, HM_POOL_FLAG_OWN_PROVIDER, out);
-    if (r != HM_SUCCESS) hm_provider_destroy(fault);
-    return r;
-}
-
-/* The file provider (a file in a temporary folder, removed at destroy). */
-static char file_dir[256];
-static hm_result_t make_je_file(void *arg, hm_pool_t **out) {
-    static unsigned n;
-    char path[320];
-    snprintf(path, sizeof(path), "%s/pool-%u", file_dir, n++);
-    hm_file_params_t *fp;
-    hm_result_t r = hm_file_params_create(path, &fp);
-    if (r != HM_SUCCESS) return r;
-    hm_file_params_set_keep_file(fp, false);
-    hm_provider_t *prov;
-    r = hm_provider_create(hm_file_provider_ops(), fp, &prov);
-    hm_file_params_destroy(fp);
-    if (r != HM_SUCCESS) return r;
-    r = hm_jemalloc_pool_create(prov, NULL, HM_POOL_FLAG_OWN_PROVIDER, out);
-    if (r != HM_SUCCESS) hm_provider_destroy(prov);
-    return r;
-}
 
 static hm_pool_t *os_pool(const hm_jemalloc_params_t *params, uint32_t flags, unsigned prot) {
     hm_provider_t *prov;
@@ -828,7 +746,7 @@ static void test_thread_handover(void) {
 static void test_faults(void) {
     hm_test_set_context("provider failures");
     hm_provider_t *fault;
-    REQUIRE_OK(make_fault(&fault));
+    REQUIRE_OK(hm_test_make_provider(HM_TEST_FAULT, &fault));
     hm_pool_t *pool = NULL;
     REQUIRE_OK(hm_jemalloc_pool_create(fault, NULL, 0, &pool));
     hm_fault_provider_arm(fault, HM_FAULT_ALLOC, -1);
@@ -993,55 +911,7 @@ static void test_fork(void) {
 int main(int argc, char **argv) {
     const char *part = argc > 1 ? argv[1] : "unit";
 #define PART(name) (!strcmp(part, "all") || !strcmp(part, name))
-    os_factory_t os_private = {HM_OS_PRIVATE, RW, 0};
-    os_factory_t os_shared = {HM_OS_SHARED, RW, 0};
-    os_factory_t os_untracked = {HM_OS_PRIVATE, RW, HM_POOL_FLAG_NO_TRACKING};
-    os_factory_t os_none = {HM_OS_PRIVATE, HM_OS_PROT_NONE, 0};
-    hm_test_suite_opts_t opts = {.can_free = 1};
-#if defined(HM_TSAN)
-    opts.threads = 3;
-#endif
     int ran = 0;
-    if (PART("os-private"))
-        ran++, hm_test_pool_suite("jemalloc/os-private", make_je_os, &os_private, &opts);
-    if (PART("os-shared"))
-        ran++, hm_test_pool_suite("jemalloc/os-shared", make_je_os, &os_shared, &opts);
-    if (PART("os-untracked"))
-        ran++, hm_test_pool_suite("jemalloc/os-untracked", make_je_os, &os_untracked, &opts);
-    if (PART("os-prot-none"))
-        ran++, hm_test_pool_suite("jemalloc/os-prot-none", make_je_os, &os_none, &opts);
-    if (PART("fault"))
-        ran++, hm_test_pool_suite("jemalloc/fault(os)", make_je_fault, NULL, &opts);
-    if (PART("nofree")) {
-        hm_test_suite_opts_t nofree_opts = opts;
-        nofree_opts.can_free = 0;
-        ran++, hm_test_pool_suite("jemalloc/fault-nofree(os)", make_je_fault, "nofree",
-                                  &nofree_opts);
-    }
-    if (PART("file")) {
-        const char *tmp = getenv("TMPDIR");
-        snprintf(file_dir, sizeof(file_dir), "%s/hm-je-file-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-        REQUIRE(mkdtemp(file_dir));
-        hm_test_suite_opts_t fopts = opts;
-        fopts.max_alloc = 8 * MIB;
-        ran++, hm_test_pool_suite("jemalloc/file shared", make_je_file, NULL, &fopts);
-        CHECK_MSG(rmdir(file_dir) == 0, "files left behind in %s", file_dir);
-    }
-    if (PART("fixed")) {
-        ran++;
-        void *buf =
-            mmap(NULL, FIXED_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        REQUIRE(buf != MAP_FAILED);
-        hm_test_suite_opts_t fopts = {.max_alloc = 16 * MIB, .max_alignment = 2 * MIB,
-                                      .capacity = FIXED_SIZE, .threads = opts.threads};
-        fixed_factory_t fixed_host = {buf, HM_MEMORY_HOST, true};
-        hm_test_pool_suite("jemalloc/fixed-host", make_je_fixed, &fixed_host, &fopts);
-        /* Device-kind: the buffer itself faults on any CPU access. */
-        REQUIRE(mprotect(buf, FIXED_SIZE, PROT_NONE) == 0);
-        fixed_factory_t fixed_dev = {buf, HM_MEMORY_DEVICE, false};
-        hm_test_pool_suite("jemalloc/fixed-device", make_je_fixed, &fixed_dev, &fopts);
-        munmap(buf, FIXED_SIZE);
-    }
     if (PART("unit")) {
         ran++;
         test_params();

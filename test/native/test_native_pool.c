@@ -1,8 +1,7 @@
-/* hetmem tests — the native pool: the pool suite over every provider kind
- * (OS private, shared, untracked, PROT_NONE; fixed host and device-kind, which
- * cannot free; fault-wrapped OS), and the native pool's own contract: size
- * classes, alignment, refused frees, statistics, trim, retained memory,
- * params, remote frees, abandoned heaps and provider failures.
+/* hetmem tests — the native pool's own contract: size classes, alignment,
+ * refused frees, statistics, trim, retained memory, params, remote frees,
+ * abandoned heaps and provider failures. The pool suite over every provider
+ * kind (both remote-free queues) is test/pools/test_pool_matrix.c.
  * SPDX-License-Identifier: MIT */
 #include "conformance.h"
 
@@ -14,70 +13,6 @@
 
 #define KIB ((size_t)1 << 10)
 #define MIB ((size_t)1 << 20)
-#define FIXED_SIZE (96 * MIB)
-
-/* ---- factories ---- */
-
-typedef struct os_factory {
-    hm_os_visibility_t visibility;
-    unsigned prot;
-    uint32_t flags;
-    hm_native_remote_queue_t queue;
-} os_factory_t;
-
-static hm_result_t make_native(hm_provider_t *prov, hm_native_remote_queue_t queue,
-                               uint32_t flags, hm_pool_t **out) {
-    hm_native_params_t *np;
-    hm_result_t r = hm_native_params_create(&np);
-    if (r != HM_SUCCESS) return r;
-    r = hm_native_params_set_remote_queue(np, queue);
-    if (r == HM_SUCCESS) r = hm_native_pool_create(prov, np, flags, out);
-    hm_native_params_destroy(np);
-    return r;
-}
-
-static hm_result_t make_native_os(void *arg, hm_pool_t **out) {
-    const os_factory_t *f = arg;
-    hm_provider_t *prov;
-    hm_result_t r = hm_test_os_provider(f->visibility, f->prot, &prov);
-    if (r != HM_SUCCESS) return r;
-    r = make_native(prov, f->queue, HM_POOL_FLAG_OWN_PROVIDER | f->flags, out);
-    if (r != HM_SUCCESS) hm_provider_destroy(prov);
-    return r;
-}
-
-typedef struct fixed_factory {
-    void *buffer;
-    hm_memory_kind_t kind;
-    bool cpu;
-} fixed_factory_t;
-
-static hm_result_t make_native_fixed(void *arg, hm_pool_t **out) {
-    const fixed_factory_t *f = arg;
-    hm_provider_t *prov = NULL;
-    hm_result_t r = hm_test_fixed_provider(f->buffer, FIXED_SIZE, f->kind, f->cpu, &prov);
-    if (r != HM_SUCCESS) return r;
-    r = hm_native_pool_create(prov, NULL, HM_POOL_FLAG_OWN_PROVIDER, out);
-    if (r != HM_SUCCESS) hm_provider_destroy(prov);
-    return r;
-}
-
-static hm_result_t make_native_fault(void *arg, hm_pool_t **out) {
-    hm_provider_t *os, *fault;
-    hm_result_t r = hm_test_os_provider(HM_OS_PRIVATE, HM_OS_PROT_READ | HM_OS_PROT_WRITE, &os);
-    if (r != HM_SUCCESS) return r;
-    hm_fault_params_t fp = {.inner = os, .own_inner = 1};
-    /* arg non-NULL: the wrapper cannot free (file/devdax-like media). */
-    r = hm_provider_create(arg ? hm_fault_provider_nofree_ops() : hm_fault_provider_ops(), &fp,
-                           &fault);
-    if (r != HM_SUCCESS) {
-        hm_provider_destroy(os);
-        return r;
-    }
-    r = hm_native_pool_create(fault, NULL, HM_POOL_FLAG_OWN_PROVIDER, out);
-    if (r != HM_SUCCESS) hm_provider_destroy(fault);
-    return r;
-}
 
 /* ---- the native pool's own cases ---- */
 
@@ -1379,49 +1314,12 @@ static void test_many_pools(void) {
     }
 }
 
-/* One CTest entry per part (argv[1]: unit (the default), remote, fixed,
- * fault, os-*, or all), so that each stays short under the sanitizers. */
+/* One CTest entry per part (argv[1]: unit (the default), remote, or all), so
+ * that each stays short under the sanitizers. */
 int main(int argc, char **argv) {
     const char *part = argc > 1 ? argv[1] : "unit";
 #define PART(name) (!strcmp(part, "all") || !strcmp(part, name))
-    os_factory_t os_private = {HM_OS_PRIVATE, RW, 0, HM_NATIVE_QUEUE_WFCQ};
-    os_factory_t os_shared = {HM_OS_SHARED, RW, 0, HM_NATIVE_QUEUE_WFCQ};
-    os_factory_t os_untracked = {HM_OS_PRIVATE, RW, HM_POOL_FLAG_NO_TRACKING,
-                                 HM_NATIVE_QUEUE_WFCQ};
-    os_factory_t os_none = {HM_OS_PRIVATE, HM_OS_PROT_NONE, 0, HM_NATIVE_QUEUE_WFCQ};
-    os_factory_t os_mutex = {HM_OS_PRIVATE, RW, 0, HM_NATIVE_QUEUE_MUTEX};
-    hm_test_suite_opts_t opts = {.can_free = 1};
     int ran = 0;
-    if (PART("os-private"))
-        ran++, hm_test_pool_suite("native/os-private", make_native_os, &os_private, &opts);
-    if (PART("os-shared"))
-        ran++, hm_test_pool_suite("native/os-shared", make_native_os, &os_shared, &opts);
-    if (PART("os-untracked"))
-        ran++, hm_test_pool_suite("native/os-untracked", make_native_os, &os_untracked, &opts);
-    if (PART("os-prot-none"))
-        ran++, hm_test_pool_suite("native/os-prot-none", make_native_os, &os_none, &opts);
-    if (PART("os-mutex-queue"))
-        ran++, hm_test_pool_suite("native/os-mutex-queue", make_native_os, &os_mutex, &opts);
-    if (PART("fault"))
-        ran++, hm_test_pool_suite("native/fault(os)", make_native_fault, NULL, &opts);
-    if (PART("nofree")) {
-        hm_test_suite_opts_t nofree_opts = {.can_free = 0};
-        ran++, hm_test_pool_suite("native/fault-nofree(os)", make_native_fault, "nofree",
-                                  &nofree_opts);
-    }
-    if (PART("fixed")) {
-        ran++;
-        void *buf =
-            mmap(NULL, FIXED_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        REQUIRE(buf != MAP_FAILED);
-        hm_test_suite_opts_t fopts = {.max_alloc = 16 * MIB, .max_alignment = 2 * MIB,
-                                      .capacity = FIXED_SIZE};
-        fixed_factory_t fixed_host = {buf, HM_MEMORY_HOST, true};
-        hm_test_pool_suite("native/fixed-host", make_native_fixed, &fixed_host, &fopts);
-        fixed_factory_t fixed_dev = {buf, HM_MEMORY_DEVICE, false};
-        hm_test_pool_suite("native/fixed-device", make_native_fixed, &fixed_dev, &fopts);
-        munmap(buf, FIXED_SIZE);
-    }
     if (PART("unit")) {
         ran++;
         test_size_classes();

@@ -1,69 +1,15 @@
-/* hetmem tests — the proxy pool: the pool suite over the OS provider (private,
- * shared, untracked) and the fixed provider (host and device-kind memory),
- * and every error path of the proxy pool and the pool front-end driven by the
- * fault-injecting provider. SPDX-License-Identifier: MIT */
+/* hetmem tests — the proxy pool: every error path of the proxy pool and the
+ * pool front-end driven by the fault-injecting provider, and creation errors.
+ * The pool suite over every provider kind is test/pools/test_pool_matrix.c.
+ * SPDX-License-Identifier: MIT */
 #include "conformance.h"
 
 #include <errno.h>
-#include <sys/mman.h>
 
 #define MIB ((size_t)1 << 20)
-#define FIXED_SIZE (64 * MIB)
-
-/* ---- factories ---- */
-
-typedef struct os_factory {
-    hm_os_visibility_t visibility;
-    uint32_t flags; /* extra pool flags */
-} os_factory_t;
 
 static hm_result_t make_os_provider(hm_os_visibility_t vis, hm_provider_t **out) {
     return hm_test_os_provider(vis, HM_OS_PROT_READ | HM_OS_PROT_WRITE, out);
-}
-
-static hm_result_t make_proxy_os(void *arg, hm_pool_t **out) {
-    const os_factory_t *f = arg;
-    hm_provider_t *prov;
-    hm_result_t r = make_os_provider(f->visibility, &prov);
-    if (r != HM_SUCCESS) return r;
-    r = hm_proxy_pool_create(prov, HM_POOL_FLAG_OWN_PROVIDER | f->flags, out);
-    if (r != HM_SUCCESS) hm_provider_destroy(prov);
-    return r;
-}
-
-/* One buffer for every fixed provider: the suite holds one pool at a time. */
-typedef struct fixed_factory {
-    void *buffer;
-    hm_memory_kind_t kind;
-    bool cpu;
-} fixed_factory_t;
-
-static hm_result_t make_proxy_fixed(void *arg, hm_pool_t **out) {
-    const fixed_factory_t *f = arg;
-    hm_provider_t *prov = NULL;
-    hm_result_t r = hm_test_fixed_provider(f->buffer, FIXED_SIZE, f->kind, f->cpu, &prov);
-    if (r != HM_SUCCESS) return r;
-    r = hm_proxy_pool_create(prov, HM_POOL_FLAG_OWN_PROVIDER, out);
-    if (r != HM_SUCCESS) hm_provider_destroy(prov);
-    return r;
-}
-
-/* Proxy over fault(os), no faults armed: the suite through the wrapper. */
-static hm_result_t make_proxy_fault(void *arg, hm_pool_t **out) {
-    hm_provider_t *os, *fault;
-    hm_result_t r = make_os_provider(HM_OS_PRIVATE, &os);
-    if (r != HM_SUCCESS) return r;
-    hm_fault_params_t fp = {.inner = os, .own_inner = 1};
-    /* arg non-NULL: the wrapper cannot free (file/devdax-like media). */
-    r = hm_provider_create(arg ? hm_fault_provider_nofree_ops() : hm_fault_provider_ops(), &fp,
-                           &fault);
-    if (r != HM_SUCCESS) {
-        hm_provider_destroy(os);
-        return r;
-    }
-    r = hm_proxy_pool_create(fault, HM_POOL_FLAG_OWN_PROVIDER, out);
-    if (r != HM_SUCCESS) hm_provider_destroy(fault);
-    return r;
 }
 
 /* ---- fault injection ---- */
@@ -337,35 +283,5 @@ static void test_create_errors(void) {
 int main(void) {
     test_create_errors();
     test_fault_injection();
-
-    os_factory_t priv = {.visibility = HM_OS_PRIVATE};
-    hm_test_suite_opts_t opts = {.can_free = 1};
-    hm_test_pool_suite("proxy/os-private", make_proxy_os, &priv, &opts);
-
-    os_factory_t shared = {.visibility = HM_OS_SHARED};
-    hm_test_pool_suite("proxy/os-shared", make_proxy_os, &shared, &opts);
-
-    os_factory_t untracked = {.visibility = HM_OS_PRIVATE, .flags = HM_POOL_FLAG_NO_TRACKING};
-    hm_test_pool_suite("proxy/os-private untracked", make_proxy_os, &untracked, &opts);
-
-    hm_test_pool_suite("proxy/fault(os)", make_proxy_fault, NULL, &opts);
-    hm_test_suite_opts_t nofree_opts = {.can_free = 0};
-    hm_test_pool_suite("proxy/fault-nofree(os)", make_proxy_fault, "nofree", &nofree_opts);
-
-    /* Fixed buffers: one mapping for host memory; one PROT_NONE mapping
-     * posing as device memory, so a single CPU access by the suite or the
-     * pool would crash the test. */
-    void *host = mmap(NULL, FIXED_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    void *dev = mmap(NULL, FIXED_SIZE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                     -1, 0);
-    REQUIRE(host != MAP_FAILED && dev != MAP_FAILED);
-    hm_test_suite_opts_t fopts = {
-        .max_alloc = 8 * MIB, .max_alignment = 2 * MIB, .capacity = FIXED_SIZE};
-    fixed_factory_t fhost = {.buffer = host, .kind = HM_MEMORY_HOST, .cpu = true};
-    hm_test_pool_suite("proxy/fixed", make_proxy_fixed, &fhost, &fopts);
-    fixed_factory_t fdev = {.buffer = dev, .kind = HM_MEMORY_DEVICE, .cpu = false};
-    hm_test_pool_suite("proxy/fixed device-kind (PROT_NONE)", make_proxy_fixed, &fdev, &fopts);
-    munmap(host, FIXED_SIZE);
-    munmap(dev, FIXED_SIZE);
     return hm_test_finish();
 }
