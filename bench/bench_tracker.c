@@ -25,7 +25,8 @@
  *                   misses once the metadata outgrows the CPU caches.
  *   insert+remove   per thread a ring of 256 live ranges: insert one, remove
  *                   the oldest (2 ops), with 1 and 2 threads, each on its own
- *                   pool.
+ *                   pool; and with 1 thread while N = 10^3 .. 10^6 other
+ *                   ranges are live (insert and remove must not grow with N).
  *   destroy-1000    fill a pool with 1000 ranges and destroy it (drain),
  *                   while the other pools hold 0 and then 10^6 ranges. The
  *                   drain alone is also timed separately and printed.
@@ -448,6 +449,10 @@ int main(int argc, char **argv) {
         make_random(&as, n, sizeof buf / sizeof buf[0]);
         snprintf(name, sizeof name, "lookup-random N=%zu", n);
         hm_bench_case(b, name, &as, 1, &t_lookup, &b_lookup_impl, 1);
+        /* insert and remove with N other ranges live (target: flat in N) */
+        static const churn_arg_t one_n = {1};
+        snprintf(name, sizeof name, "insert+remove N=%zu", n);
+        hm_bench_case(b, name, &one_n, 2, &t_churn, &b_churn, 1);
     }
 
     static const churn_arg_t one = {1}, two = {2};
