@@ -85,8 +85,8 @@
  * blocks (tcmalloc, mimalloc) do none of that, and on random frees of small
  * blocks, where the checks are most of the work, they are faster; where
  * threads free each other's blocks the native pool is faster than any of
- * them. bench/bench_native measures each mix (figures: the performance
- * report, not this header). */
+ * them. bench/bench_native measures each mix (figures: docs/performance.md,
+ * not this header). */
 #ifndef HETMEM_POOLS_NATIVE_H
 #define HETMEM_POOLS_NATIVE_H
 
