@@ -369,7 +369,7 @@ static HM_NOINLINE void *malloc_slow(size_t size) {
 /* The pool's fast path calls nothing (no malloc, no lock), so it needs no
  * guard; the pool sets the guard itself around a refill, and passes what it
  * does not serve to malloc_slow. */
-EXPORT void *malloc(size_t size) {
+HM_INLINE void *impl_malloc(size_t size) {
     if (hm_likely(atomic_load_explicit(&g_status, memory_order_acquire) == ST_READY &&
                   !tl_guard))
         return hm__native_malloc(g_state, size, &tl_guard, malloc_slow);
@@ -413,7 +413,7 @@ static HM_NOINLINE hm_result_t free_slow(void *p) {
 
 /* The pool's fast path calls nothing, so it needs no guard (see malloc);
  * what it does not finish it passes, unchanged, to free_slow. */
-EXPORT void free(void *p) {
+HM_INLINE void impl_free(void *p) {
     if (!p) return;
     if (hm_likely(atomic_load_explicit(&g_status, memory_order_acquire) == ST_READY &&
                   !tl_guard)) {
@@ -423,7 +423,7 @@ EXPORT void free(void *p) {
     (void)free_slow(p);
 }
 
-EXPORT void *calloc(size_t n, size_t size) {
+HM_INLINE void *impl_calloc(size_t n, size_t size) {
     size_t total;
     if (__builtin_mul_overflow(n, size, &total)) {
         errno = ENOMEM;
@@ -442,20 +442,20 @@ static size_t usable(void *st, void *p) {
     return n;
 }
 
-EXPORT void *realloc(void *p, size_t size) {
-    if (!p) return malloc(size);
+HM_INLINE void *impl_realloc(void *p, size_t size) {
+    if (!p) return impl_malloc(size);
     void *st = owner_of(p);
     if (!st) return __libc_realloc(p, size); /* glibc's pointer stays glibc's */
     if (!size) {
-        free(p);
+        impl_free(p);
         return NULL;
     }
     size_t old = usable(st, p);
     if (st == g_state && size <= old && size >= old / 2) return p;
-    void *q = malloc(size); /* the current pool, or glibc's in a failed child */
+    void *q = impl_malloc(size); /* the current pool, or glibc's in a failed child */
     if (!q) return NULL;
     memcpy(q, p, old < size ? old : size);
-    free(p);
+    impl_free(p);
     return q;
 }
 
@@ -469,12 +469,12 @@ static int aligned(void **out, size_t align, size_t size) {
     return 0;
 }
 
-EXPORT int posix_memalign(void **out, size_t align, size_t size) {
+HM_INLINE int impl_posix_memalign(void **out, size_t align, size_t size) {
     if (align % sizeof(void *)) return EINVAL;
     return aligned(out, align, size);
 }
 
-EXPORT void *aligned_alloc(size_t align, size_t size) {
+static void *impl_aligned_alloc(size_t align, size_t size) {
     void *p = NULL;
     int e = aligned(&p, align, size);
     if (e) errno = e;
@@ -483,7 +483,7 @@ EXPORT void *aligned_alloc(size_t align, size_t size) {
 
 /* As glibc's: an alignment that is not a power of two is rounded up to the
  * next one (aligned_alloc and posix_memalign refuse it). */
-EXPORT void *memalign(size_t align, size_t size) {
+static void *impl_memalign(size_t align, size_t size) {
     if (!hm_is_pow2(align)) {
         if (align > SIZE_MAX / 2 + 1) {
             errno = EINVAL;
@@ -493,19 +493,19 @@ EXPORT void *memalign(size_t align, size_t size) {
         while (up < align) up <<= 1;
         align = up;
     }
-    return aligned_alloc(align, size);
+    return impl_aligned_alloc(align, size);
 }
 
-EXPORT void *valloc(size_t size) { return aligned_alloc((size_t)sysconf(_SC_PAGESIZE), size); }
+static void *impl_valloc(size_t size) { return impl_aligned_alloc((size_t)sysconf(_SC_PAGESIZE), size); }
 
-EXPORT void *pvalloc(size_t size) {
+static void *impl_pvalloc(size_t size) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     size_t n = hm_align_up(size ? size : 1, page);
     if (!n) {
         errno = ENOMEM;
         return NULL;
     }
-    return aligned_alloc(page, n);
+    return impl_aligned_alloc(page, n);
 }
 
 /* glibc's malloc_usable_size of one of its blocks. Looked up at the first
@@ -535,4 +535,324 @@ EXPORT size_t malloc_usable_size(void *p) {
     void *st = owner_of(p);
     if (st) return usable(st, p);
     return libc_usable(p);
+}
+
+/* ---- recording (HM_PROXY_TRACE=path): trace.h's format ----
+ *
+ * Each thread appends records to a buffer of its own (1 MiB from mmap, not
+ * from any heap) and writes the buffer whole, with one write(), to the trace
+ * file (O_APPEND) when it is full, at thread exit (a pthread key's
+ * destructor) and at process exit (this library's destructor, which also
+ * writes what the other threads' buffers hold then). The only shared datum
+ * a call touches is the sequence counter (one relaxed fetch-add), and only
+ * while tracing. Buffers of exited threads are reused by new threads.
+ *
+ * The file: path itself when it does not exist yet, else path.<pid> (a
+ * program the traced one runs, which inherits the environment, gets a file
+ * of its own; an existing file is never appended to or truncated). A forked
+ * child stops recording at fork() (its copy of the buffers is the parent's
+ * to write) and closes its copy of the descriptor. Records still buffered
+ * when the process execs, and those made after the exit-time flush, are
+ * lost. A write error (a full disk, a program that closed the descriptor)
+ * stops recording, with one log line.
+ *
+ *   buffer field   written by                      read by
+ *   n              the owner                       the owner
+ *   count          the owner (release, per record)  flushers (acquire)
+ *   flushed        whoever holds busy              whoever holds busy
+ *   free           the key destructor (release);   tbuf_get (CAS)
+ * A flush holds busy: the owner's (which then empties the buffer) and the
+ * exit-time flush of another thread's buffer (which writes the published
+ * records past flushed and leaves the rest to the owner). */
+#include "trace.h"
+
+#include <pthread.h>
+
+enum { TR_UNKNOWN = 0, TR_INIT = 1, TR_ON = 2, TR_OFF = 3 };
+enum { TBUF_BYTES = 1 << 20 };
+
+typedef struct tbuf {
+    struct tbuf *next; /* g_tbufs, push-only */
+    uint32_t n;
+    _Atomic uint32_t count;
+    uint32_t flushed;
+    _Atomic int busy;
+    _Atomic int free; /* no thread owns it */
+    hm_trace_rec_t rec[];
+} tbuf_t;
+
+#define TBUF_CAP ((TBUF_BYTES - sizeof(tbuf_t)) / sizeof(hm_trace_rec_t))
+
+static _Atomic int g_trace; /* TR_*: read by every exported call */
+static int g_trace_fd = -1;
+static _Atomic uint64_t g_trace_seq;
+static _Atomic uint32_t g_trace_threads;
+static tbuf_t *_Atomic g_tbufs;
+static pthread_key_t g_trace_key;
+static TLS_IE tbuf_t *tl_tbuf;
+static TLS_IE uint32_t tl_trace_thread; /* index + 1; 0: none yet */
+
+static void trace_stop(int err) {
+    if (atomic_exchange(&g_trace, TR_OFF) != TR_ON) return;
+    int guard = tl_guard;
+    tl_guard = 1;
+    HM_LOG_WARN("libhetmem_proxy: cannot write the trace (%s); recording stops", strerror(err));
+    tl_guard = guard;
+}
+
+static int trace_write(const void *p, size_t len) {
+    const char *c = p;
+    while (len) {
+        ssize_t w = write(g_trace_fd, c, len);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return w < 0 ? errno : EIO;
+        c += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Write b's published records; the owner also empties it. */
+static void tbuf_flush(tbuf_t *b, int owner) {
+    if (atomic_load(&g_trace) != TR_ON) return;
+    int e = errno;
+    while (atomic_exchange_explicit(&b->busy, 1, memory_order_acquire)) sched_yield();
+    uint32_t c = atomic_load_explicit(&b->count, memory_order_acquire);
+    int err = 0;
+    if (c > b->flushed)
+        err = trace_write(&b->rec[b->flushed], (c - b->flushed) * sizeof(hm_trace_rec_t));
+    b->flushed = c;
+    if (owner) {
+        b->n = b->flushed = 0;
+        atomic_store_explicit(&b->count, 0, memory_order_relaxed);
+    }
+    atomic_store_explicit(&b->busy, 0, memory_order_release);
+    if (err) trace_stop(err);
+    errno = e;
+}
+
+static void tbuf_release(void *arg) {
+    tbuf_t *b = arg;
+    tbuf_flush(b, 1);
+    tl_tbuf = NULL;
+    atomic_store_explicit(&b->free, 1, memory_order_release);
+}
+
+static HM_NOINLINE tbuf_t *tbuf_get(void) {
+    tbuf_t *b;
+    for (b = atomic_load_explicit(&g_tbufs, memory_order_acquire); b; b = b->next) {
+        int one = 1;
+        if (atomic_load_explicit(&b->free, memory_order_relaxed) &&
+            atomic_compare_exchange_strong(&b->free, &one, 0))
+            break;
+    }
+    if (!b) {
+        void *m = mmap(NULL, TBUF_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                       -1, 0);
+        if (m == MAP_FAILED) return NULL;
+        b = m;
+        b->next = atomic_load(&g_tbufs);
+        while (!atomic_compare_exchange_weak(&g_tbufs, &b->next, b)) {
+        }
+    }
+    if (!tl_trace_thread) tl_trace_thread = atomic_fetch_add(&g_trace_threads, 1) + 1;
+    tl_tbuf = b;
+    int guard = tl_guard;
+    tl_guard = 1; /* pthread_setspecific may allocate: glibc serves it */
+    (void)pthread_setspecific(g_trace_key, b);
+    tl_guard = guard;
+    return b;
+}
+
+static void trace_put(int op, const void *ptr, size_t size, size_t align, const void *result) {
+    tbuf_t *b = tl_tbuf;
+    if (hm_unlikely(!b) && !(b = tbuf_get())) return;
+    hm_trace_rec_t *r = &b->rec[b->n];
+    *r = (hm_trace_rec_t){
+        .seq = atomic_fetch_add_explicit(&g_trace_seq, 1, memory_order_relaxed),
+        .ptr = (uintptr_t)ptr,
+        .size = size,
+        .result = (uintptr_t)result,
+        .align = align > UINT32_MAX ? UINT32_MAX : (uint32_t)align,
+        .thread = (uint16_t)(tl_trace_thread - 1),
+        .op = (uint8_t)op,
+    };
+    atomic_store_explicit(&b->count, ++b->n, memory_order_release);
+    if (hm_unlikely(b->n == TBUF_CAP)) tbuf_flush(b, 1);
+}
+
+static void trace_fork_child(void) {
+    if (atomic_exchange(&g_trace, TR_OFF) != TR_ON) return;
+    close(g_trace_fd);
+    g_trace_fd = -1;
+}
+
+/* At process exit: every buffer's published records. */
+__attribute__((destructor)) static void trace_fini(void) {
+    if (atomic_load(&g_trace) != TR_ON) return;
+    for (tbuf_t *b = atomic_load(&g_tbufs); b; b = b->next)
+        if (!atomic_load_explicit(&b->free, memory_order_acquire)) tbuf_flush(b, b == tl_tbuf);
+}
+
+static int trace_open(const char *path) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == EEXIST) {
+        char alt[4096];
+        int n = snprintf(alt, sizeof alt, "%s.%ld", path, (long)getpid());
+        if (n > 0 && (size_t)n < sizeof alt)
+            fd = open(alt, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+    }
+    if (fd < 0) return -1;
+    int hi = fcntl(fd, F_DUPFD_CLOEXEC, 512); /* out of the program's way */
+    if (hi >= 0) {
+        close(fd);
+        fd = hi;
+    }
+    return fd;
+}
+
+/* First call on any thread: is HM_PROXY_TRACE set? Others wait meanwhile. */
+static HM_NOINLINE int trace_init(void) {
+    int expect = TR_UNKNOWN;
+    if (!atomic_compare_exchange_strong(&g_trace, &expect, TR_INIT)) {
+        while ((expect = atomic_load(&g_trace)) == TR_INIT) sched_yield();
+        return expect;
+    }
+    int guard = tl_guard;
+    tl_guard = 1; /* what the set-up allocates is glibc's, and not recorded */
+    int st = TR_OFF;
+    const char *path = getenv("HM_PROXY_TRACE");
+    if (path && *path) {
+        int fd = trace_open(path);
+        hm_trace_header_t h = {.magic = HM_TRACE_MAGIC,
+                               .version = HM_TRACE_VERSION,
+                               .header_size = sizeof(hm_trace_header_t),
+                               .record_size = sizeof(hm_trace_rec_t),
+                               .pid = (uint32_t)getpid()};
+        g_trace_fd = fd;
+        if (fd < 0)
+            HM_LOG_WARN("libhetmem_proxy: cannot create the trace %s (%s); not recording", path,
+                        strerror(errno));
+        else if (trace_write(&h, sizeof h) || pthread_key_create(&g_trace_key, tbuf_release) ||
+                 pthread_atfork(NULL, NULL, trace_fork_child)) {
+            HM_LOG_WARN("libhetmem_proxy: cannot start the trace %s; not recording", path);
+            close(fd);
+            g_trace_fd = -1;
+        } else {
+            st = TR_ON;
+        }
+    }
+    tl_guard = guard;
+    atomic_store(&g_trace, st);
+    return st;
+}
+
+/* Is this call the program's, to be recorded? (entry: tl_guard at entry) */
+HM_INLINE int trace_want(int entry) {
+    if (entry) return 0;
+    int st = atomic_load_explicit(&g_trace, memory_order_acquire);
+    if (hm_unlikely(st < TR_ON)) st = trace_init();
+    return st == TR_ON;
+}
+
+/* The recorded entry points: the call, then its record (free: the record
+ * first, so that its seq precedes any reuse of the block). */
+static HM_NOINLINE void *trace_malloc(size_t size) {
+    int entry = tl_guard;
+    void *r = impl_malloc(size);
+    if (trace_want(entry)) trace_put(HM_TRACE_MALLOC, NULL, size, 0, r);
+    return r;
+}
+
+static HM_NOINLINE void trace_free(void *p) {
+    if (p && trace_want(tl_guard)) trace_put(HM_TRACE_FREE, p, 0, 0, NULL);
+    impl_free(p);
+}
+
+static HM_NOINLINE void *trace_calloc(size_t n, size_t size) {
+    int entry = tl_guard;
+    void *r = impl_calloc(n, size);
+    size_t total;
+    if (__builtin_mul_overflow(n, size, &total)) total = SIZE_MAX;
+    if (trace_want(entry)) trace_put(HM_TRACE_CALLOC, NULL, total, 0, r);
+    return r;
+}
+
+static HM_NOINLINE void *trace_realloc(void *p, size_t size) {
+    int entry = tl_guard;
+    void *r = impl_realloc(p, size);
+    if (trace_want(entry)) trace_put(HM_TRACE_REALLOC, p, size, 0, r);
+    return r;
+}
+
+static HM_NOINLINE int trace_posix_memalign(void **out, size_t align, size_t size) {
+    int entry = tl_guard;
+    int e = impl_posix_memalign(out, align, size);
+    if (trace_want(entry)) trace_put(HM_TRACE_MEMALIGN, NULL, size, align, e ? NULL : *out);
+    return e;
+}
+
+static HM_NOINLINE void *trace_align(int kind, size_t align, size_t size) {
+    int entry = tl_guard;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    void *r = kind == 0   ? impl_aligned_alloc(align, size)
+              : kind == 1 ? impl_memalign(align, size)
+              : kind == 2 ? impl_valloc(size)
+                          : impl_pvalloc(size);
+    if (kind >= 2) align = page;
+    if (kind == 3) size = hm_align_up(size ? size : 1, page);
+    if (trace_want(entry)) trace_put(HM_TRACE_MEMALIGN, NULL, size, align, r);
+    return r;
+}
+
+/* ---- the exported family: one predictable branch when not recording ---- */
+
+#define TRACING() hm_unlikely(atomic_load_explicit(&g_trace, memory_order_relaxed) != TR_OFF)
+
+EXPORT void *malloc(size_t size) {
+    if (TRACING()) return trace_malloc(size);
+    return impl_malloc(size);
+}
+
+EXPORT void free(void *p) {
+    if (TRACING()) {
+        trace_free(p);
+        return;
+    }
+    impl_free(p);
+}
+
+EXPORT void *calloc(size_t n, size_t size) {
+    if (TRACING()) return trace_calloc(n, size);
+    return impl_calloc(n, size);
+}
+
+EXPORT void *realloc(void *p, size_t size) {
+    if (TRACING()) return trace_realloc(p, size);
+    return impl_realloc(p, size);
+}
+
+EXPORT int posix_memalign(void **out, size_t align, size_t size) {
+    if (TRACING()) return trace_posix_memalign(out, align, size);
+    return impl_posix_memalign(out, align, size);
+}
+
+EXPORT void *aligned_alloc(size_t align, size_t size) {
+    if (TRACING()) return trace_align(0, align, size);
+    return impl_aligned_alloc(align, size);
+}
+
+EXPORT void *memalign(size_t align, size_t size) {
+    if (TRACING()) return trace_align(1, align, size);
+    return impl_memalign(align, size);
+}
+
+EXPORT void *valloc(size_t size) {
+    if (TRACING()) return trace_align(2, 0, size);
+    return impl_valloc(size);
+}
+
+EXPORT void *pvalloc(size_t size) {
+    if (TRACING()) return trace_align(3, 0, size);
+    return impl_pvalloc(size);
 }
