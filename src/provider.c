@@ -57,11 +57,7 @@ HM_RUN hm_result_t hm_provider_create(const hm_provider_ops_t *ops, const void *
     memcpy(&p->ops, ops, ops->version == 1u ? OPS_V1_SIZE : sizeof(*ops));
     p->ops.version = HM_PROVIDER_OPS_VERSION;
     uint32_t op_caps = caps_from_ops(&p->ops);
-    if (!(op_caps & HM_PROVIDER_CAP_IPC)) {
-        p->ops.ipc.close_many = NULL;
-        p->ops.ipc_compatible = NULL;
-        p->ops.ipc_context = NULL;
-    }
+    if (!(op_caps & HM_PROVIDER_CAP_IPC)) p->ops.ipc.close_many = NULL;
     hm_result_t r = ops->init(params, &p->state);
     if (r != HM_SUCCESS) {
         HM_LOG_INFO("provider '%s' init failed: %s", ops->name ? ops->name : "?",

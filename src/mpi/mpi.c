@@ -38,8 +38,8 @@
 #include <unistd.h>
 
 struct hm_mpi_shared {
-    MPI_Comm comm, node;
-    int size, rank, node_size, node_rank;
+    MPI_Comm comm;
+    int size, rank;
     int *node_of;          /* comm rank -> node rank, or -1 (another node) */
     void **ptr;            /* per comm rank */
     size_t *len;           /* bytes from ptr to the end of the allocation */
@@ -67,7 +67,7 @@ static hm_result_t agree(MPI_Comm comm, int rank, int size, hm_result_t mine) {
 
 static void shared_free(hm_mpi_shared_t *s) {
     if (!s) return;
-    free(s->node_of); /* s->node belongs to comm (an attribute): kept */
+    free(s->node_of);
     free(s->ptr);
     free(s->len);
     free(s->opened);
@@ -185,7 +185,6 @@ hm_result_t hm_mpi_share(MPI_Comm comm, hm_pool_t *pool, void *ptr, hm_mpi_share
         s->comm = comm;
         s->size = size;
         s->rank = rank;
-        s->node = node;
         s->transport = "none";
         s->node_of = calloc((size_t)size, sizeof(int));
         s->ptr = calloc((size_t)size, sizeof(void *));
@@ -245,11 +244,7 @@ hm_result_t hm_mpi_share(MPI_Comm comm, hm_pool_t *pool, void *ptr, hm_mpi_share
     /* Ranks of comm on other nodes. */
     for (int i = 0; s && s->node_of && i < size; i++) s->node_of[i] = -1;
     for (int i = 0; hi && s && s->node_of && i < n; i++) s->node_of[hi[i].rank] = i;
-    if (s && s->node_of) {
-        s->node_size = n;
-        s->node_rank = node_rank;
-        s->unreachable = size - n;
-    }
+    if (s) s->unreachable = size - n;
     for (int i = 0; go && i < n; i++) {
         hm_ipc_handle_info_t inf;
         if (lens[i] && hm_ipc_handle_info((const hm_ipc_handle_t *)(bytes + offs[i]),
@@ -384,7 +379,6 @@ hm_result_t hm_mpi_share(MPI_Comm comm, hm_pool_t *pool, void *ptr, hm_mpi_share
     free(offs);
     free(plen);
     free(bytes);
-    if (s) s->node = MPI_COMM_NULL; /* comm's: kept */
     shared_free(s);
     return all;
 }
