@@ -4,9 +4,11 @@
 # `apt-get update`, then one `apt-get install -y`. Nothing happens when all
 # are present. Debian 12 (bookworm) or later; run as root (or with sudo).
 #
-#   scripts/deps.sh [demo|test]      (default: test)
+#   scripts/deps.sh [demo|test|vm]   (default: test)
 #     demo: what building the library and the examples needs
 #     test: that, plus what the test suite and the optional parts use
+#     vm:   what scripts/vm-test.sh adds to boot its guest (QEMU, busybox,
+#           ndctl/daxctl, e2fsprogs; the kernel it fetches itself)
 set -euo pipefail
 
 profile=${1:-test}
@@ -28,10 +30,17 @@ extra=(valgrind clang libclang-rt-14-dev libjemalloc-dev util-linux binutils
        libopenmpi-dev openmpi-bin
        python3 git libjemalloc2 libmimalloc2.0 libtcmalloc-minimal4 debian-archive-keyring)
 
+# The guest of scripts/vm-test.sh (emulated NUMA nodes and NVDIMMs): QEMU,
+# a static busybox for its initramfs, ndctl and daxctl to set up the NVDIMM
+# namespaces, e2fsprogs for the ext4 DAX file system, kmod for depmod, cpio
+# for the initramfs.
+vm=(qemu-system-x86 busybox-static ndctl daxctl e2fsprogs kmod cpio)
+
 case "$profile" in
   demo) wanted=("${build[@]}") ;;
   test) wanted=("${build[@]}" "${extra[@]}") ;;
-  *) echo "usage: $0 [demo|test]" >&2; exit 2 ;;
+  vm) wanted=("${vm[@]}") ;;
+  *) echo "usage: $0 [demo|test|vm]" >&2; exit 2 ;;
 esac
 
 installed() {
