@@ -19,14 +19,14 @@
 # The guest (TCG: nested KVM does not work on these machines), 2 vCPUs:
 #   node 0: CPU 0, 768 MiB        node 1: CPU 1, 512 MiB
 #   node 2: no CPU, 256 MiB, initiator 0 (an HBM-like memory-only node)
-#   node 3: no CPU, no RAM at boot, initiator 0: the proximity domain of two
-#           512 MiB file-backed NVDIMMs (label-size 128K)
+#   node 3: no CPU, no RAM at boot: the proximity domain of two 512 MiB
+#           file-backed NVDIMMs (label-size 128K); offline until the kmem
+#           step gives it memory
 #   HMAT access latency / bandwidth, initiator -> target:
-#     0->0 10 ns 20G   0->1 20 ns 10G   0->2 15 ns 40G   0->3 50 ns 5G
-#     1->0 20 ns 10G   1->1 10 ns 20G   1->2 25 ns 20G   1->3 60 ns 4G
-#   Where this differs from the layout of issue 24: node 3 is given
-#   initiator=0 (QEMU's HMAT needs an initiator for every node without CPUs),
-#   and the 0->3 / 1->3 pairs are given.
+#     0->0 10 ns 20G   0->1 20 ns 10G   0->2 15 ns 40G
+#     1->0 20 ns 10G   1->1 10 ns 20G   1->2 25 ns 20G
+#   This is issue 24's layout as given: QEMU 7.2 takes it unchanged (node 3
+#   needs no initiator and no HMAT entries of its own).
 #   NVDIMM 0: device DAX /dev/dax0.0 (align 2 MiB); NVDIMM 1: fsdax
 #   /dev/pmem1, ext4 mounted -o dax on /mnt/hm-dax.
 # The guest mounts the host's root over 9p read-only, lays a tmpfs overlay on
@@ -36,7 +36,8 @@
 # `daxctl reconfigure-device --mode=system-ram dax0.0` onlines the device DAX
 # as memory of node 3 and the NUMA test runs again over the four nodes.
 # Prints one summary line per run, as scripts/test.sh does per build;
-# exits 0 when all passed, 1 on a failure, 77 when skipped.
+# exits 0 when all passed, 1 on a failure, 77 when skipped. Log: the guest's
+# console with every test's output, <build>/vm-test.log.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$PWD
@@ -216,6 +217,8 @@ tests() { # $1: name of the run; then ctest arguments
     ctest --test-dir "$HM_VM_BUILD" --output-on-failure "$@" 2>&1
   rc=$?
   say "end $name rc=$rc s=$(($(date +%s) - t))"
+  # Every test's whole output, for the host's log (not shown live).
+  sed "s/^/HM_LOG $name| /" "/newroot$HM_VM_BUILD/Testing/Temporary/LastTest.log" 2>/dev/null
 }
 tests vm -L hardware -j2 $HM_VM_CTEST_ARGS
 
@@ -246,15 +249,15 @@ lb() { # initiator target latency-ns bandwidth
   hmat+=(-numa "hmat-lb,initiator=$1,target=$2,hierarchy=memory,data-type=access-latency,latency=$3"
          -numa "hmat-lb,initiator=$1,target=$2,hierarchy=memory,data-type=access-bandwidth,bandwidth=$4")
 }
-lb 0 0 10 20G; lb 0 1 20 10G; lb 0 2 15 40G; lb 0 3 50 5G
-lb 1 0 20 10G; lb 1 1 10 20G; lb 1 2 25 20G; lb 1 3 60 4G
+lb 0 0 10 20G; lb 0 1 20 10G; lb 0 2 15 40G
+lb 1 0 20 10G; lb 1 1 10 20G; lb 1 2 25 20G
 qemu=(qemu-system-x86_64 -machine pc,nvdimm=on,hmat=on -accel tcg,thread=multi -cpu max
   -smp 2,sockets=2,cores=1,threads=1 -m 1536M,slots=4,maxmem=8G
   -object memory-backend-ram,id=ram0,size=768M
   -object memory-backend-ram,id=ram1,size=512M
   -object memory-backend-ram,id=ram2,size=256M
   -numa node,nodeid=0,memdev=ram0 -numa node,nodeid=1,memdev=ram1
-  -numa node,nodeid=2,memdev=ram2,initiator=0 -numa node,nodeid=3,initiator=0
+  -numa node,nodeid=2,memdev=ram2,initiator=0 -numa node,nodeid=3
   -numa cpu,node-id=0,socket-id=0 -numa cpu,node-id=1,socket-id=1
   "${hmat[@]}"
   -object "memory-backend-file,id=nv0,share=on,mem-path=$run/nvdimm0,size=512M,align=2M"
@@ -268,8 +271,11 @@ qemu=(qemu-system-x86_64 -machine pc,nvdimm=on,hmat=on -accel tcg,thread=multi -
 log=$run/console.log
 echo "vm-test: booting $(basename "$kdir") (QEMU, TCG, 2 vCPUs, 4 NUMA nodes, 2 NVDIMMs; log $log)"
 timeout -k 10 "$timeout_s" "${qemu[@]}" </dev/null 2>&1 | tr -d '\r' | tee "$log" |
-  grep --line-buffered -vE '^\[ *[0-9]+\.[0-9]+\]'
+  grep --line-buffered -vE '^(\[ *[0-9]+\.[0-9]+\]|HM_LOG )'
 qrc=${PIPESTATUS[0]}
+# The console, with each test's whole output (HM_LOG lines), kept in the
+# build tree as scripts/test.sh keeps its logs.
+cp "$log" "$build/vm-test.log" 2>/dev/null || true
 [ "$qrc" -eq 124 ] && echo "vm-test: the guest ran past ${timeout_s}s and was stopped"
 
 # ---- the verdict, from the console (QEMU's status means nothing) ----------
@@ -308,7 +314,7 @@ summarize vm-kmem
 grep -q '^HM_VM: done' "$log" || { echo "vm-test: the guest did not finish"; status=1; }
 [ $status -ne 0 ] && keep=1
 echo
-echo "== vm summary ($((SECONDS - t0))s)"
+echo "== vm summary ($((SECONDS - t0))s, log $build/vm-test.log)"
 for l in "${lines[@]}"; do echo "$l"; done
 if [ $status -eq 0 ]; then echo "vm-test: all passed"; else echo "vm-test: FAILED"; fi
 exit $status
