@@ -14,7 +14,10 @@
 #
 # Environment: HM_VM_TIMEOUT (seconds the guest may run, default 300),
 # HM_VM_CACHE (default ~/.cache/hetmem/vm: the kernel, extracted once per
-# Debian kernel package), HM_VM_CTEST_ARGS (more ctest arguments, e.g. -R os).
+# Debian kernel package), HM_VM_CTEST_ARGS (the ctest arguments of the first
+# run, default "-L hardware -j2"), HM_VM_KMEM=0 (leave out the second run, over
+# the device DAX onlined as system RAM), HM_VM_TEST_ENV (more VAR=value for the
+# tests in the guest, e.g. HM_LOG_LEVEL=debug).
 #
 # The guest (TCG: nested KVM does not work on these machines), 2 vCPUs:
 #   node 0: CPU 0, 768 MiB        node 1: CPU 1, 512 MiB
@@ -57,7 +60,7 @@ while [ $# -gt 0 ]; do
 done
 timeout_s=${HM_VM_TIMEOUT:-300}
 cache=${HM_VM_CACHE:-$HOME/.cache/hetmem/vm}
-read -r -a ctest_extra <<<"${HM_VM_CTEST_ARGS:-}"
+read -r -a ctest_args <<<"${HM_VM_CTEST_ARGS:--L hardware -j2}"
 t0=$SECONDS
 
 # A missing tool or kernel: a failure in CI, a skip elsewhere.
@@ -82,8 +85,10 @@ need_tools() {
   command -v qemu-system-x86_64 && [ -x /bin/busybox ] && command -v ndctl &&
     command -v daxctl && [ -x /usr/sbin/mke2fs ] && command -v depmod && command -v cpio
 } >/dev/null 2>&1
+updated=0 # scripts/deps.sh ran `apt-get update`: the package lists are fresh
 if ! need_tools; then
   bash scripts/deps.sh vm || unavailable "cannot install the guest's tools (scripts/deps.sh vm)"
+  updated=1
   need_tools || unavailable "QEMU, busybox, ndctl, daxctl, mke2fs or depmod still missing"
 fi
 
@@ -95,7 +100,7 @@ kernel_pkg() {
     awk '/Depends: linux-image-[0-9]/ { print $2; exit }'
 }
 pkg=$(kernel_pkg)
-if [ -z "$pkg" ]; then
+if [ -z "$pkg" ] && [ $updated -eq 0 ]; then
   apt-get update >/dev/null 2>&1
   pkg=$(kernel_pkg)
 fi
@@ -117,6 +122,9 @@ elif [ -n "$pkg" ]; then
     if depmod -b "$cache/$pkg" "$ver"; then
       echo "$ver" >"$cache/$pkg/ready"
       kdir=$cache/$pkg
+      for old in "$cache"/linux-image-*; do # kernels Debian has replaced
+        [ "$old" = "$kdir" ] || rm -rf "$old"
+      done
     fi
   else
     tail -n 3 "$tmp/download.log" 2>/dev/null
@@ -204,7 +212,10 @@ mkdir -p /newroot/mnt/hm-dax && mount -o dax /dev/pmem1 /newroot/mnt/hm-dax || f
 chmod 1777 /newroot/mnt/hm-dax
 say "nodes $(cat /sys/devices/system/node/online), memory $(cat /sys/devices/system/node/has_memory), cpus $(cat /sys/devices/system/node/has_cpu)"
 for n in /sys/devices/system/node/node*; do
-  say "$(basename $n): cpus $(cat $n/cpulist) $(grep MemTotal $n/meminfo | sed 's/.*MemTotal://')"
+  a=$n/access0/initiators
+  hmat=
+  [ -r $a/read_latency ] && hmat=", best initiator $(ls $a | grep '^node' | tr '\n' ' ')at $(cat $a/read_latency) ns, $(cat $a/read_bandwidth) MB/s"
+  say "$(basename $n): cpus [$(cat $n/cpulist)], $(grep MemTotal $n/meminfo | sed 's/.*MemTotal: *//')$hmat"
 done
 
 tests() { # $1: name of the run; then ctest arguments
@@ -220,10 +231,12 @@ tests() { # $1: name of the run; then ctest arguments
   # Every test's whole output, for the host's log (not shown live).
   sed "s/^/HM_LOG $name| /" "/newroot$HM_VM_BUILD/Testing/Temporary/LastTest.log" 2>/dev/null
 }
-tests vm -L hardware -j2 $HM_VM_CTEST_ARGS
+tests vm $HM_VM_CTEST_ARGS
 
 # The device DAX as system RAM: node 3 gets memory (a CXL-like slow tier).
-if daxctl reconfigure-device --mode=system-ram dax0.0 >/dev/null 2>&1 ||
+if [ "$HM_VM_KMEM" = 0 ]; then
+  say "kmem: left out (HM_VM_KMEM=0)"
+elif daxctl reconfigure-device --mode=system-ram dax0.0 >/dev/null 2>&1 ||
    daxctl reconfigure-device --mode=system-ram --force dax0.0 >/dev/null 2>&1; then
   say "kmem: nodes with memory $(cat /sys/devices/system/node/has_memory)"
   tests vm-kmem -L numa
@@ -236,8 +249,9 @@ INIT
 chmod 755 "$ird/init"
 {
   printf 'HM_VM_BUILD=%q\n' "$build"
-  printf 'HM_VM_CTEST_ARGS=%q\n' "${ctest_extra[*]}"
+  printf 'HM_VM_CTEST_ARGS=%q\n' "${ctest_args[*]}"
   printf 'HM_VM_TEST_ENV=%q\n' "${HM_VM_TEST_ENV:-}"
+  printf 'HM_VM_KMEM=%q\n' "${HM_VM_KMEM:-1}"
 } >"$ird/hm-vm.env"
 (cd "$ird" && find . | cpio -o -H newc --quiet) >"$run/initramfs.cpio" ||
   { echo "vm-test: building the initramfs failed" >&2; exit 1; }
@@ -270,7 +284,7 @@ qemu=(qemu-system-x86_64 -machine pc,nvdimm=on,hmat=on -accel tcg,thread=multi -
   -display none -monitor none -serial stdio -no-reboot)
 log=$run/console.log
 echo "vm-test: booting $(basename "$kdir") (QEMU, TCG, 2 vCPUs, 4 NUMA nodes, 2 NVDIMMs; log $log)"
-timeout -k 10 "$timeout_s" "${qemu[@]}" </dev/null 2>&1 | tr -d '\r' | tee "$log" |
+timeout -k 10 "$timeout_s" "${qemu[@]}" </dev/null 2>&1 | sed -u 's/\r$//' | tee "$log" |
   grep --line-buffered -vE '^(\[ *[0-9]+\.[0-9]+\]|HM_LOG )'
 qrc=${PIPESTATUS[0]}
 # The console, with each test's whole output (HM_LOG lines), kept in the
@@ -310,8 +324,12 @@ if grep -q '^HM_VM: setup failed' "$log"; then
   status=1
 fi
 summarize vm
-summarize vm-kmem
-grep -q '^HM_VM: done' "$log" || { echo "vm-test: the guest did not finish"; status=1; }
+[ "${HM_VM_KMEM:-1}" = 0 ] || summarize vm-kmem
+if ! grep -q '^HM_VM: done' "$log"; then
+  echo "vm-test: the guest did not finish; the end of its console:"
+  grep -v '^HM_LOG ' "$log" | tail -n 15 | sed 's/^/  | /'
+  status=1
+fi
 [ $status -ne 0 ] && keep=1
 echo
 echo "== vm summary ($((SECONDS - t0))s, log $build/vm-test.log)"
