@@ -35,7 +35,8 @@
 # The guest mounts the host's root over 9p read-only, lays a tmpfs overlay on
 # it (ctest writes Testing/ in the build tree; /tmp is a tmpfs), chroots into
 # it and runs `ctest -L hardware` with HM_TEST_VM=1,
-# HM_TEST_DEVDAX_PATH=/dev/dax0.0 and HM_TEST_DAX_DIR=/mnt/hm-dax. Then
+# HM_TEST_DEVDAX_PATH=/dev/dax0.0 (HM_TEST_DEVDAX_ALIGN=2097152) and
+# HM_TEST_DAX_DIR=/mnt/hm-dax. Then
 # `daxctl reconfigure-device --mode=system-ram dax0.0` onlines the device DAX
 # as memory of node 3 and the NUMA test runs again over the four nodes.
 # Prints one summary line per run, as scripts/test.sh does per build;
@@ -223,7 +224,7 @@ tests() { # $1: name of the run; then ctest arguments
   say "begin $name"
   t=$(date +%s)
   chroot /newroot /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin \
-    HOME=/tmp TMPDIR=/tmp HM_TEST_VM=1 HM_TEST_DEVDAX_PATH=/dev/dax0.0 \
+    HOME=/tmp TMPDIR=/tmp HM_TEST_VM=1 HM_TEST_DEVDAX_PATH=/dev/dax0.0 HM_TEST_DEVDAX_ALIGN=2097152 \
     HM_TEST_DAX_DIR=/mnt/hm-dax $HM_VM_TEST_ENV \
     ctest --test-dir "$HM_VM_BUILD" --output-on-failure "$@" 2>&1
   rc=$?

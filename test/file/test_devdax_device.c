@@ -1,5 +1,6 @@
 /* hetmem tests — the devdax provider on a real (or emulated) device DAX named
  * by HM_TEST_DEVDAX_PATH (e.g. /dev/dax0.0); skipped (exit 77) without one.
+ * HM_TEST_DEVDAX_ALIGN (bytes), when set, is the alignment it must report.
  * THE DEVICE'S CONTENTS ARE OVERWRITTEN. Also: the provider's descriptor is
  * kept out of the program's way and left alone once the program replaces it.
  * SPDX-License-Identifier: MIT */
@@ -42,6 +43,11 @@ int main(void) {
     CHECK(info.caps & HM_PROVIDER_CAP_FREE);
     CHECK(!(info.caps & (HM_PROVIDER_CAP_PURGE_LAZY | HM_PROVIDER_CAP_PURGE_FORCE)));
     CHECK(info.recommended_page_size >= info.min_page_size);
+    /* The alignment the device was made with, where the caller knows it
+     * (scripts/vm-test.sh: 2 MiB). */
+    const char *want_align = getenv("HM_TEST_DEVDAX_ALIGN");
+    if (want_align && *want_align)
+        CHECK_EQ(info.recommended_page_size, (size_t)strtoull(want_align, NULL, 0));
 
     /* Exhaust the device to learn its usable size, then free all. */
     size_t unit = info.recommended_page_size, total = 0;
