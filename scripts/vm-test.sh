@@ -106,11 +106,15 @@ if [ -z "$pkg" ] && [ $updated -eq 0 ]; then
   pkg=$(kernel_pkg)
 fi
 kdir=
+mkdir -p "$cache"
+# The cache's lock: held exclusively to fetch (and to remove replaced
+# kernels), shared while a guest runs from it.
+exec 9>"$cache/lock"
+flock 9
 if [ -n "$pkg" ] && [ -f "$cache/$pkg/ready" ]; then
   kdir=$cache/$pkg
 elif [ -n "$pkg" ]; then
   echo "vm-test: fetching $pkg into $cache"
-  mkdir -p "$cache"
   tmp=$(mktemp -d "$cache/fetch.XXXXXX")
   chmod 755 "$tmp" # apt-get download drops privileges to _apt where it can
   if (cd "$tmp" && apt-get download "$pkg" >download.log 2>&1) &&
@@ -139,6 +143,7 @@ if [ -z "$kdir" ]; then
   echo "vm-test: cannot fetch ${pkg:-the current kernel}; using the cached $(basename "$kdir")"
 fi
 kver=$(cat "$kdir/ready")
+flock -s 9
 
 # ---- initramfs: busybox, modules, ndctl/daxctl/mke2fs with their libraries
 run=$(mktemp -d /var/tmp/hm-vm.XXXXXX)
