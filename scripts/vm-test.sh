@@ -10,7 +10,8 @@
 #     --ci         a missing QEMU or kernel is a failure (also when CI is set
 #                  and not "false"/"0"); elsewhere it is a skip (exit 77)
 #     --build DIR  the build tree to test (default build-release; HM_VM_BUILD)
-#     --keep       keep the run folder (console log, initramfs, NVDIMM files)
+#     --keep       keep the run folder (console log, initramfs, NVDIMM images);
+#                  the console is kept in any case, as <build>/vm-test.log
 #
 # Environment: HM_VM_TIMEOUT (seconds the guest may run, default 300),
 # HM_VM_CACHE (default ~/.cache/hetmem/vm: the kernel, extracted once per
@@ -336,7 +337,6 @@ if ! grep -q '^HM_VM: done' "$log"; then
   grep -v '^HM_LOG ' "$log" | tail -n 15 | sed 's/^/  | /'
   status=1
 fi
-[ $status -ne 0 ] && keep=1
 echo
 echo "== vm summary ($((SECONDS - t0))s, log $build/vm-test.log)"
 for l in "${lines[@]}"; do echo "$l"; done
