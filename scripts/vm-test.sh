@@ -87,12 +87,15 @@ need_tools() {
   command -v qemu-system-x86_64 && [ -x /bin/busybox ] && command -v ndctl &&
     command -v daxctl && [ -x /usr/sbin/mke2fs ] && command -v depmod && command -v cpio
 } >/dev/null 2>&1
+# deps.sh checks packages, not commands: a dynamic busybox (package busybox)
+# would pass for busybox-static here and fail in the initramfs.
 updated=0 # scripts/deps.sh ran `apt-get update`: the package lists are fresh
-if ! need_tools; then
-  bash scripts/deps.sh vm || unavailable "cannot install the guest's tools (scripts/deps.sh vm)"
-  updated=1
-  need_tools || unavailable "QEMU, busybox, ndctl, daxctl, mke2fs or depmod still missing"
-fi
+deps_out=$(bash scripts/deps.sh vm 2>&1)
+deps_rc=$?
+echo "$deps_out"
+case "$deps_out" in *"deps: installing"*) updated=1 ;; esac
+[ $deps_rc -eq 0 ] || unavailable "cannot install the guest's tools (scripts/deps.sh vm)"
+need_tools || unavailable "QEMU, busybox, ndctl, daxctl, mke2fs, depmod or cpio still missing"
 
 # ---- kernel: Debian's, extracted once into the cache ---------------------
 # The current package name comes from the linux-image-amd64 metapackage; with
@@ -288,7 +291,7 @@ qemu=(qemu-system-x86_64 -machine pc,nvdimm=on,hmat=on -accel tcg,thread=multi -
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap
   -kernel "$kdir/vmlinuz" -initrd "$run/initramfs.cpio"
   -append "console=ttyS0 loglevel=3 panic=-1 rdinit=/init mitigations=off"
-  -display none -monitor none -serial stdio -no-reboot)
+  -nic none -display none -monitor none -serial stdio -no-reboot)
 log=$run/console.log
 echo "vm-test: booting $(basename "$kdir") (QEMU, TCG, 2 vCPUs, 4 NUMA nodes, 2 NVDIMMs; log $log)"
 timeout -k 10 "$timeout_s" "${qemu[@]}" </dev/null 2>&1 | sed -u 's/\r$//' | tee "$log" |
