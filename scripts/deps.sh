@@ -4,9 +4,10 @@
 # `apt-get update`, then one `apt-get install -y`. Nothing happens when all
 # are present. Debian 12 (bookworm) or later; run as root (or with sudo).
 #
-#   scripts/deps.sh [demo|test]      (default: test)
+#   scripts/deps.sh [demo|test|bench]      (default: test)
 #     demo: what building the library and the examples needs
 #     test: that, plus what the test suite and the optional parts use
+#     bench: that, plus what bench/run.sh runs and draws with
 set -euo pipefail
 
 profile=${1:-test}
@@ -28,10 +29,18 @@ extra=(valgrind clang libclang-rt-14-dev libjemalloc-dev util-linux binutils
        libopenmpi-dev openmpi-bin
        python3 git libjemalloc2 libmimalloc2.0 libtcmalloc-minimal4 debian-archive-keyring)
 
+# bench/run.sh: the programs it times and whose traces it replays (sqlite3,
+# perl, Debian's python3 test suite, xz for the traces), memkind (the
+# NUMA-bound baseline, opened at run time) and gnuplot for the charts.
+pyver=$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null ||
+        echo 3.11)
+benchonly=(sqlite3 perl xz-utils "libpython$pyver-testsuite" libmemkind0 gnuplot-nox)
+
 case "$profile" in
   demo) wanted=("${build[@]}") ;;
   test) wanted=("${build[@]}" "${extra[@]}") ;;
-  *) echo "usage: $0 [demo|test]" >&2; exit 2 ;;
+  bench) wanted=("${build[@]}" "${extra[@]}" "${benchonly[@]}") ;;
+  *) echo "usage: $0 [demo|test|bench]" >&2; exit 2 ;;
 esac
 
 installed() {
