@@ -16,7 +16,8 @@
 #    the baseline is that peer. The GPU benchmarks run on the project's test
 #    drivers where the machine has no GPU driver; bench_mpi under mpirun.
 # 3. Times whole programs (gcc -O2, Python's test suite, sqlite3, perl, a
-#    threaded C++ program, bash) and replays
+#    threaded C++ program, bash, and the synthetic bench_prog_* programs:
+#    each the allocation pattern of a kind of program) and replays
 #    the traces of bench/traces/, under hetmem (libhetmem_proxy.so), glibc,
 #    jemalloc, mimalloc and tcmalloc, interleaved (bench/bench_exec.c); each
 #    trace is first replayed with its checks on, under the proxy, and must
@@ -119,6 +120,20 @@ programs=(
   "c++ messages [2 threads]=$bin/bench_prog_cxx 2 $n_cxx"
   "bash=bash bench/programs/script.sh $n_bash"
 )
+# The synthetic whole-program workloads (bench/programs/*.c: each the
+# pattern of a kind of program, on the process's malloc), at their default
+# sizes; --quick: 10^5 operations per thread.
+synthetic=(
+  "tight|1|" "lifo|1|" "mixed|1|" "workset|2|--threads 2" "own|2|--threads 2"
+  "server|2|--threads 2" "xmalloc 2+2|4|--threads 2"
+)
+for s in "${synthetic[@]}"; do
+  IFS='|' read -r label th args <<<"$s"
+  exe=$bin/bench_prog_${label%% *}
+  [ -x "$exe" ] || continue
+  [ "$th" -gt 1 ] && label="$label [$th threads]"
+  programs+=("$label=$exe $args$([ $quick = 1 ] && echo ' --ops 100000')")
+done
 traces=("$root"/bench/traces/*.hmtrace.xz)
 
 steps=$(( ${#micro[@]} + 3 * ${#peers[@]} + 1 + 1 + ${#traces[@]} + 1 + 1 ))
