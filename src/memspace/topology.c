@@ -128,6 +128,17 @@ static hm_ms_topo_t *topo_load(const char *xml, int *err, const char **failed) {
         m->subtype = (o->subtype && *o->subtype) ? o->subtype : NULL;
         m->dax = hwloc_obj_get_info_by_name(o, "DAXDevice");
     }
+    /* hwloc refreshes an attribute's cache lazily, at its first read (a
+     * write into the topology): read each once here, before the topology is
+     * shared, so that later reads from many threads only read. */
+    struct hwloc_location root = {.type = HWLOC_LOCATION_TYPE_CPUSET};
+    root.location.cpuset = hwloc_get_root_obj(t->hw)->cpuset;
+    for (hwloc_memattr_id_t id = HWLOC_MEMATTR_ID_BANDWIDTH; id <= HWLOC_MEMATTR_ID_WRITE_LATENCY;
+         id++) {
+        hwloc_uint64_t v;
+        (void)hwloc_memattr_get_value(t->hw, id, t->targets[0].node, &root, 0, &v);
+    }
+    errno = 0;
     qsort(t->targets, t->n, sizeof(*t->targets), by_os_id);
     for (size_t i = 0; i < t->n; i++) {
         t->targets[i].index = (uint32_t)i;
