@@ -474,6 +474,7 @@ typedef struct {
     hm_memspace_t *shared;
     const hm_memtarget_t *t2;
     int role;
+    _Atomic int *stop; /* NULL: 300 rounds; else until it is set */
 } thr_arg_t;
 
 static int keep_all(const hm_memspace_t *s, const hm_memtarget_t *t, void *arg) {
@@ -485,7 +486,7 @@ static int keep_all(const hm_memspace_t *s, const hm_memtarget_t *t, void *arg) 
 static void *thr_main(void *p) {
     thr_arg_t *a = p;
     _Atomic int calls = 0;
-    for (int i = 0; i < 300; i++) {
+    for (int i = 0; a->stop ? !atomic_load(a->stop) : i < 300; i++) {
         size_t n = 0;
         hm_memspace_t *c = NULL;
         switch (a->role) {
@@ -538,7 +539,7 @@ static void test_threads(void) {
     REQUIRE(t2);
     pthread_t th[5];
     for (int i = 0; i < 5; i++) {
-        a[i] = (thr_arg_t){shared, t2, i};
+        a[i] = (thr_arg_t){shared, t2, i, NULL};
         REQUIRE(pthread_create(&th[i], NULL, thr_main, &a[i]) == 0);
     }
     for (int i = 0; i < 5; i++) pthread_join(th[i], NULL);
@@ -548,11 +549,13 @@ static void test_threads(void) {
     CHECK_IDS(shared, "0,1,2,3");
     CHECK_OK(hm_memspace_destroy(shared));
 
-    /* A child forked while other threads use spaces can use them too. */
+    /* A child forked while other threads use spaces can use them too (the
+     * threads run until the forks are done: none has ended unjoined). */
     load_xml("two_socket_hbm.xml");
     shared = host_all();
-    a[1] = (thr_arg_t){shared, target_of(shared, 2), 1};
-    a[2] = (thr_arg_t){shared, a[1].t2, 2};
+    _Atomic int stop = 0;
+    a[1] = (thr_arg_t){shared, target_of(shared, 2), 1, &stop};
+    a[2] = (thr_arg_t){shared, a[1].t2, 2, &stop};
     REQUIRE(pthread_create(&th[1], NULL, thr_main, &a[1]) == 0);
     REQUIRE(pthread_create(&th[2], NULL, thr_main, &a[2]) == 0);
     for (int k = 0; k < 4; k++) {
@@ -572,6 +575,7 @@ static void test_threads(void) {
         CHECK(waitpid(pid, &st, 0) == pid);
         CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "forked child: status %#x", st);
     }
+    atomic_store(&stop, 1);
     pthread_join(th[1], NULL);
     pthread_join(th[2], NULL);
     CHECK_OK(hm_memspace_destroy(shared));
