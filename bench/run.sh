@@ -56,13 +56,14 @@ progress() { # progress TEXT: one line per step, with the elapsed time
 
 bash scripts/deps.sh bench >&2 || { echo "run.sh: installing dependencies failed" >&2; exit 1; }
 
-echo "run.sh: building Release in $build" >&2
+echo "run.sh: building Release in $build (log: $build/bench-build.log)" >&2
+mkdir -p "$build"
 read -r -a extra_args <<<"${HM_TEST_EXTRA_CMAKE_ARGS:-}"
 if ! { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHM_DEVELOPER=ON \
          -DHM_WITH_JEMALLOC=ON -DHM_WITH_LEVEL_ZERO=ON -DHM_WITH_CUDA=ON "${extra_args[@]}" &&
-       cmake --build "$build" -j "$(nproc)"; } >"$build.bench-build.log" 2>&1; then
-  tail -n 40 "$build.bench-build.log" >&2
-  echo "run.sh: the build failed (log: $build.bench-build.log)" >&2
+       cmake --build "$build" -j "$(nproc)"; } >"$build/bench-build.log" 2>&1; then
+  tail -n 40 "$build/bench-build.log" >&2
+  echo "run.sh: the build failed (log: $build/bench-build.log)" >&2
   exit 1
 fi
 build=$(cd "$build" && pwd)
