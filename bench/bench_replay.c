@@ -2,7 +2,7 @@
  * by libhetmem_proxy.so with HM_PROXY_TRACE=path) through an allocator, and
  * check that the replay is faithful. SPDX-License-Identifier: MIT
  *
- *   bench_replay [--backend pool|malloc|all] [--no-check] [--allow-unknown] TRACE...
+ *   bench_replay [--backend pool|malloc|all] [--no-check] [--allow-unknown] [--metric] TRACE...
  *   bench_replay --quick      a built-in two-thread trace (the CTest smoke run)
  *
  * Back ends: "pool", a hetmem native pool over the OS provider called
@@ -29,7 +29,8 @@
  * then the allocator's, plus the slot bookkeeping). Prints, per trace and
  * back end: ops, ns/op over the replay's wall time, the trace's peak live
  * bytes (requested sizes, in seq order) and the counts; exits 1 when a
- * replay is not faithful. */
+ * replay is not faithful. --metric adds a line "HM_METRIC ns_per_op=X" per
+ * faithful replay, the measure bench_exec takes from a program's output. */
 #include "../src/preload/trace.h"
 
 #include <hetmem/hetmem.h>
@@ -71,6 +72,7 @@ typedef struct backend {
 } backend_t;
 
 static int g_check = 1;
+static int g_metric = 0; /* --metric: also the HM_METRIC line bench_exec reads */
 
 /* ---- back ends ---- */
 
@@ -439,6 +441,7 @@ static int replay(const char *label, const trace_t *t, const backend_t *b, int a
            (unsigned long long)c.alloc_failed, (unsigned long long)c.bad_usable,
            (unsigned long long)c.bad_align, (unsigned long long)c.bad_zero,
            (unsigned long long)c.bad_pattern, bad ? "NOT FAITHFUL" : "faithful");
+    if (g_metric && !bad && c.ops) printf("HM_METRIC ns_per_op=%.3f\n", wall * 1e9 / (double)c.ops);
     free(rp.slot);
     free(w);
     return bad;
@@ -506,7 +509,7 @@ static int run_all(const char *label, const trace_t *t, const char *which, int a
 
 static void usage(void) {
     fprintf(stderr, "usage: bench_replay [--backend pool|malloc|all] [--no-check] "
-                    "[--allow-unknown] TRACE...\n       bench_replay --quick\n");
+                    "[--allow-unknown] [--metric] TRACE...\n       bench_replay --quick\n");
 }
 
 int main(int argc, char **argv) {
@@ -515,6 +518,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--no-check")) g_check = 0;
+        else if (!strcmp(argv[i], "--metric")) g_metric = 1;
         else if (!strcmp(argv[i], "--allow-unknown")) allow_unknown = 1;
         else if (!strcmp(argv[i], "--backend") && i + 1 < argc) which = argv[++i];
         else if (!strcmp(argv[i], "--help")) {

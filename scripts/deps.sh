@@ -4,9 +4,10 @@
 # `apt-get update`, then one `apt-get install -y`. Nothing happens when all
 # are present. Debian 12 (bookworm) or later; run as root (or with sudo).
 #
-#   scripts/deps.sh [demo|test|vm]   (default: test)
+#   scripts/deps.sh [demo|test|bench|vm]   (default: test)
 #     demo: what building the library and the examples needs
 #     test: that, plus what the test suite and the optional parts use
+#     bench: that, plus what bench/run.sh runs and draws with
 #     vm:   what scripts/vm-test.sh adds to boot its guest (QEMU, busybox,
 #           ndctl/daxctl, e2fsprogs; the kernel it fetches itself)
 set -euo pipefail
@@ -30,6 +31,13 @@ extra=(valgrind clang libclang-rt-14-dev libjemalloc-dev util-linux binutils
        libopenmpi-dev openmpi-bin
        python3 git libjemalloc2 libmimalloc2.0 libtcmalloc-minimal4 debian-archive-keyring)
 
+# bench/run.sh: the programs it times and whose traces it replays (sqlite3,
+# perl, Debian's python3 test suite, xz for the traces), memkind (the
+# NUMA-bound baseline, opened at run time) and gnuplot for the charts.
+pyver=$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null ||
+        echo 3.11)
+benchonly=(sqlite3 perl xz-utils "libpython$pyver-testsuite" libmemkind0 gnuplot-nox)
+
 # The guest of scripts/vm-test.sh (emulated NUMA nodes and NVDIMMs): QEMU,
 # a static busybox for its initramfs, ndctl and daxctl to set up the NVDIMM
 # namespaces, e2fsprogs for the ext4 DAX file system, kmod for depmod, cpio
@@ -39,8 +47,9 @@ vm=(qemu-system-x86 busybox-static ndctl daxctl e2fsprogs kmod cpio)
 case "$profile" in
   demo) wanted=("${build[@]}") ;;
   test) wanted=("${build[@]}" "${extra[@]}") ;;
+  bench) wanted=("${build[@]}" "${extra[@]}" "${benchonly[@]}") ;;
   vm) wanted=("${vm[@]}") ;;
-  *) echo "usage: $0 [demo|test|vm]" >&2; exit 2 ;;
+  *) echo "usage: $0 [demo|test|bench|vm]" >&2; exit 2 ;;
 esac
 
 installed() {

@@ -48,6 +48,9 @@
  *  (device          providers/cuda,  their own locks: a slot of      after IPC, which calls their
  *   providers)      level_zero       their own here                  ipc ops under its locks;
  *                                                                    before the tracker
+ *  MEMSPACE         memspace/        g_lock (current topology,       a leaf: nothing of ours is
+ *                                    spaces' contents)               called under it; nothing
+ *                                                                    calls memspace under a lock
  *  HANDLES          init.c           reg_lock (live handles)         a leaf: nothing is taken
  *                                                                    under it
  *  TRACKER          tracker/         g_reclaim_lock, g_reg_lock,     every module calls the
@@ -68,7 +71,8 @@
  * A module fills its slot when it starts: the library's set-up fills
  * RCU, NATIVE, IPC, HANDLES and TRACKER; others are filled lazily (PRIM at
  * the first read of the fork epoch, the jemalloc slots at the first jemalloc
- * pool, the proxy's when its heap is shared), and a slot keeps its position
+ * pool, MEMSPACE at the first memory-space call that needs a topology, the
+ * proxy's when its heap is shared), and a slot keeps its position
  * whenever it is filled. (IPC is not lazy: hm_ipc_get takes its lock before
  * IPC sets itself up.)
  *
@@ -113,6 +117,7 @@ typedef enum hm_fork_slot {
     HM_FORK_JEMALLOC_RANGES,
     HM_FORK_JEMALLOC_INIT,
     HM_FORK_IPC,
+    HM_FORK_MEMSPACE,
     HM_FORK_HANDLES,
     HM_FORK_TRACKER,
     HM_FORK_PRIM,

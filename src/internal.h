@@ -42,7 +42,7 @@ void hm__init(void);
 int hm__handle_register(const void *h, int kind);
 int hm__handle_unregister(const void *h, int kind);
 int hm__handle_is_live(const void *h, int kind);
-enum { HM_HANDLE_PROVIDER = 1, HM_HANDLE_POOL = 2 };
+enum { HM_HANDLE_PROVIDER = 1, HM_HANDLE_POOL = 2, HM_HANDLE_MEMSPACE = 3 };
 
 /* ---- logging (log.c) ---- */
 /* Never allocates; formats into a fixed stack buffer; recursion-guarded;

@@ -13,5 +13,6 @@
 #include <hetmem/pools/proxy.h>
 #include <hetmem/ipc.h>
 #include <hetmem/pools/native.h>
+#include <hetmem/memspace.h>
 
 #endif

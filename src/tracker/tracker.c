@@ -50,8 +50,8 @@
  * each is under ten lines and marked by liburcu as meeting the LGPL's
  * ten-line criterion "allowing this function to be invoked directly from
  * non-LGPL code" (urcu/static/urcu-bp.h). Called through the shared library
- * they cost ~21 ns of a ~25 ns lookup; inline, 3-5 ns. Nothing else of the
- * static header is used (no _LGPL_SOURCE). */
+ * they would be most of a lookup's cost (docs/performance.md). Nothing else
+ * of the static header is used (no _LGPL_SOURCE). */
 #include <urcu/static/urcu-bp.h>
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>

@@ -14,6 +14,7 @@
 #include <hetmem/providers/file.h>
 #include <hetmem/providers/devdax.h>
 #include <hetmem/ipc.h>
+#include <hetmem/memspace.h>
 #include <hetmem/providers/cuda.h>
 #include <hetmem/providers/level_zero.h>
 #ifdef HM_TEST_MPI
