@@ -936,6 +936,15 @@ static void test_numa(void) {
     unsigned *nodes = calloc(count, sizeof(*nodes));
     REQUIRE(nodes);
     CHECK_OK(hm_os_numa_nodes(nodes, count, &count));
+    /* Every node once, in ascending order, each the kernel's node (it has a
+     * sysfs folder). */
+    for (size_t i = 0; i < count; i++) {
+        char dir[64];
+        snprintf(dir, sizeof dir, "/sys/devices/system/node/node%u", nodes[i]);
+        CHECK_MSG(access(dir, F_OK) == 0 || count == 1, "node %u: no %s", nodes[i], dir);
+        if (i) CHECK_MSG(nodes[i - 1] < nodes[i], "nodes out of order: %u before %u", nodes[i - 1],
+                         nodes[i]);
+    }
     if (count > 1) CHECK_RES(hm_os_numa_nodes(nodes, 1, &count), HM_ERROR_LIMIT);
     unsigned node = 0;
     CHECK_RES(hm_os_numa_node_of(NULL, &node), HM_ERROR_INVALID_ARGUMENT);

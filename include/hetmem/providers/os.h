@@ -63,7 +63,8 @@ HM_API hm_result_t hm_os_params_set_shm_name(hm_os_params_t *params, const char 
  * params may be NULL for defaults. */
 HM_API hm_result_t hm_os_provider_create(const hm_os_params_t *params, hm_provider_t **provider);
 
-/* NUMA topology (hwloc): number of NUMA nodes (>= 1), and their OS numbers. */
+/* NUMA topology (hwloc): number of NUMA nodes (>= 1), and their OS numbers in
+ * ascending order. */
 HM_API hm_result_t hm_os_numa_nodes(unsigned *nodes, size_t capacity, size_t *count);
 /* The NUMA node the page holding ptr currently lives on (touch it first). */
 HM_API hm_result_t hm_os_numa_node_of(const void *ptr, unsigned *node);

@@ -113,15 +113,21 @@ hm_result_t hm_os_numa_nodes(unsigned *nodes, size_t capacity, size_t *count) {
         *count = 1;
         return HM_SUCCESS;
     }
-    for (int i = 0; i < n && (size_t)i < capacity; i++) {
-        hwloc_obj_t o = hwloc_get_obj_by_type(t, HWLOC_OBJ_NUMANODE, (unsigned)i);
-        nodes[i] = o ? o->os_index : 0;
+    /* Ascending OS numbers: the topology's node set, not hwloc's logical
+     * order (which follows the tree: a memory-only node comes after the
+     * other nodes of its package). */
+    size_t k = 0;
+    unsigned id;
+    hwloc_bitmap_foreach_begin(id, hwloc_topology_get_topology_nodeset(t)) {
+        if (k < capacity) nodes[k] = id;
+        k++;
     }
-    *count = (size_t)n;
+    hwloc_bitmap_foreach_end();
+    *count = k;
     /* A query with nodes == NULL only asks for the count; a buffer too small
      * is filled as far as it goes and reported. */
-    if (nodes && capacity < (size_t)n) {
-        HM_LOG_INFO("hm_os_numa_nodes: %d nodes, room for %zu", n, capacity);
+    if (nodes && capacity < k) {
+        HM_LOG_INFO("hm_os_numa_nodes: %zu nodes, room for %zu", k, capacity);
         return HM_ERROR_LIMIT;
     }
     return HM_SUCCESS;
