@@ -115,10 +115,22 @@
  * descriptors (-mtls-dialect=gnu2) where the compiler has them, which make an
  * access to a module loaded at start-up as cheap as initial-exec (one call
  * to a two-instruction resolver). One struct: one address computation per
- * function. */
+ * function. The malloc replacement, which is only ever preloaded, compiles
+ * this file with HM_NATIVE_TLS_IE: initial-exec, one load from the thread
+ * pointer and no call. */
+#ifdef HM_NATIVE_TLS_IE
+#define NV_TLS __thread __attribute__((tls_model("initial-exec")))
+#else
+#define NV_TLS __thread
+#endif
 typedef struct nv_tls {
     uint64_t id;           /* pool id of `heap` (one-entry cache) */
     nv_heap_t *heap;       /* this thread's heap in that pool */
+    /* The malloc replacement's (src/preload/preload.c, which compiles this
+     * file into its own translation unit): this thread's heap in its pool
+     * while its fast entries may use it, else NULL. The pool only clears
+     * it, with `heap` (the heap abandoned, the pool destroyed). */
+    nv_heap_t *fast;
     nv_binding_t *bindings;
     int dead;              /* the heap destructor ran: use the orphan heaps */
     int first_used;        /* `first` is in use (binding_new_locked) */
