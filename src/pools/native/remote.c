@@ -233,8 +233,8 @@ HM_INLINE int drain_word(nv_heap_t *h, nv_slab_t *s, uint32_t w, uint64_t mask) 
     uint64_t dup;
     int gone = 0;
     if (s == cl->cur && w == cl->word) {
-        /* Free bits of the word are in the class word or, freed by the
-         * owner since it was taken, in s->bits[w] (free_general). */
+        /* Free bits of the word are in the class word (nv_cls: the test
+         * reads s->bits[w] too). */
         uint64_t b = cl_bits(cl);
         dup = (b | s->bits[w]) & mask;
         cl_set(cl, b | (mask & ~dup));
