@@ -404,6 +404,7 @@ HM_INLINE void *owner_of(void *p) {
  * (HM_ERROR_NOT_FOUND, nothing done), one page-map lookup instead of
  * owner_of() and then the free op looking the pointer up again. */
 static HM_NOINLINE hm_result_t px_free_other(void *p) {
+    if (!p) return HM_SUCCESS; /* free(NULL): the fast entry's `last` test lets it through */
     if (hm_likely(!tl_guard)) {
         int st = atomic_load_explicit(&g_status, memory_order_acquire);
         if (hm_likely(st == ST_READY)) {
@@ -854,8 +855,18 @@ static HM_NOINLINE void *px_refill(nv_heap_t *h, nv_cls_t *cl, size_t size) {
     return hm_likely(r == HM_SUCCESS) ? q : px_malloc_other(size);
 }
 
-/* Every malloc the fast entry does not serve: recorded or not, then arm. */
+/* Every malloc the fast entry does not serve: a size of a class beyond
+ * NV_FAST_MAX on tl.fast, else recorded or not, then arm. */
 static HM_NOINLINE void *px_malloc_slow(size_t size) {
+    nv_heap_t *h = tl.fast;
+    if (h && size - 1 < h->nv->class_limit) { /* size > NV_FAST_MAX */
+        nv_cls_t *cl = &h->cls[cls_of_big(size)];
+        uint64_t b = cl_bits(cl);
+        if (hm_likely(b)) return (void *)alloc_word(h, cl, b);
+        uintptr_t p = alloc_pop(cl);
+        if (hm_likely(p)) return (void *)p;
+        return px_refill(h, cl, size);
+    }
     tl.fast = NULL; /* impl_malloc's refill sets the guard directly */
     void *p = TRACING() ? trace_malloc(size) : impl_malloc(size);
     px_arm();
@@ -917,6 +928,34 @@ static HM_NOINLINE void *px_calloc_slow(size_t n, size_t size) {
     return p;
 }
 
+static HM_NOINLINE void *px_realloc_slow(void *p, size_t size) {
+    tl.fast = NULL; /* impl_realloc's malloc may refill with the guard set directly */
+    void *q = TRACING() ? trace_realloc(p, size) : impl_realloc(p, size);
+    px_arm();
+    return q;
+}
+
+/* realloc of a block of one of the pool's slabs, to a size that is not 0:
+ * impl_realloc's rule (kept if the size is at most the block's and at
+ * least half of it), through the fast entries; anything else is
+ * impl_realloc's. */
+HM_INLINE void *px_realloc(void *p, size_t size) {
+    if (hm_likely(tl.fast != NULL) && hm_likely(size != 0)) {
+        nv_slab_t *s = map_get(g_state, p); /* NULL for p NULL */
+        uint32_t idx;
+        if (hm_likely(s != NULL) && hm_likely(block_index(s, p, &idx))) {
+            size_t old = s->bsize;
+            if (size <= old && size >= old / 2) return p;
+            void *q = px_malloc(size);
+            if (hm_unlikely(q == NULL)) return NULL;
+            memcpy(q, p, old < size ? old : size);
+            px_free(p);
+            return q;
+        }
+    }
+    return px_realloc_slow(p, size);
+}
+
 HM_INLINE void *px_calloc(size_t n, size_t size) {
     size_t total;
     if (hm_likely(tl.fast != NULL) && !__builtin_mul_overflow(n, size, &total)) {
@@ -936,10 +975,7 @@ EXPORT void free(void *p) { px_free(p); }
 
 EXPORT void *calloc(size_t n, size_t size) { return px_calloc(n, size); }
 
-EXPORT void *realloc(void *p, size_t size) {
-    if (TRACING()) return trace_realloc(p, size);
-    return impl_realloc(p, size);
-}
+EXPORT void *realloc(void *p, size_t size) { return px_realloc(p, size); }
 
 EXPORT int posix_memalign(void **out, size_t align, size_t size) {
     if (TRACING()) return trace_posix_memalign(out, align, size);
