@@ -58,7 +58,7 @@
  * of this library's copy of hetmem: CMakeLists.txt), so that the entries
  * inline its fast paths; its thread-local state initial-exec (this library
  * is only ever preloaded). */
-#define HM_NATIVE_TLS_IE 1
+#define HM_NATIVE_PRELOAD 1
 #include "pools/native/native.c"
 
 #include <dlfcn.h>
@@ -893,9 +893,10 @@ static HM_NOINLINE void px_free_slow(void *p) {
     px_arm();
 }
 
-/* hm__native_free's paths on tl.fast: every case beyond them goes, with
- * nothing changed, to px_free_other (which refuses a double free, frees
- * into the pool or gives glibc its pointer). */
+/* hm__native_free's paths on tl.fast, remote frees included (NV_FREE_PX):
+ * every case beyond them goes, with nothing changed, to px_free_other
+ * (which refuses a double free, frees into the pool or gives glibc its
+ * pointer). */
 HM_INLINE void px_free(void *p) {
     nv_heap_t *me = tl.fast;
     if (hm_unlikely(me == NULL)) {
@@ -916,10 +917,10 @@ HM_INLINE void px_free(void *p) {
     }
     uintptr_t roff = (uintptr_t)p - me->r_key;
     if (roff < me->r_span) {
-        (void)free_cached_fast(g_state, p, me, roff, px_free_other);
+        (void)free_cached_px(g_state, p, me, roff, px_free_other);
         return;
     }
-    (void)free_general(g_state, p, me, NV_FREE_FAST, px_free_other, NV_PF_HOST);
+    (void)free_general(g_state, p, me, NV_FREE_PX, px_free_other, NV_PF_HOST);
 }
 
 static HM_NOINLINE void *px_calloc_slow(size_t n, size_t size) {

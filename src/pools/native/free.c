@@ -77,9 +77,12 @@ static HM_NOINLINE hm_result_t free_double_last(nv_pool_t *nv, void *p) {
  * pointer that is not the pool's (hm__native_free_owned); the fast paths
  * only (hm__native_free): every case that may call malloc or free (a slow
  * path, a slab going back to the pool, an error) goes, before changing
- * anything, to hm__native_free's other. */
-enum { NV_FREE_OP, NV_FREE_QUIET, NV_FREE_FAST };
-#define NV_EXIT(mode, call) ((mode) == NV_FREE_FAST ? other(p) : (call))
+ * anything, to hm__native_free's other; the same with remote frees made in
+ * place (the malloc replacement's entry on its own heap, src/preload: a
+ * remote free calls no malloc or free, only the depot lock and the metadata
+ * mappings' mmap). */
+enum { NV_FREE_OP, NV_FREE_QUIET, NV_FREE_FAST, NV_FREE_PX };
+#define NV_EXIT(mode, call) ((mode) >= NV_FREE_FAST ? other(p) : (call))
 
 /* free_general's free of block p of s, the caller's, in the word of s
  * being handed out (s is its class's current slab): the block goes back
@@ -95,7 +98,7 @@ HM_RUN static HM_NOINLINE hm_result_t free_cur_word(nv_slab_t *s, uintptr_t p, i
     uint32_t idx = slab_idx(s, p - s->base), w = idx >> 6;
     uint64_t bit = (uint64_t)1 << (idx & 63), b = cl_bits(cl);
     if (hm_unlikely((s->bits[w] | b) & bit))
-        return mode == NV_FREE_FAST ? other((void *)p) : double_free(s, idx);
+        return mode >= NV_FREE_FAST ? other((void *)p) : double_free(s, idx);
     cl_set(cl, b | bit);
     return HM_SUCCESS;
 }
@@ -117,7 +120,8 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
     /* Ownership: the owner heap is the caller's (found by thread pointer;
      * no load of the owner's fields). */
     nv_heap_t *h = s->owner;
-    if (hm_unlikely(h != me)) return NV_EXIT(mode, free_other(nv, s, p, me, idx));
+    if (hm_unlikely(h != me))
+        return mode == NV_FREE_FAST ? other(p) : free_other(nv, s, p, me, idx);
     uint32_t w = idx >> 6;
     /* No branch on whether s is the current slab: that is a coin toss when
      * a class's live blocks span two slabs (random frees of small
@@ -140,7 +144,7 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
     /* (!(in_partial | is_cur) || n == nblocks) && !is_cur, in one compare
      * (nv_slab.tr). */
     if (hm_unlikely(n >= s->tr))
-        return free_transition(s, (uintptr_t)p, mode == NV_FREE_FAST ? other : NULL);
+        return free_transition(s, (uintptr_t)p, mode >= NV_FREE_FAST ? other : NULL);
     s->bits[w] = x; /* the bit set above */
     s->nfree = n;
     nv_sent_t *t = stk_top(cl) - 1;
@@ -199,6 +203,13 @@ HM_RUN static HM_NOINLINE hm_result_t free_cached_fast(nv_pool_t *nv, void *p, n
     if (hm_likely(cached_free(me, roff))) return HM_SUCCESS;
     return free_general_out(nv, p, me, NV_FREE_FAST, other);
 }
+#ifdef HM_NATIVE_PRELOAD /* the malloc replacement's (NV_FREE_PX) */
+HM_RUN static HM_NOINLINE hm_result_t free_cached_px(nv_pool_t *nv, void *p, nv_heap_t *me,
+                                              uintptr_t roff, nv_other_fn other) {
+    if (hm_likely(cached_free(me, roff))) return HM_SUCCESS;
+    return free_general_out(nv, p, me, NV_FREE_PX, other);
+}
+#endif
 
 /* free_impl past the block allocated last: me is the caller's heap, or
  * &by_tp_nobody (whose r_span is 0). */

@@ -116,9 +116,9 @@
  * access to a module loaded at start-up as cheap as initial-exec (one call
  * to a two-instruction resolver). One struct: one address computation per
  * function. The malloc replacement, which is only ever preloaded, compiles
- * this file with HM_NATIVE_TLS_IE: initial-exec, one load from the thread
+ * this file with HM_NATIVE_PRELOAD: initial-exec, one load from the thread
  * pointer and no call. */
-#ifdef HM_NATIVE_TLS_IE
+#ifdef HM_NATIVE_PRELOAD
 #define NV_TLS __thread __attribute__((tls_model("initial-exec")))
 #else
 #define NV_TLS __thread
