@@ -84,24 +84,6 @@ static HM_NOINLINE hm_result_t free_double_last(nv_pool_t *nv, void *p) {
 enum { NV_FREE_OP, NV_FREE_QUIET, NV_FREE_FAST, NV_FREE_PX };
 #define NV_EXIT(mode, call) ((mode) >= NV_FREE_FAST ? other(p) : (call))
 
-/* free_general's free of block p of s, the caller's, in the word of s
- * being handed out (s is its class's current slab): the block goes back
- * into the class word, as free_own's does, so that the next allocations of
- * the class take it again without a stack push and pop (nested temporaries
- * freed in reverse, which are mostly of the word being handed out). Its
- * double-free test reads the class word and s->bits[w], as every test of a
- * block of that word (nv_cls). s is current: no state change. mode, other:
- * as free_general's. */
-HM_RUN static HM_NOINLINE hm_result_t free_cur_word(nv_slab_t *s, uintptr_t p, int mode,
-                                             nv_other_fn other) {
-    nv_cls_t *cl = s->cl;
-    uint32_t idx = slab_idx(s, p - s->base), w = idx >> 6;
-    uint64_t bit = (uint64_t)1 << (idx & 63), b = cl_bits(cl);
-    if (hm_unlikely((s->bits[w] | b) & bit))
-        return mode >= NV_FREE_FAST ? other((void *)p) : double_free(s, idx);
-    cl_set(cl, b | bit);
-    return HM_SUCCESS;
-}
 
 /* free_own() inlined with the ownership test, which compares the slab's
  * owner with the caller's heap found by thread pointer (no TLS access);
@@ -128,12 +110,25 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
      * classes), and a mispredicted branch here waits for the page-map
      * chain (cachegrind --branch-sim: 0.5 mispredictions per op on random
      * 8-128, all on that test). So the only test is whether the block is
-     * of the word being handed out (free_cur_word puts it back into the
+     * of the word being handed out (its block goes back into the
      * class word): with random frees that is a word of 64 blocks among a
      * class's live blocks (s->cur_word names the word only while s is
      * current); the transition test reads is_cur, which rules out the
      * current slab. */
-    if (hm_unlikely(w == s->cur_word)) return free_cur_word(s, (uintptr_t)p, mode, other);
+    /* A block of the word of s being handed out (s is its class's current
+     * slab) goes back into the class word, so that the next allocations of
+     * the class take it again without a stack push and pop (short-lived
+     * blocks and nested temporaries freed in reverse are mostly of that
+     * word). Its double-free test reads the class word and s->bits[w], as
+     * every test of a block of that word (nv_cls). No state change. */
+    if (w == s->cur_word) {
+        nv_cls_t *cl = s->cl;
+        uint64_t bit = (uint64_t)1 << (idx & 63), b = cl_bits(cl);
+        if (hm_unlikely((s->bits[w] | b) & bit))
+            return NV_EXIT(mode, double_free_at(s, (uintptr_t)p));
+        cl_set(cl, b | bit);
+        return HM_SUCCESS;
+    }
     /* Past the ownership test only p, s and what follows from them stay
      * live (the exits recompute idx; h is s->owner), so that the path
      * needs no callee-saved registers. */
