@@ -78,8 +78,11 @@
  *   lines of the classes it uses; a producer reuses the lowest blocks its
  *   consumers free (take_word), and a slab taken in a brief overflow gives
  *   way to one that empties with more of its pages used (slab_transition).
- * - The malloc replacement calls the fast paths directly
- *   (hm__native_malloc/hm__native_free): they call nothing, so its
+ * - The malloc replacement (src/preload/preload.c) compiles this file into
+ *   its own translation unit (HM_NATIVE_PRELOAD: initial-exec TLS), so that
+ *   its malloc, free, calloc and realloc inline the fast paths on the
+ *   thread's heap (tl.fast, one load); its slow entries call
+ *   hm__native_malloc/hm__native_free. The fast paths call nothing, so its
  *   recursion guard is set only around what may call malloc.
  * - Thread exit: a pthread key destructor abandons the thread's heaps; a
  *   thread that starts using the pool adopts one. Heaps live until the pool
