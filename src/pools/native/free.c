@@ -7,11 +7,23 @@
 /* ------------------------------------------------------------------------ */
 /* Free                                                                     */
 
-HM_RUN static hm_result_t free_block(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
-    if (s->owner == h) return free_own(s, idx);
+/* remote_free with its statistics (the case remote_free_quick leaves). */
+HM_RUN static HM_NOINLINE hm_result_t free_remote_slow(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
     hm_result_t r = remote_free(h, s, idx);
     if (r == HM_SUCCESS) stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
     return r;
+}
+
+/* Block idx of s, another heap's, freed by h's thread: a leaf but for
+ * the tail call of the slow case. */
+HM_RUN static HM_NOINLINE hm_result_t free_remote(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
+    if (hm_likely(remote_free_quick(h, s, idx))) return HM_SUCCESS;
+    return free_remote_slow(h, s, idx);
+}
+
+HM_RUN static hm_result_t free_block(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
+    if (s->owner == h) return free_own(s, idx);
+    return free_remote(h, s, idx);
 }
 
 /* quiet: a pointer that is not the pool's returns HM_ERROR_NOT_FOUND
@@ -103,7 +115,9 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
      * no load of the owner's fields). */
     nv_heap_t *h = s->owner;
     if (hm_unlikely(h != me))
-        return mode == NV_FREE_FAST ? other(p) : free_other(nv, s, p, me, idx);
+        return mode == NV_FREE_FAST ? other(p)
+               : mode == NV_FREE_PX ? free_remote(me, s, idx) /* me: the caller's heap */
+                                    : free_other(nv, s, p, me, idx);
     uint32_t w = idx >> 6;
     /* No branch on whether s is the current slab: that is a coin toss when
      * a class's live blocks span two slabs (random frees of small
