@@ -54,7 +54,12 @@
  * The pool is never destroyed (memory outlives every static destructor). */
 #include "fork.h"
 #include "pool_internal.h"
-#include "pools/native/native_internal.h"
+/* The native pool in this translation unit (native.c's object is left out
+ * of this library's copy of hetmem: CMakeLists.txt), so that the entries
+ * inline its fast paths; its thread-local state initial-exec (this library
+ * is only ever preloaded). */
+#define HM_NATIVE_PRELOAD 1
+#include "pools/native/native.c"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -90,6 +95,13 @@ static int g_tracked; /* HM_PROXY asked for tracking */
 static size_t (*_Atomic g_libc_usable)(void *); /* see libc_usable */
 static TLS_IE int tl_guard;
 
+/* Set the guard: also the fast entries' heap (tl.fast), so that they take
+ * the slow ones until a slow entry sets it again (px_arm). */
+HM_INLINE void guard_on(void) {
+    tl_guard = 1;
+    tl.fast = NULL;
+}
+
 static hm_result_t pool_make(int shared, int tracked, void **state);
 static void snap_prepare(void);
 static void snap_parent(void);
@@ -110,7 +122,7 @@ static const hm_fork_hooks_t child_pool_hooks = {NULL, NULL, fork_child};
 static void proxy_init(void) {
     int expect = ST_NONE;
     if (!atomic_compare_exchange_strong(&g_status, &expect, ST_INIT)) return;
-    tl_guard = 1;
+    guard_on();
     const char *opt = getenv("HM_PROXY");
     int shared = opt && strstr(opt, "shared");
     int tracked = shared || (opt && strstr(opt, "tracked"));
@@ -268,7 +280,7 @@ static void snap_parent(void) {
     if (!g_snap.page) return;
     if (g_snap.failed) { /* the pool is still locked: a log line's malloc goes to glibc */
         int guard = tl_guard;
-        tl_guard = 1;
+        guard_on();
         HM_LOG_WARN("libhetmem_proxy: could not copy the shared heap for a forked child (%s); "
                     "the child aborts", strerror(g_snap.failed));
         tl_guard = guard;
@@ -281,7 +293,7 @@ static void snap_parent(void) {
 static void snap_child(void) {
     if (!g_snap.page) return;
     int guard = tl_guard;
-    tl_guard = 1; /* the pool is still locked: a log line's malloc goes to glibc */
+    guard_on(); /* the pool is still locked: a log line's malloc goes to glibc */
     if (g_snap.failed)
         HM_DIE("libhetmem_proxy: forked child has no copy of the shared heap (%s); aborting "
                "rather than writing into the parent's memory", strerror(g_snap.failed));
@@ -313,7 +325,7 @@ static void snap_child(void) {
 static void fork_child(void) {
     if (atomic_load(&g_status) != ST_FORKED) return;
     int guard = tl_guard;
-    tl_guard = 1;
+    guard_on();
     void *state = NULL;
     if (pool_make(0, g_tracked, &state) == HM_SUCCESS) {
         g_state = state;
@@ -350,7 +362,7 @@ static HM_NOINLINE void *glibc_fallback(size_t size, size_t align) {
 
 static void *pool_alloc(size_t size, size_t align) {
     void *p = NULL;
-    tl_guard = 1;
+    guard_on();
     hm_result_t r = hm__native_alloc(g_state, size ? size : 1, align, &p);
     tl_guard = 0;
     if (hm_unlikely(r != HM_SUCCESS)) {
@@ -361,19 +373,19 @@ static void *pool_alloc(size_t size, size_t align) {
     return p;
 }
 
-static HM_NOINLINE void *malloc_slow(size_t size) {
+static HM_NOINLINE void *px_malloc_other(size_t size) {
     if (hm_unlikely(!ready())) return __libc_malloc(size);
     return pool_alloc(size, 0);
 }
 
 /* The pool's fast path calls nothing (no malloc, no lock), so it needs no
  * guard; the pool sets the guard itself around a refill, and passes what it
- * does not serve to malloc_slow. */
+ * does not serve to px_malloc_other. */
 HM_INLINE void *impl_malloc(size_t size) {
     if (hm_likely(atomic_load_explicit(&g_status, memory_order_acquire) == ST_READY &&
                   !tl_guard))
-        return hm__native_malloc(g_state, size, &tl_guard, malloc_slow);
-    return malloc_slow(size);
+        return hm__native_malloc(g_state, size, &tl_guard, px_malloc_other);
+    return px_malloc_other(size);
 }
 
 /* Which pool's block is p: g_state's, g_old's (a forked child's inherited
@@ -391,17 +403,18 @@ HM_INLINE void *owner_of(void *p) {
 /* free's general case: the pool's free tells its own blocks from others
  * (HM_ERROR_NOT_FOUND, nothing done), one page-map lookup instead of
  * owner_of() and then the free op looking the pointer up again. */
-static HM_NOINLINE hm_result_t free_slow(void *p) {
+static HM_NOINLINE hm_result_t px_free_other(void *p) {
+    if (!p) return HM_SUCCESS; /* free(NULL): the fast entry's `last` test lets it through */
     if (hm_likely(!tl_guard)) {
         int st = atomic_load_explicit(&g_status, memory_order_acquire);
         if (hm_likely(st == ST_READY)) {
-            tl_guard = 1;
+            guard_on();
             hm_result_t r = hm__native_free_owned(g_state, p);
             tl_guard = 0;
             if (hm_likely(r != HM_ERROR_NOT_FOUND)) return r;
         }
         if (hm_unlikely(g_old != NULL) && st >= ST_READY) {
-            tl_guard = 1;
+            guard_on();
             hm_result_t r = hm__native_free_owned(g_old, p);
             tl_guard = 0;
             if (r != HM_ERROR_NOT_FOUND) return r;
@@ -412,15 +425,15 @@ static HM_NOINLINE hm_result_t free_slow(void *p) {
 }
 
 /* The pool's fast path calls nothing, so it needs no guard (see malloc);
- * what it does not finish it passes, unchanged, to free_slow. */
+ * what it does not finish it passes, unchanged, to px_free_other. */
 HM_INLINE void impl_free(void *p) {
     if (!p) return;
     if (hm_likely(atomic_load_explicit(&g_status, memory_order_acquire) == ST_READY &&
                   !tl_guard)) {
-        (void)hm__native_free(g_state, p, free_slow);
+        (void)hm__native_free(g_state, p, px_free_other);
         return;
     }
-    (void)free_slow(p);
+    (void)px_free_other(p);
 }
 
 HM_INLINE void *impl_calloc(size_t n, size_t size) {
@@ -436,7 +449,7 @@ HM_INLINE void *impl_calloc(size_t n, size_t size) {
 }
 
 static size_t usable(void *st, void *p) {
-    tl_guard = 1;
+    guard_on();
     size_t n = hm_native_pool_ops()->usable_size(st, p);
     tl_guard = 0;
     return n;
@@ -516,7 +529,7 @@ static void *impl_pvalloc(size_t size) {
  * same function. */
 static HM_NOINLINE size_t libc_usable_slow(void *p) {
     int guard = tl_guard;
-    tl_guard = 1;
+    guard_on();
     size_t (*f)(void *) = (size_t(*)(void *))dlsym(RTLD_NEXT, "malloc_usable_size");
     tl_guard = guard;
     if (!f) return 0;
@@ -595,7 +608,7 @@ static TLS_IE uint32_t tl_trace_thread; /* index + 1; 0: none yet */
 static void trace_stop(int err) {
     if (atomic_exchange(&g_trace, TR_OFF) != TR_ON) return;
     int guard = tl_guard;
-    tl_guard = 1;
+    guard_on();
     HM_LOG_WARN("libhetmem_proxy: cannot write the trace (%s); recording stops", strerror(err));
     tl_guard = guard;
 }
@@ -658,7 +671,7 @@ static HM_NOINLINE tbuf_t *tbuf_get(void) {
     if (!tl_trace_thread) tl_trace_thread = atomic_fetch_add(&g_trace_threads, 1) + 1;
     tl_tbuf = b;
     int guard = tl_guard;
-    tl_guard = 1; /* pthread_setspecific may allocate: glibc serves it */
+    guard_on(); /* pthread_setspecific may allocate: glibc serves it */
     (void)pthread_setspecific(g_trace_key, b);
     tl_guard = guard;
     return b;
@@ -719,7 +732,7 @@ static HM_NOINLINE int trace_init(void) {
         return expect;
     }
     int guard = tl_guard;
-    tl_guard = 1; /* what the set-up allocates is glibc's, and not recorded */
+    guard_on(); /* what the set-up allocates is glibc's, and not recorded */
     int st = TR_OFF;
     const char *path = getenv("HM_PROXY_TRACE");
     if (path && *path) {
@@ -805,32 +818,165 @@ static HM_NOINLINE void *trace_align(int kind, size_t align, size_t size) {
     return r;
 }
 
-/* ---- the exported family: one predictable branch when not recording ---- */
-
 #define TRACING() hm_unlikely(atomic_load_explicit(&g_trace, memory_order_relaxed) != TR_OFF)
 
-EXPORT void *malloc(size_t size) {
-    if (TRACING()) return trace_malloc(size);
-    return impl_malloc(size);
+/* ---- the fast entries: the pool's fast paths on the caller's heap ----
+ *
+ * tl.fast is the calling thread's heap in g_state while the fast entries may
+ * serve it: the pool is ready, nothing is recorded, the guard is clear
+ * (guard_on clears tl.fast; a slow entry sets it again, px_arm), the pool's
+ * classes cover every size up to NV_FAST_MAX (its fast_limit), and it is of
+ * host memory (a stacked block is prefetched). The pool clears it when the
+ * thread's heap is abandoned (its key destructor), so that later calls take
+ * the slow entries, which use the orphan heap. One initial-exec load finds
+ * the heap: no thread pointer compared, no hash. */
+
+static HM_NOINLINE void px_arm(void) {
+    if (atomic_load_explicit(&g_status, memory_order_acquire) != ST_READY || tl_guard ||
+        atomic_load_explicit(&g_trace, memory_order_relaxed) != TR_OFF)
+        return;
+    nv_pool_t *nv = g_state;
+    if (nv->fast_limit < NV_FAST_MAX || !nv->prefetch) return;
+    guard_on(); /* a new binding may call malloc (pthread_setspecific) */
+    nv_heap_t *h = heap_get(nv);
+    tl_guard = 0;
+    tl.fast = h;
 }
 
-EXPORT void free(void *p) {
-    if (TRACING()) {
-        trace_free(p);
+/* px_malloc's refill (h: tl.fast, cl: the class of size, empty). */
+static HM_NOINLINE void *px_refill(nv_heap_t *h, nv_cls_t *cl, size_t size) {
+    uintptr_t p = stk_pop(h, cl); /* calls nothing */
+    if (hm_likely(p)) return (void *)p;
+    void *q;
+    guard_on();
+    hm_result_t r = alloc_refill(h, (unsigned)(cl - h->cls), &q);
+    tl_guard = 0;
+    tl.fast = h;
+    return hm_likely(r == HM_SUCCESS) ? q : px_malloc_other(size);
+}
+
+/* Every malloc the fast entry does not serve: a size of a class beyond
+ * NV_FAST_MAX on tl.fast, else recorded or not, then arm. */
+static HM_NOINLINE void *px_malloc_slow(size_t size) {
+    nv_heap_t *h = tl.fast;
+    if (h && size - 1 < h->nv->class_limit) { /* size > NV_FAST_MAX */
+        nv_cls_t *cl = &h->cls[cls_of_big(size)];
+        uint64_t b = cl_bits(cl);
+        if (hm_likely(b)) return (void *)alloc_word(h, cl, b);
+        uintptr_t p = alloc_pop(cl);
+        if (hm_likely(p)) return (void *)p;
+        return px_refill(h, cl, size);
+    }
+    tl.fast = NULL; /* impl_malloc's refill sets the guard directly */
+    void *p = TRACING() ? trace_malloc(size) : impl_malloc(size);
+    px_arm();
+    return p;
+}
+
+HM_INLINE void *px_malloc(size_t size) {
+    nv_heap_t *h = tl.fast;
+    /* size - 1 wraps for 0, which takes the slow entry. */
+    if (hm_likely(h != NULL) && hm_likely(size - 1 < NV_FAST_MAX)) {
+        nv_cls_t *cl = (nv_cls_t *)((char *)h + (hm__nv_cls_at8 + 1)[(size - 1) >> 3]);
+        uint64_t b = cl_bits(cl);
+        if (hm_likely(b)) return (void *)alloc_word(h, cl, b);
+        uintptr_t p = alloc_pop(cl);
+        if (hm_likely(p)) return (void *)p;
+        return px_refill(h, cl, size);
+    }
+    return px_malloc_slow(size);
+}
+
+static HM_NOINLINE void px_free_slow(void *p) {
+    if (TRACING()) trace_free(p);
+    else impl_free(p);
+    px_arm();
+}
+
+/* hm__native_free's paths on tl.fast, remote frees included (NV_FREE_PX):
+ * every case beyond them goes, with nothing changed, to px_free_other
+ * (which refuses a double free, frees into the pool or gives glibc its
+ * pointer). */
+HM_INLINE void px_free(void *p) {
+    nv_heap_t *me = tl.fast;
+    if (hm_unlikely(me == NULL)) {
+        px_free_slow(p);
         return;
     }
-    impl_free(p);
+    /* The block allocated last (free_impl): a NULL p matches only while
+     * `last` is 0, and then changes nothing. */
+    if (me->last == (uintptr_t)p) {
+        nv_cls_t *cl = me->last_cl;
+        uint64_t bit = me->last_bit, b = cl_bits(cl);
+        if (hm_unlikely(b & bit)) {
+            (void)px_free_other(p);
+            return;
+        }
+        cl_set(cl, b | bit);
+        return;
+    }
+    uintptr_t roff = (uintptr_t)p - me->r_key;
+    if (roff < me->r_span) {
+        (void)free_cached_px(g_state, p, me, roff, px_free_other);
+        return;
+    }
+    (void)free_general(g_state, p, me, NV_FREE_PX, px_free_other, NV_PF_HOST);
 }
 
-EXPORT void *calloc(size_t n, size_t size) {
-    if (TRACING()) return trace_calloc(n, size);
-    return impl_calloc(n, size);
+static HM_NOINLINE void *px_calloc_slow(size_t n, size_t size) {
+    void *p = TRACING() ? trace_calloc(n, size) : impl_calloc(n, size);
+    px_arm();
+    return p;
 }
 
-EXPORT void *realloc(void *p, size_t size) {
-    if (TRACING()) return trace_realloc(p, size);
-    return impl_realloc(p, size);
+static HM_NOINLINE void *px_realloc_slow(void *p, size_t size) {
+    tl.fast = NULL; /* impl_realloc's malloc may refill with the guard set directly */
+    void *q = TRACING() ? trace_realloc(p, size) : impl_realloc(p, size);
+    px_arm();
+    return q;
 }
+
+/* realloc of a block of one of the pool's slabs, to a size that is not 0:
+ * impl_realloc's rule (kept if the size is at most the block's and at
+ * least half of it), through the fast entries; anything else is
+ * impl_realloc's. */
+HM_INLINE void *px_realloc(void *p, size_t size) {
+    if (hm_likely(tl.fast != NULL) && hm_likely(size != 0)) {
+        nv_slab_t *s = map_get(g_state, p); /* NULL for p NULL */
+        uint32_t idx;
+        if (hm_likely(s != NULL) && hm_likely(block_index(s, p, &idx))) {
+            size_t old = s->bsize;
+            if (size <= old && size >= old / 2) return p;
+            void *q = px_malloc(size);
+            if (hm_unlikely(q == NULL)) return NULL;
+            memcpy(q, p, old < size ? old : size);
+            px_free(p);
+            return q;
+        }
+    }
+    return px_realloc_slow(p, size);
+}
+
+HM_INLINE void *px_calloc(size_t n, size_t size) {
+    size_t total;
+    if (hm_likely(tl.fast != NULL) && !__builtin_mul_overflow(n, size, &total)) {
+        void *p = px_malloc(total);
+        if (hm_likely(p != NULL)) memset(p, 0, total);
+        return p;
+    }
+    return px_calloc_slow(n, size);
+}
+
+/* ---- the exported family: malloc, free and calloc through the fast entries; the others
+ * one predictable branch when not recording ---- */
+
+EXPORT void *malloc(size_t size) { return px_malloc(size); }
+
+EXPORT void free(void *p) { px_free(p); }
+
+EXPORT void *calloc(size_t n, size_t size) { return px_calloc(n, size); }
+
+EXPORT void *realloc(void *p, size_t size) { return px_realloc(p, size); }
 
 EXPORT int posix_memalign(void **out, size_t align, size_t size) {
     if (TRACING()) return trace_posix_memalign(out, align, size);

@@ -4,7 +4,7 @@
  * across threads, and the shell. Also: programs that fork under the proxy,
  * whose children go on running (bash $(...)), with the heap private and in
  * shared memory (HM_PROXY=shared). And each entry point of the family as a
- * program's first call.
+ * program's first call, and frees the pool must refuse (double, interior).
  * Skipped in sanitizer builds (the sanitizers own malloc).
  * SPDX-License-Identifier: MIT */
 #include "harness.h"
@@ -109,6 +109,14 @@ int main(void) {
         snprintf(label, sizeof label, "first call %s, shared heap", first[i]);
         snprintf(cmd, sizeof cmd, "HM_PROXY=shared %s %s", HM_FIRST_CALL_PROG, first[i]);
         same(label, cmd);
+    }
+    /* Frees the pool refuses (under the proxy only: glibc aborts on them). */
+    {
+        int st = -1;
+        char *out = run(HM_SAFETY_PROG " 2>/dev/null", 1, &st);
+        CHECK_MSG(out && st == 0 && strcmp(out, "ok\n") == 0,
+                  "refused frees: exit status %d, output %.200s", st, out ? out : "(none)");
+        free(out);
     }
     if (system("bash -c true >/dev/null 2>&1") == 0) {
         same("bash $(...), shared heap",

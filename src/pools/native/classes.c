@@ -53,7 +53,7 @@ HM_INLINE uintptr_t thread_tp(void) {
 }
 
 /* Thread state: the alloc fast path reads tl.id/tl.heap only. */
-static __thread nv_tls_t tl;
+static NV_TLS nv_tls_t tl;
 
 static void tl_destructor(void *arg);
 

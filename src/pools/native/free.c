@@ -7,11 +7,23 @@
 /* ------------------------------------------------------------------------ */
 /* Free                                                                     */
 
-HM_RUN static hm_result_t free_block(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
-    if (s->owner == h) return free_own(s, idx);
+/* remote_free with its statistics (the case remote_free_quick leaves). */
+HM_RUN static HM_NOINLINE hm_result_t free_remote_slow(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
     hm_result_t r = remote_free(h, s, idx);
     if (r == HM_SUCCESS) stat_add_i(&h->st_bytes, -(int64_t)s->bsize);
     return r;
+}
+
+/* Block idx of s, another heap's, freed by h's thread: a leaf but for
+ * the tail call of the slow case. */
+HM_RUN static HM_NOINLINE hm_result_t free_remote(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
+    if (hm_likely(remote_free_quick(h, s, idx))) return HM_SUCCESS;
+    return free_remote_slow(h, s, idx);
+}
+
+HM_RUN static hm_result_t free_block(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
+    if (s->owner == h) return free_own(s, idx);
+    return free_remote(h, s, idx);
 }
 
 /* quiet: a pointer that is not the pool's returns HM_ERROR_NOT_FOUND
@@ -77,28 +89,13 @@ static HM_NOINLINE hm_result_t free_double_last(nv_pool_t *nv, void *p) {
  * pointer that is not the pool's (hm__native_free_owned); the fast paths
  * only (hm__native_free): every case that may call malloc or free (a slow
  * path, a slab going back to the pool, an error) goes, before changing
- * anything, to hm__native_free's other. */
-enum { NV_FREE_OP, NV_FREE_QUIET, NV_FREE_FAST };
-#define NV_EXIT(mode, call) ((mode) == NV_FREE_FAST ? other(p) : (call))
+ * anything, to hm__native_free's other; the same with remote frees made in
+ * place (the malloc replacement's entry on its own heap, src/preload: a
+ * remote free calls no malloc or free, only the depot lock and the metadata
+ * mappings' mmap). */
+enum { NV_FREE_OP, NV_FREE_QUIET, NV_FREE_FAST, NV_FREE_PX };
+#define NV_EXIT(mode, call) ((mode) >= NV_FREE_FAST ? other(p) : (call))
 
-/* free_general's free of block p of s, the caller's, in the word of s
- * being handed out (s is its class's current slab): that word's free
- * blocks are in the class word, or, freed since it was taken, in s->bits
- * (nv_cls), so its double-free test reads both; then the block goes into
- * the bitmap and onto the stack like any other (s is current: no state
- * change). mode, other: as free_general's. */
-HM_RUN static HM_NOINLINE hm_result_t free_cur_word(nv_slab_t *s, uintptr_t p, int mode,
-                                             nv_other_fn other) {
-    nv_cls_t *cl = s->cl;
-    uint32_t idx = slab_idx(s, p - s->base), w = idx >> 6;
-    uint64_t bit = (uint64_t)1 << (idx & 63), x = s->bits[w];
-    if (hm_unlikely((x | cl_bits(cl)) & bit)) 
-        return mode == NV_FREE_FAST ? other((void *)p) : double_free(s, idx);
-    s->bits[w] = x | bit;
-    s->nfree++;
-    stk_push(cl, s, p, idx);
-    return HM_SUCCESS;
-}
 
 /* free_own() inlined with the ownership test, which compares the slab's
  * owner with the caller's heap found by thread pointer (no TLS access);
@@ -117,20 +114,35 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
     /* Ownership: the owner heap is the caller's (found by thread pointer;
      * no load of the owner's fields). */
     nv_heap_t *h = s->owner;
-    if (hm_unlikely(h != me)) return NV_EXIT(mode, free_other(nv, s, p, me, idx));
+    if (hm_unlikely(h != me))
+        return mode == NV_FREE_FAST ? other(p)
+               : mode == NV_FREE_PX ? free_remote(me, s, idx) /* me: the caller's heap */
+                                    : free_other(nv, s, p, me, idx);
     uint32_t w = idx >> 6;
     /* No branch on whether s is the current slab: that is a coin toss when
      * a class's live blocks span two slabs (random frees of small
      * classes), and a mispredicted branch here waits for the page-map
      * chain (cachegrind --branch-sim: 0.5 mispredictions per op on random
-     * 8-128, all on that test). So a block of the word being handed out
-     * goes into the slab's bitmap and onto the stack like any other (see
-     * nv_cls); only its double-free test, which also reads the class word,
-     * is apart (free_cur_word). That branch is rarely taken, a word of 64
-     * blocks among a class's live blocks (s->cur_word names the word only
-     * while s is current); the transition test reads is_cur, which rules
-     * out the current slab. */
-    if (hm_unlikely(w == s->cur_word)) return free_cur_word(s, (uintptr_t)p, mode, other);
+     * 8-128, all on that test). So the only test is whether the block is
+     * of the word being handed out (its block goes back into the
+     * class word): with random frees that is a word of 64 blocks among a
+     * class's live blocks (s->cur_word names the word only while s is
+     * current); the transition test reads is_cur, which rules out the
+     * current slab. */
+    /* A block of the word of s being handed out (s is its class's current
+     * slab) goes back into the class word, so that the next allocations of
+     * the class take it again without a stack push and pop (short-lived
+     * blocks and nested temporaries freed in reverse are mostly of that
+     * word). Its double-free test reads the class word and s->bits[w], as
+     * every test of a block of that word (nv_cls). No state change. */
+    if (w == s->cur_word) {
+        nv_cls_t *cl = s->cl;
+        uint64_t bit = (uint64_t)1 << (idx & 63), b = cl_bits(cl);
+        if (hm_unlikely((s->bits[w] | b) & bit))
+            return NV_EXIT(mode, double_free_at(s, (uintptr_t)p));
+        cl_set(cl, b | bit);
+        return HM_SUCCESS;
+    }
     /* Past the ownership test only p, s and what follows from them stay
      * live (the exits recompute idx; h is s->owner), so that the path
      * needs no callee-saved registers. */
@@ -141,7 +153,7 @@ HM_INLINE hm_result_t free_general(nv_pool_t *nv, void *p, nv_heap_t *me, int mo
     /* (!(in_partial | is_cur) || n == nblocks) && !is_cur, in one compare
      * (nv_slab.tr). */
     if (hm_unlikely(n >= s->tr))
-        return free_transition(s, (uintptr_t)p, mode == NV_FREE_FAST ? other : NULL);
+        return free_transition(s, (uintptr_t)p, mode >= NV_FREE_FAST ? other : NULL);
     s->bits[w] = x; /* the bit set above */
     s->nfree = n;
     nv_sent_t *t = stk_top(cl) - 1;
@@ -200,6 +212,13 @@ HM_RUN static HM_NOINLINE hm_result_t free_cached_fast(nv_pool_t *nv, void *p, n
     if (hm_likely(cached_free(me, roff))) return HM_SUCCESS;
     return free_general_out(nv, p, me, NV_FREE_FAST, other);
 }
+#ifdef HM_NATIVE_PRELOAD /* the malloc replacement's (NV_FREE_PX) */
+HM_RUN static HM_NOINLINE hm_result_t free_cached_px(nv_pool_t *nv, void *p, nv_heap_t *me,
+                                              uintptr_t roff, nv_other_fn other) {
+    if (hm_likely(cached_free(me, roff))) return HM_SUCCESS;
+    return free_general_out(nv, p, me, NV_FREE_PX, other);
+}
+#endif
 
 /* free_impl past the block allocated last: me is the caller's heap, or
  * &by_tp_nobody (whose r_span is 0). */

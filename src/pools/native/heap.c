@@ -234,6 +234,7 @@ HM_RUN static void tl_destructor(void *arg) {
     tl.bindings = NULL;
     tl.id = 0;
     tl.heap = NULL;
+    tl.fast = NULL;
     tl.dead = 1;
     hm__mutex_unlock(&g_lock);
 }

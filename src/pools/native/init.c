@@ -99,6 +99,7 @@ static void nv_fini(void *state) {
     if (tl.id == nv->id) {
         tl.id = 0;
         tl.heap = NULL;
+        tl.fast = NULL;
     }
 
     hm_pool_stats_t st;

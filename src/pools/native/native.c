@@ -78,8 +78,11 @@
  *   lines of the classes it uses; a producer reuses the lowest blocks its
  *   consumers free (take_word), and a slab taken in a brief overflow gives
  *   way to one that empties with more of its pages used (slab_transition).
- * - The malloc replacement calls the fast paths directly
- *   (hm__native_malloc/hm__native_free): they call nothing, so its
+ * - The malloc replacement (src/preload/preload.c) compiles this file into
+ *   its own translation unit (HM_NATIVE_PRELOAD: initial-exec TLS), so that
+ *   its malloc, free, calloc and realloc inline the fast paths on the
+ *   thread's heap (tl.fast, one load); its slow entries call
+ *   hm__native_malloc/hm__native_free. The fast paths call nothing, so its
  *   recursion guard is set only around what may call malloc.
  * - Thread exit: a pthread key destructor abandons the thread's heaps; a
  *   thread that starts using the pool adopts one. Heaps live until the pool
@@ -115,10 +118,22 @@
  * descriptors (-mtls-dialect=gnu2) where the compiler has them, which make an
  * access to a module loaded at start-up as cheap as initial-exec (one call
  * to a two-instruction resolver). One struct: one address computation per
- * function. */
+ * function. The malloc replacement, which is only ever preloaded, compiles
+ * this file with HM_NATIVE_PRELOAD: initial-exec, one load from the thread
+ * pointer and no call. */
+#ifdef HM_NATIVE_PRELOAD
+#define NV_TLS __thread __attribute__((tls_model("initial-exec")))
+#else
+#define NV_TLS __thread
+#endif
 typedef struct nv_tls {
     uint64_t id;           /* pool id of `heap` (one-entry cache) */
     nv_heap_t *heap;       /* this thread's heap in that pool */
+    /* The malloc replacement's (src/preload/preload.c, which compiles this
+     * file into its own translation unit): this thread's heap in its pool
+     * while its fast entries may use it, else NULL. The pool only clears
+     * it, with `heap` (the heap abandoned, the pool destroyed). */
+    nv_heap_t *fast;
     nv_binding_t *bindings;
     int dead;              /* the heap destructor ran: use the orphan heaps */
     int first_used;        /* `first` is in use (binding_new_locked) */

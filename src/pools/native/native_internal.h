@@ -135,10 +135,9 @@ _Static_assert((NV_STACK_BYTES & (NV_STACK_BYTES - 1)) == 0 && NV_STACK_BYTES <=
 
 /* Per heap and size class. `bits` are free blocks of word `word` of `cur`
  * taken out of cur->bits; the fast path hands them out. Blocks of that word
- * come back into `bits` only as the block allocated last (nv_heap.last) or
- * through a remote free; the owner's other frees of them go into
- * cur->bits[word] and onto the stack like any other, so a free's double-free
- * test of such a block reads both words.
+ * come back into `bits` (the owner's frees, the block allocated last,
+ * nv_heap.last, among them, and remote frees drained); a free's
+ * double-free test of such a block reads both `bits` and cur->bits[word].
  * The free-block stack (host memory) holds blocks the owner freed into
  * slab bitmaps (not into the class word): the next allocation of the class
  * that finds `bits` empty pops the newest one (the LIFO reuse of tcmalloc's

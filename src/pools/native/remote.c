@@ -213,6 +213,60 @@ oom:
     return HM_ERROR_OUT_OF_HOST_MEMORY;
 }
 
+/* remote_free's common case, which calls nothing (so that its caller
+ * needs no stack frame): the free joins an outgoing batch that exists, with
+ * room for its entry, and neither publishes that batch nor reaches the
+ * flush bound; its bytes leave h's statistics. 0: not that case (or a
+ * double free in the batch), and nothing changed but the cached entry
+ * settled (out_settle, which remote_free repeats harmlessly): the caller
+ * calls remote_free. */
+HM_INLINE int remote_free_quick(nv_heap_t *h, nv_slab_t *s, uint32_t idx) {
+    nv_heap_t *dest = s->owner;
+    size_t i = out_slot(dest);
+    nv_out_t *o = &h->out[i];
+    if (!o->b || o->dest != dest) {
+        o = &h->out[i ^ 1];
+        if (!o->b || o->dest != dest) return 0;
+    }
+    uint32_t bsize = s->bsize, sub = idx & 63;
+    uint32_t units = hm_likely(bsize <= 1024) ? 1 : 1 + flush_extra(bsize);
+    out_settle(h);
+    nv_batch_t *b = o->b;
+    uint32_t nfrees = b->nfrees + 1, pending = h->out_pending + units;
+    const uint32_t cap = h->nv->batch_cap;
+    if (hm_unlikely(nfrees >= cap || pending >= NV_FLUSH_EVERY)) return 0;
+    uint64_t bit = (uint64_t)1 << sub;
+    uintptr_t wbase = s->base + (uintptr_t)(idx - sub) * bsize;
+    uint8_t *ix = &o->ix[(size_t)((wbase * 0x9E3779B97F4A7C15ull) >> 59) & (NV_OUT_IX - 1)];
+    uint32_t k = (uint32_t)*ix - 1; /* UINT32_MAX: none */
+    nv_rent_t *e;
+    if (k < b->count && (e = &b->ent[k])->wbase == wbase) {
+        if (hm_unlikely(e->mask & bit)) return 0;
+        e->mask |= bit;
+    } else {
+        if (hm_unlikely(b->count == b->cap)) return 0;
+        e = &b->ent[b->count++];
+        e->wbase = wbase;
+        e->mask = bit;
+        *ix = (uint8_t)b->count;
+    }
+    b->nfrees = nfrees;
+    h->out_pending = pending;
+    if (hm_likely(bsize <= 1024)) { /* the entry becomes the cached one: see remote_free */
+        uint32_t left = cap - nfrees, fl = NV_FLUSH_EVERY - pending;
+        uint32_t rest = s->nblocks - (idx - sub);
+        h->r_key = wbase;
+        h->r_span = (uintptr_t)(rest < 64 ? rest : 64) * bsize;
+        h->r_magic = (s->magic >> 32) + 1; /* see cached_free */
+        h->r_bsize = bsize;
+        h->r_ent = e;
+        h->r_b = b;
+        h->r_left = h->r_base = left < fl ? left : fl;
+    }
+    stat_add_i(&h->st_bytes, -(int64_t)bsize);
+    return 1;
+}
+
 /* Free the blocks of mask (bits of word w of s, a slab of h) into h, as
  * free_own does block by block: a bit already free is a double free (logged,
  * skipped). Returns 1 if s may have gone back to the pool (the caller must
@@ -233,8 +287,8 @@ HM_INLINE int drain_word(nv_heap_t *h, nv_slab_t *s, uint32_t w, uint64_t mask) 
     uint64_t dup;
     int gone = 0;
     if (s == cl->cur && w == cl->word) {
-        /* Free bits of the word are in the class word or, freed by the
-         * owner since it was taken, in s->bits[w] (free_general). */
+        /* Free bits of the word are in the class word (nv_cls: the test
+         * reads s->bits[w] too). */
         uint64_t b = cl_bits(cl);
         dup = (b | s->bits[w]) & mask;
         cl_set(cl, b | (mask & ~dup));

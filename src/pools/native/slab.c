@@ -493,8 +493,8 @@ HM_INLINE hm_result_t free_own(nv_slab_t *s, uint32_t idx) {
     uint32_t w = idx >> 6;
     uint64_t bit = (uint64_t)1 << (idx & 63);
     if (s == cl->cur && w == cl->word) {
-        /* The word's blocks freed since it was taken are in s->bits[w]
-         * (free_general): a double free may be found there too. */
+        /* The word's free blocks are in the class word; the double-free
+         * test reads s->bits[w] too, as every test of the word (nv_cls). */
         uint64_t b = cl_bits(cl);
         if (hm_unlikely((b | s->bits[w]) & bit)) return double_free(s, idx);
         cl_set(cl, b | bit);
