@@ -142,9 +142,13 @@ steps=$(( ${#micro[@]} + 3 * ${#peers[@]} + 1 + 1 + ${#traces[@]} + 1 + 1 ))
 # --- 1. harness benchmarks ---
 for n in "${micro[@]}"; do
   progress "$n"
-  if ! env "${gpu_env[@]}" "$bin/$n" "${harness_args[@]}" --csv "$tmp/$n.csv" >"$tmp/$n.out" 2>&1; then
-    rc=$?
-    if [ $rc -eq 77 ]; then echo "  $n: skipped" >&2; else failed+=("$n"); tail -n 20 "$tmp/$n.out" >&2; fi
+  rc=0
+  env "${gpu_env[@]}" "$bin/$n" "${harness_args[@]}" --csv "$tmp/$n.csv" >"$tmp/$n.out" 2>&1 || rc=$?
+  if [ $rc -eq 77 ]; then
+    echo "  $n: skipped: $(tail -n 1 "$tmp/$n.out")" >&2
+  elif [ $rc -ne 0 ]; then
+    failed+=("$n")
+    tail -n 20 "$tmp/$n.out" >&2
   fi
   # bench_native and bench_numa call their libc baseline "malloc".
   printf '%s\tmalloc\tglibc\t0\n' "$tmp/$n.csv" >>"$manifest"
@@ -181,7 +185,7 @@ fi
 # --- 2. whole programs ---
 exec_args=(--repeats 5 --warmup 1)
 [ $quick = 1 ] && exec_args=(--repeats 1 --warmup 0)
-progress "whole programs (${#programs[@]}) under ${#alloc_args[@]} allocators"
+progress "whole programs (${#programs[@]}) under $(( ${#alloc_args[@]} / 2 )) allocators"
 cases=()
 for p in "${programs[@]}"; do cases+=(--case "$p"); done
 if ! "$bin/bench_exec" --quiet --suite programs "${exec_args[@]}" "${alloc_args[@]}" \
