@@ -191,6 +191,7 @@ set grid ytics
 set key top left
 set yrange [0:*]
 set bmargin 12
+set rmargin 10
 plot "ratio.dat" using 2:xtic(1) title "÷ best peer", "" using 3 title "÷ glibc", 1 with lines lw 2 lc rgb "black" title "equal"
 """, tmp)
             made.append(out)
