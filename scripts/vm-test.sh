@@ -211,7 +211,21 @@ mount -t tmpfs -o size=512m tmpfs /ovl && mkdir /ovl/upper /ovl/work &&
   mount -t overlay overlay -o lowerdir=/host,upperdir=/ovl/upper,workdir=/ovl/work /newroot ||
   fail "overlay over the host's root"
 for d in proc sys dev; do mount --bind /$d /newroot/$d || fail "bind /$d"; done
+# A checkout or build under the host's /tmp stays visible under the guest's
+# tmpfs /tmp: its top folder is bound back in (through the overlay).
+keep=
+for d in "$HM_VM_ROOT" "$HM_VM_BUILD"; do
+  case "$d" in /tmp/?*) t=${d#/tmp/}; keep="$keep ${t%%/*}" ;; esac
+done
+for t in $keep; do
+  [ -d /keep/$t ] && continue
+  mkdir -p /keep/$t && mount --bind /newroot/tmp/$t /keep/$t || fail "keep /tmp/$t"
+done
 mount -t tmpfs -o size=256m tmpfs /newroot/tmp || fail "tmpfs /tmp"
+for t in $keep; do
+  [ -d /newroot/tmp/$t ] && continue
+  mkdir -p /newroot/tmp/$t && mount --bind /keep/$t /newroot/tmp/$t || fail "bind /tmp/$t"
+done
 
 # NVDIMMs: each a region with one raw namespace; labels make namespaces.
 ndctl disable-region all >/dev/null 2>&1
@@ -262,6 +276,7 @@ INIT
 chmod 755 "$ird/init"
 {
   printf 'HM_VM_BUILD=%q\n' "$build"
+  printf 'HM_VM_ROOT=%q\n' "$root"
   printf 'HM_VM_CTEST_ARGS=%q\n' "${ctest_args[*]}"
   printf 'HM_VM_TEST_ENV=%q\n' "${HM_VM_TEST_ENV:-}"
   printf 'HM_VM_KMEM=%q\n' "${HM_VM_KMEM:-1}"
