@@ -10,12 +10,8 @@
 #define MEDIUM 2048
 #define LONG 30000
 
-typedef struct arg {
-    uint64_t ops, seed;
-} arg_t;
-
 static void *work(void *v) {
-    arg_t *a = v;
+    prog_arg_t *a = v;
     prog_rng_t r;
     prog_rng_init(&r, a->seed);
     void **med = calloc(MEDIUM, sizeof(void *)), **lng = calloc(LONG, sizeof(void *));
@@ -62,9 +58,5 @@ static void *work(void *v) {
 int main(int argc, char **argv) {
     prog_opts_t o = {.threads = 1, .ops = 10000000, .seed = 1};
     prog_parse(argc, argv, &o, "mixed small sizes and lifetimes, some realloc growth");
-    arg_t *a = prog_xmalloc(o.threads * sizeof(*a));
-    for (unsigned i = 0; i < o.threads; i++) a[i] = (arg_t){o.ops, o.seed + i};
-    prog_run_threads(o.threads, work, a, sizeof(*a));
-    free(a);
-    return 0;
+    return prog_run_alike(&o, work);
 }

@@ -105,4 +105,19 @@ static inline void prog_run_threads(unsigned n, void *(*fn)(void *), void *args,
     free(t);
 }
 
+/* The per-thread arguments of a program whose threads are alike: the
+ * operations to do and the thread's own seed (o->seed + its index). */
+typedef struct prog_arg {
+    uint64_t ops, seed;
+} prog_arg_t;
+
+/* Run fn on o->threads threads, each given its prog_arg_t; returns main's 0. */
+static inline int prog_run_alike(const prog_opts_t *o, void *(*fn)(void *)) {
+    prog_arg_t *a = prog_xmalloc(o->threads * sizeof(*a));
+    for (unsigned i = 0; i < o->threads; i++) a[i] = (prog_arg_t){o->ops, o->seed + i};
+    prog_run_threads(o->threads, fn, a, sizeof(*a));
+    free(a);
+    return 0;
+}
+
 #endif

@@ -4,12 +4,8 @@
  * SPDX-License-Identifier: MIT */
 #include "prog.h"
 
-typedef struct arg {
-    uint64_t ops, seed;
-} arg_t;
-
 static void *work(void *v) {
-    arg_t *a = v;
+    prog_arg_t *a = v;
     prog_rng_t r;
     prog_rng_init(&r, a->seed);
     for (uint64_t i = 0; i < a->ops; i++) {
@@ -24,9 +20,5 @@ static void *work(void *v) {
 int main(int argc, char **argv) {
     prog_opts_t o = {.threads = 1, .ops = 20000000, .seed = 1};
     prog_parse(argc, argv, &o, "malloc+free of random sizes 1..512, freed at once");
-    arg_t *a = prog_xmalloc(o.threads * sizeof(*a));
-    for (unsigned i = 0; i < o.threads; i++) a[i] = (arg_t){o.ops, o.seed + i};
-    prog_run_threads(o.threads, work, a, sizeof(*a));
-    free(a);
-    return 0;
+    return prog_run_alike(&o, work);
 }

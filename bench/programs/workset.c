@@ -7,12 +7,8 @@
 
 #define LIVE 20000
 
-typedef struct arg {
-    uint64_t ops, seed;
-} arg_t;
-
 static void *work(void *v) {
-    arg_t *a = v;
+    prog_arg_t *a = v;
     prog_rng_t r;
     prog_rng_init(&r, a->seed);
     void **s = prog_xmalloc(LIVE * sizeof(*s));
@@ -36,9 +32,5 @@ static void *work(void *v) {
 int main(int argc, char **argv) {
     prog_opts_t o = {.threads = 2, .ops = 10000000, .seed = 1};
     prog_parse(argc, argv, &o, "per-thread working set of 20000 random blocks 8..2048");
-    arg_t *a = prog_xmalloc(o.threads * sizeof(*a));
-    for (unsigned i = 0; i < o.threads; i++) a[i] = (arg_t){o.ops, o.seed + i};
-    prog_run_threads(o.threads, work, a, sizeof(*a));
-    free(a);
-    return 0;
+    return prog_run_alike(&o, work);
 }
