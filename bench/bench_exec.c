@@ -28,6 +28,8 @@
  * nanoseconds per program run, or the program's own metric. Exits 1 when a
  * run fails (non-zero status or a signal; its output's tail is printed). */
 #define _GNU_SOURCE
+#include "harness.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -187,20 +189,6 @@ static int run_once(const alloc_t *a, const kase_t *k, sample_t *s) {
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
-}
-
-static void csv_str(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"') fputc('"', f);
-        fputc(*s, f);
-    }
-    fputc('"', f);
-}
-
-static void csv_num(FILE *f, double x) {
-    if (isnan(x)) fputc(',', f);
-    else fprintf(f, ",%.4f", x);
 }
 
 static void usage(FILE *f) {
@@ -367,23 +355,23 @@ int main(int argc, char **argv) {
         for (int c = 0; c < nc; c++)
             for (int j = 0; j < na; j++) {
                 const result_t *x = &res[c * na + j], *s0 = &res[c * na];
-                csv_str(f, suite);
+                hm_bench_csv_str(f, suite);
                 fputc(',', f);
-                csv_str(f, cases[c].name);
+                hm_bench_csv_str(f, cases[c].name);
                 fputc(',', f);
-                csv_str(f, allocs[j].name);
+                hm_bench_csv_str(f, allocs[j].name);
                 fprintf(f, ",%s,%s,1,1,%d", j ? "baseline" : "subject",
                         x->failed ? "failed" : "ok", x->n);
                 if (x->failed) {
                     fputs(",,,,,", f);
                 } else {
-                    csv_num(f, x->median);
-                    csv_num(f, x->min);
-                    csv_num(f, x->max);
-                    csv_num(f, x->cpus);
-                    csv_num(f, s0->failed ? NAN : s0->median / x->median);
+                    hm_bench_csv_num(f, x->median);
+                    hm_bench_csv_num(f, x->min);
+                    hm_bench_csv_num(f, x->max);
+                    hm_bench_csv_num(f, x->cpus);
+                    hm_bench_csv_num(f, s0->failed ? NAN : s0->median / x->median);
                 }
-                csv_num(f, run_cpus);
+                hm_bench_csv_num(f, run_cpus);
                 fprintf(f, ",%ld\n", x->failed ? 0L : x->rss_kib);
             }
         if (fclose(f)) {

@@ -337,7 +337,7 @@ static const char *status_name(int st) {
     return st == ST_OK ? "ok" : st == ST_SKIPPED ? "skipped" : "failed";
 }
 
-static void csv_field(FILE *f, const char *s) {
+void hm_bench_csv_str(FILE *f, const char *s) {
     fputc('"', f);
     for (; *s; s++) {
         if (*s == '"') fputc('"', f);
@@ -346,7 +346,7 @@ static void csv_field(FILE *f, const char *s) {
     fputc('"', f);
 }
 
-static void csv_num(FILE *f, double x) {
+void hm_bench_csv_num(FILE *f, double x) {
     if (isnan(x))
         fputs(",", f);
     else
@@ -363,20 +363,20 @@ static int write_csv(const hm_bench_t *b, double run_cpus) {
                "min_ns_per_op,max_ns_per_op,effective_cpus,subject_over_impl,run_effective_cpus\n");
     for (size_t i = 0; i < b->n; i++) {
         const result_t *r = &b->res[i];
-        csv_field(f, b->suite);
+        hm_bench_csv_str(f, b->suite);
         fputc(',', f);
-        csv_field(f, r->case_name);
+        hm_bench_csv_str(f, r->case_name);
         fputc(',', f);
-        csv_field(f, r->impl);
+        hm_bench_csv_str(f, r->impl);
         fprintf(f, ",%s,%s,%llu,%llu,%d", r->subject ? "subject" : "baseline",
                 status_name(r->status), (unsigned long long)r->ops_per_iter,
                 (unsigned long long)r->iters, r->repeats);
-        csv_num(f, r->median);
-        csv_num(f, r->min);
-        csv_num(f, r->max);
-        csv_num(f, r->cpus);
-        csv_num(f, r->ratio);
-        csv_num(f, run_cpus);
+        hm_bench_csv_num(f, r->median);
+        hm_bench_csv_num(f, r->min);
+        hm_bench_csv_num(f, r->max);
+        hm_bench_csv_num(f, r->cpus);
+        hm_bench_csv_num(f, r->ratio);
+        hm_bench_csv_num(f, run_cpus);
         fputc('\n', f);
     }
     if (fclose(f) != 0) {

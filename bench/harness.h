@@ -41,6 +41,7 @@
 #define HM_BENCH_HARNESS_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 /* One implementation of a workload. */
@@ -84,6 +85,12 @@ int hm_bench_case(hm_bench_t *b, const char *case_name, const void *arg, uint64_
 /* Print the table and the run's effective CPU count, write the CSV, free
  * everything. Returns the exit code for main(): 0, or 1 if anything failed. */
 int hm_bench_finish(hm_bench_t *b);
+
+/* CSV fields as the harness writes them: a quoted string (quotes doubled),
+ * and ",x" with 4 decimals (",": NaN, no value). Also for programs with
+ * tables of their own (bench_exec) that write the same columns. */
+void hm_bench_csv_str(FILE *f, const char *s);
+void hm_bench_csv_num(FILE *f, double x);
 
 /* Keep the compiler from optimising a value (e.g. an allocation) away. */
 static inline void hm_bench_escape(const void *p) { __asm__ volatile("" : : "g"(p) : "memory"); }
