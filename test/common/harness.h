@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,6 +70,20 @@ void hm_test_set_context(const char *context);
         printf("\n");                            \
         fflush(stdout);                          \
         exit(77);                                \
+    } while (0)
+
+/* Run a test phase and print how long it took (a slow phase shows in the
+ * log; nothing is asserted about time). */
+static inline double hm_test_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+#define HM_TEST_PHASE(call)                                    \
+    do {                                                       \
+        double t0_ = hm_test_now();                            \
+        call;                                                  \
+        printf("%-60s %.2f s\n", #call, hm_test_now() - t0_); \
     } while (0)
 
 #endif

@@ -140,34 +140,21 @@ static void test_sync_persistence(void) {
     hm_test_set_context(NULL);
 }
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-#define PHASE(call)                                    \
-    do {                                               \
-        double t0_ = now();                            \
-        call;                                          \
-        printf("%-50s %.2f s\n", #call, now() - t0_); \
-    } while (0)
-
 int main(void) {
     const char *base = getenv("HM_TEST_DAX_DIR");
     if (!base || !*base)
         HM_TEST_SKIP("HM_TEST_DAX_DIR is not set (no DAX file system to test MAP_SYNC on)");
     snprintf(dir, sizeof(dir), "%s/hm-map-sync-XXXXXX", base);
     REQUIRE(mkdtemp(dir));
-    PHASE(test_sync_mapping());
-    PHASE(test_sync_persistence());
+    HM_TEST_PHASE(test_sync_mapping());
+    HM_TEST_PHASE(test_sync_persistence());
     /* Each first write to a page of a MAP_SYNC mapping commits the file
      * system's metadata (that is what MAP_SYNC promises), so the suites stay
      * small: the native pool is tested over device DAX (test_devdax_device). */
     factory_t sync = {.map_sync = 1};
     hm_test_suite_opts_t opts = {.max_alloc = 4 * MIB, .can_free = 1, .threads = 2};
-    PHASE(hm_test_provider_suite("file MAP_SYNC", make_provider, &sync, &opts));
-    PHASE(hm_test_pool_suite("proxy/file MAP_SYNC", make_pool, &sync, &opts));
+    HM_TEST_PHASE(hm_test_provider_suite("file MAP_SYNC", make_provider, &sync, &opts));
+    HM_TEST_PHASE(hm_test_pool_suite("proxy/file MAP_SYNC", make_pool, &sync, &opts));
     CHECK_MSG(rmdir(dir) == 0, "files left behind in %s", dir);
     return hm_test_finish();
 }

@@ -437,42 +437,29 @@ static void test_threads(void) {
     CHECK(!file_exists(path));
 }
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-#define PHASE(call)                                              \
-    do {                                                         \
-        double t0_ = now();                                      \
-        call;                                                    \
-        printf("%-60s %.2f s\n", #call, now() - t0_);           \
-    } while (0)
-
 int main(void) {
     const char *base = getenv("TMPDIR");
     snprintf(dir, sizeof(dir), "%s/hm-file-XXXXXX", base && *base ? base : "/tmp");
     REQUIRE(mkdtemp(dir));
-    PHASE(test_bad_input());
-    PHASE(test_caps());
-    PHASE(test_persistence());
-    PHASE(test_holes());
-    PHASE(test_limits());
-    PHASE(test_ipc_payload());
-    PHASE(test_threads());
+    HM_TEST_PHASE(test_bad_input());
+    HM_TEST_PHASE(test_caps());
+    HM_TEST_PHASE(test_persistence());
+    HM_TEST_PHASE(test_holes());
+    HM_TEST_PHASE(test_limits());
+    HM_TEST_PHASE(test_ipc_payload());
+    HM_TEST_PHASE(test_threads());
 
     factory_t shared = {.vis = HM_FILE_SHARED, .grow = 0};
     factory_t priv = {.vis = HM_FILE_PRIVATE, .grow = 0};
     factory_t small = {.vis = HM_FILE_SHARED, .grow = 64 * KIB};
     hm_test_suite_opts_t opts = {.max_alloc = 8 * MIB, .can_free = 1};
-    PHASE(hm_test_provider_suite("file shared", make_provider, &shared, &opts));
-    PHASE(hm_test_provider_suite("file private", make_provider, &priv, &opts));
-    PHASE(hm_test_provider_suite("file shared, 64 KiB growth", make_provider, &small, &opts));
-    PHASE(hm_test_pool_suite("proxy/file shared", make_pool, &shared, &opts));
-    PHASE(hm_test_pool_suite("proxy/file private", make_pool, &priv, &opts));
-    PHASE(hm_test_pool_suite("native/file shared", make_native_pool, &shared, &opts));
-    PHASE(hm_test_pool_suite("native/file private", make_native_pool, &priv, &opts));
+    HM_TEST_PHASE(hm_test_provider_suite("file shared", make_provider, &shared, &opts));
+    HM_TEST_PHASE(hm_test_provider_suite("file private", make_provider, &priv, &opts));
+    HM_TEST_PHASE(hm_test_provider_suite("file shared, 64 KiB growth", make_provider, &small, &opts));
+    HM_TEST_PHASE(hm_test_pool_suite("proxy/file shared", make_pool, &shared, &opts));
+    HM_TEST_PHASE(hm_test_pool_suite("proxy/file private", make_pool, &priv, &opts));
+    HM_TEST_PHASE(hm_test_pool_suite("native/file shared", make_native_pool, &shared, &opts));
+    HM_TEST_PHASE(hm_test_pool_suite("native/file private", make_native_pool, &priv, &opts));
     CHECK_MSG(rmdir(dir) == 0, "files left behind in %s", dir);
     return hm_test_finish();
 }
