@@ -855,17 +855,22 @@ static HM_NOINLINE void *px_refill(nv_heap_t *h, nv_cls_t *cl, size_t size) {
     return hm_likely(r == HM_SUCCESS) ? q : px_malloc_other(size);
 }
 
+/* A block of class cl on h: the class word, else the class's stack, else a
+ * refill. */
+HM_INLINE void *px_class_alloc(nv_heap_t *h, nv_cls_t *cl, size_t size) {
+    uint64_t b = cl_bits(cl);
+    if (hm_likely(b)) return (void *)alloc_word(h, cl, b);
+    uintptr_t p = alloc_pop(cl);
+    if (hm_likely(p)) return (void *)p;
+    return px_refill(h, cl, size);
+}
+
 /* Every malloc the fast entry does not serve: a size of a class beyond
  * NV_FAST_MAX on tl.fast, else recorded or not, then arm. */
 static HM_NOINLINE void *px_malloc_slow(size_t size) {
     nv_heap_t *h = tl.fast;
     if (h && size - 1 < h->nv->class_limit) { /* size > NV_FAST_MAX */
-        nv_cls_t *cl = &h->cls[cls_of_big(size)];
-        uint64_t b = cl_bits(cl);
-        if (hm_likely(b)) return (void *)alloc_word(h, cl, b);
-        uintptr_t p = alloc_pop(cl);
-        if (hm_likely(p)) return (void *)p;
-        return px_refill(h, cl, size);
+        return px_class_alloc(h, &h->cls[cls_of_big(size)], size);
     }
     tl.fast = NULL; /* impl_malloc's refill sets the guard directly */
     void *p = TRACING() ? trace_malloc(size) : impl_malloc(size);
@@ -877,12 +882,8 @@ HM_INLINE void *px_malloc(size_t size) {
     nv_heap_t *h = tl.fast;
     /* size - 1 wraps for 0, which takes the slow entry. */
     if (hm_likely(h != NULL) && hm_likely(size - 1 < NV_FAST_MAX)) {
-        nv_cls_t *cl = (nv_cls_t *)((char *)h + (hm__nv_cls_at8 + 1)[(size - 1) >> 3]);
-        uint64_t b = cl_bits(cl);
-        if (hm_likely(b)) return (void *)alloc_word(h, cl, b);
-        uintptr_t p = alloc_pop(cl);
-        if (hm_likely(p)) return (void *)p;
-        return px_refill(h, cl, size);
+        return px_class_alloc(
+            h, (nv_cls_t *)((char *)h + (hm__nv_cls_at8 + 1)[(size - 1) >> 3]), size);
     }
     return px_malloc_slow(size);
 }

@@ -82,6 +82,18 @@ HM_RUN static hm_result_t resolve_params(nv_pool_t *nv, hm_provider_t *prov,
     return HM_SUCCESS;
 }
 
+/* What init makes before any slab or heap: the page map, the metadata
+ * mappings, the locks and the pool state itself. */
+static void nv_free_bare(nv_pool_t *nv) {
+    map_fini(nv);
+    meta_fini(nv);
+    pthread_mutex_destroy(&nv->lock);
+    pthread_mutex_destroy(&nv->large_lock);
+    pthread_mutex_destroy(&nv->depot_lock);
+    pthread_mutex_destroy(&nv->orphan_lock);
+    free(nv);
+}
+
 static void nv_fini(void *state) {
     nv_pool_t *nv = state;
     hm__mutex_lock(&g_lock);
@@ -129,13 +141,7 @@ static void nv_fini(void *state) {
     }
     free(nv->live.e);
     free(nv->lcache);
-    map_fini(nv);
-    meta_fini(nv);
-    pthread_mutex_destroy(&nv->lock);
-    pthread_mutex_destroy(&nv->large_lock);
-    pthread_mutex_destroy(&nv->depot_lock);
-    pthread_mutex_destroy(&nv->orphan_lock);
-    free(nv);
+    nv_free_bare(nv);
 }
 
 HM_RUN static hm_result_t nv_init(hm_pool_t *pool, const void *params, void **state) {
@@ -158,13 +164,7 @@ HM_RUN static hm_result_t nv_init(hm_pool_t *pool, const void *params, void **st
     pthread_mutex_init(&nv->depot_lock, NULL);
     pthread_mutex_init(&nv->orphan_lock, NULL);
     if (map_init(nv) != HM_SUCCESS || !(nv->orphan = heap_carve(nv, META_TOP, &nv->orphan_stk))) {
-        map_fini(nv);
-        meta_fini(nv);
-        pthread_mutex_destroy(&nv->lock);
-        pthread_mutex_destroy(&nv->large_lock);
-        pthread_mutex_destroy(&nv->depot_lock);
-        pthread_mutex_destroy(&nv->orphan_lock);
-        free(nv);
+        nv_free_bare(nv);
         return HM_ERROR_OUT_OF_HOST_MEMORY;
     }
     hm__mutex_lock(&g_lock);
