@@ -73,7 +73,12 @@ typedef enum hm_memory_kind {
 
 HM_API const char *hm_memory_kind_string(hm_memory_kind_t kind);
 
-/* Log levels for HM_LOG=level[,file] and hm_log_set_sink(). */
+/* Log levels for HM_LOG=level[,file] and hm_log_set_sink().
+ * HM_LOG is read with secure_getenv (a set-user-ID program ignores it). Its
+ * file is opened without following a symlink, created mode 0600, and used
+ * only when it is a regular file owned by the effective uid; otherwise lines
+ * stay on stderr. In every line, bytes below 0x20 and 0x7f of the message
+ * are written as \xNN (one line per message, whatever a logged value holds). */
 typedef enum hm_log_level {
     HM_LOG_DEBUG = 0,
     HM_LOG_INFO = 1,

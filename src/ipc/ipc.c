@@ -26,7 +26,7 @@ static pthread_once_t ipc_once = PTHREAD_ONCE_INIT;
 size_t hm__ipc_export_max = 1024;
 
 static size_t env_size(const char *name, size_t dflt) {
-    const char *v = getenv(name);
+    const char *v = secure_getenv(name);
     if (!v || !*v) return dflt;
     char *end;
     errno = 0;

@@ -106,11 +106,11 @@ static void *serve(void *arg) {
 /* ---- share ---- */
 
 static bool want_socket(void) {
-    const char *t = getenv("HM_MPI_TRANSPORT");
+    const char *t = secure_getenv("HM_MPI_TRANSPORT");
     return t && strcmp(t, "socket") == 0;
 }
 static bool force_pidfd(void) {
-    const char *t = getenv("HM_MPI_TRANSPORT");
+    const char *t = secure_getenv("HM_MPI_TRANSPORT");
     return t && strcmp(t, "pidfd") == 0;
 }
 
@@ -287,7 +287,7 @@ hm_result_t hm_mpi_share(MPI_Comm comm, hm_pool_t *pool, void *ptr, hm_mpi_share
             }
         char dir[108] = "";
         if (node_rank == 0) {
-            const char *tmp = getenv("TMPDIR");
+            const char *tmp = secure_getenv("TMPDIR");
             snprintf(dir, sizeof(dir), "%s/hm-mpi-XXXXXX", tmp && *tmp ? tmp : "/tmp");
             if (!mkdtemp(dir)) dir[0] = '\0';
         }

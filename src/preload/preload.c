@@ -123,7 +123,7 @@ static void proxy_init(void) {
     int expect = ST_NONE;
     if (!atomic_compare_exchange_strong(&g_status, &expect, ST_INIT)) return;
     guard_on();
-    const char *opt = getenv("HM_PROXY");
+    const char *opt = secure_getenv("HM_PROXY");
     int shared = opt && strstr(opt, "shared");
     int tracked = shared || (opt && strstr(opt, "tracked"));
     void *state = NULL;
@@ -734,7 +734,7 @@ static HM_NOINLINE int trace_init(void) {
     int guard = tl_guard;
     guard_on(); /* what the set-up allocates is glibc's, and not recorded */
     int st = TR_OFF;
-    const char *path = getenv("HM_PROXY_TRACE");
+    const char *path = secure_getenv("HM_PROXY_TRACE");
     if (path && *path) {
         int fd = trace_open(path);
         hm_trace_header_t h = {.magic = HM_TRACE_MAGIC,
