@@ -12,28 +12,43 @@
  * exporter's memory (process_vm_readv: the same permission pidfd_getfd
  * needs): equal bytes prove every field genuine, the nonce included, and
  * the export still cached by the exporter. Where that read is refused
- * (ptrace denied: the channel transport's case) the importer verifies the
- * format, that the pid names a live process started at the handle's start
- * time (descriptor handles), and what the provider checks of its payload
- * and descriptor; the nonce and the other fields are then taken as given.
- * A repeated open that hits the cache compares the handle with the
- * validated one in every field but the offset (any offset inside the
- * allocation) and the origin.
+ * (ptrace denied: another user, or Yama — the channel transport's case), a
+ * handle whose memory travels as a descriptor is opened only after the
+ * provider has checked that descriptor (the file the handle names, its
+ * kind, its seals, its size: a peer can hand over only what it holds
+ * itself, and the handle cannot point past it); any other handle (GPU
+ * memory by value) is refused with HM_ERROR_PERMISSION unless the program
+ * chose hm_ipc_set_trust(HM_IPC_TRUST_FIELDS). A repeated open that hits
+ * the cache compares the handle with the validated one in every field but
+ * the offset (any offset inside the allocation) and the origin.
+ *
+ * What a handle grants (docs/security.md): the provider allocation that
+ * holds the exported pointer, read and write, and nothing else of the
+ * exporter — with the protection of the importer's own provider (never
+ * executable unless that provider asks for it). A pool carves many blocks
+ * out of one provider allocation, so they travel together: give memory you
+ * share a pool (or provider) of its own. Neither side can shrink shared
+ * OS memory under the other (sealed memfds); a regular file (file
+ * provider) cannot be sealed: see providers/file.h.
  *
  *   exporter                                importer
  *   hm_ipc_get(ptr, &h, &len)    --bytes-->  hm_ipc_open(pool, h, len, &p)
  *   ... hm_ipc_put(h)                        ... hm_ipc_close(p)
  *
  * File descriptors: where the provider's memory is a file (OS provider in
- * HM_OS_SHARED mode: a memfd), the importer needs its own copy of the
- * exporter's descriptor. hm_ipc_open() fetches it with pidfd_open +
- * pidfd_getfd (Linux >= 5.6; same user; the exporter allows it with
- * prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY) where Yama is active, which
- * hetmem does at the first export unless HM_IPC_PIDFD=0). Where that is
- * refused (containers' seccomp, ptrace_scope=2/3, HM_IPC_PIDFD=0) it
- * returns HM_ERROR_PERMISSION or HM_ERROR_NOT_SUPPORTED, and the handle
- * travels with its descriptor over a unix socket instead:
- * hm_ipc_channel_send() / hm_ipc_channel_recv() + hm_ipc_open_fd().
+ * HM_OS_SHARED mode: a memfd; the file and devdax providers), the importer
+ * needs its own copy of the exporter's descriptor; it never opens a path.
+ * hm_ipc_open() fetches it with pidfd_open + pidfd_getfd (Linux >= 5.6;
+ * same user, ptrace access to the exporter). hetmem never changes the
+ * process's ptrace protection by itself: where Yama's ptrace_scope is 1
+ * (Ubuntu's default) an importer that is not the exporter's ancestor needs
+ * the exporter's hm_ipc_allow_importer() (below). Where the fetch is
+ * refused (Yama without that call, ptrace_scope 2/3, another user,
+ * containers' seccomp, HM_IPC_PIDFD=0) it returns HM_ERROR_PERMISSION or
+ * HM_ERROR_NOT_SUPPORTED, and the handle travels with its descriptor over
+ * a unix socket instead — the preferred transport wherever ptrace is
+ * restricted: hm_ipc_channel_send() / hm_ipc_channel_recv() +
+ * hm_ipc_open_fd().
  *
  * Lifetimes:
  *  - hm_ipc_get() returns a handle owned by hetmem's export cache (one
@@ -164,7 +179,12 @@ HM_API hm_result_t hm_ipc_put(hm_ipc_handle_t *handle);
  *                            caches the export (its last put, then a free
  *                            or the cache bound)
  *   HM_ERROR_PERMISSION      the exporter's descriptor cannot be fetched
- *                            (use the channel) */
+ *                            (use the channel), or the handle cannot be
+ *                            verified and carries no descriptor
+ *                            (hm_ipc_set_trust)
+ * A descriptor that is not what the handle names (another file, too short,
+ * a memfd not sealed against shrinking, not a DAX device) is
+ * HM_ERROR_INVALID_HANDLE: nothing is mapped. */
 HM_API hm_result_t hm_ipc_open(hm_pool_t *pool, const hm_ipc_handle_t *handle, size_t size,
                                void **ptr);
 /* The same with the importer's own copy of the handle's descriptor (from
@@ -193,6 +213,40 @@ typedef struct {
 HM_API hm_result_t hm_ipc_handle_info(const hm_ipc_handle_t *handle, size_t size,
                                       hm_ipc_handle_info_t *info);
 
+/* Exporter: let importers use the pidfd transport where Yama restricts
+ * ptrace (ptrace_scope 1). pid > 0 names the one importer process allowed
+ * (prctl(PR_SET_PTRACER, pid): the kernel keeps one per process, so a
+ * later call replaces it); HM_IPC_IMPORTER_ANY allows every process of the
+ * same user (PR_SET_PTRACER_ANY); 0 withdraws. Cost: the process allowed
+ * may then attach to this whole process — read and write all of its memory
+ * and take any of its descriptors, not only exported ones — so name the
+ * importer where you can, and prefer the channel. The declaration is in
+ * force only while this process has exports (its export cache holds at
+ * least one), withdrawn when the cache empties and made again at the next
+ * export; a forked child starts without it (its first export makes it).
+ * Without Yama, or at ptrace_scope 0, nothing is declared (the kernel
+ * already allows same-user importers) and HM_SUCCESS is returned; at
+ * ptrace_scope 2 or 3: HM_ERROR_NOT_SUPPORTED (use the channel). pid < -1
+ * or beyond a pid: HM_ERROR_INVALID_ARGUMENT. hetmem makes no prctl call
+ * in a program that does not call this. */
+#define HM_IPC_IMPORTER_ANY ((int64_t)-1)
+HM_API hm_result_t hm_ipc_allow_importer(int64_t pid);
+
+/* Importer: what hm_ipc_open() does with a handle it cannot check against
+ * the exporter's own copy (the read is refused: see the top of this file).
+ * Process-wide; thread-safe. */
+typedef enum hm_ipc_trust {
+    /* Default: opened only when its memory comes as a descriptor the
+     * provider verifies (kind, identity, seals, size); otherwise
+     * HM_ERROR_PERMISSION, logged. */
+    HM_IPC_TRUST_DESCRIPTOR = 0,
+    /* Also handles without a descriptor (GPU memory by value), by their
+     * fields only: the program trusts whoever gave it the handle. */
+    HM_IPC_TRUST_FIELDS = 1,
+} hm_ipc_trust_t;
+/* Unknown value: HM_ERROR_INVALID_ARGUMENT. */
+HM_API hm_result_t hm_ipc_set_trust(hm_ipc_trust_t trust);
+
 /* Opened-handle cache bound, process-wide: at most max_entries mappings and
  * max_bytes bytes stay cached; beyond that unused mappings are closed,
  * least recently used first (CLOCK approximation). 0 = no limit. Mappings in
@@ -209,16 +263,58 @@ typedef struct {
 HM_API hm_result_t hm_ipc_get_cache_stats(hm_ipc_cache_stats_t *stats);
 
 /* --- Unix-socket channel: handles with their descriptors (SCM_RIGHTS) ---
- * A SOCK_SEQPACKET socket: one message = one handle (+ its fd). */
+ * A SOCK_SEQPACKET socket: one message = one handle (+ its fd).
+ * Peers are checked with SO_PEERCRED (unix(7)): by default a channel joins
+ * processes of one user. A listener's socket file is owner-only (0600,
+ * whatever the umask; the umask is not changed) and accept refuses a peer
+ * of another uid; connect refuses a listener that runs neither as this
+ * process's effective uid nor as root. A peer of a uid the program named
+ * (hm_ipc_channel_allow_uid, hm_ipc_channel_connect_uid) is admitted. Each
+ * check costs one getsockopt() per connection. */
 typedef struct hm_ipc_channel hm_ipc_channel_t;
 
-/* Bind and listen on a filesystem path (an existing socket file there is
- * replaced); accept one peer at a time. */
+/* Any uid, for hm_ipc_channel_allow_uid() and hm_ipc_channel_connect_uid(). */
+#define HM_IPC_CHANNEL_ANY_UID UINT32_MAX
+
+/* Bind and listen on a filesystem path; accept one peer at a time. An
+ * existing socket file of this user there is replaced; another user's is
+ * not (bind fails). The file is created mode 0600 and checked (a socket
+ * owned by the effective uid) before listen(), so no process of another
+ * user can connect, even under umask 000. The path's directory should be
+ * one that other users cannot write.
+ * Errors: HM_ERROR_INVALID_ARGUMENT (no path, path too long for
+ * sockaddr_un), HM_ERROR_PERMISSION (the path is no longer our socket after
+ * bind), HM_ERROR_DRIVER (socket/bind/listen, the native error says which). */
 HM_API hm_result_t hm_ipc_channel_listen(const char *path, hm_ipc_channel_t **listener);
+/* Admit peers of `uid` on this listener besides its own user
+ * (HM_IPC_CHANNEL_ANY_UID: any user), and make the socket file connectable
+ * by them: mode 0666 (changed only after checking that the path still names
+ * this listener's socket); peers of uids not admitted are still refused at
+ * accept. Up to 8 uids. A process of an admitted uid can hand this process
+ * handles and descriptors; admit only the users the program trusts.
+ * Not concurrently with another call on the same listener.
+ * Errors: HM_ERROR_INVALID_ARGUMENT (NULL, not a listener), HM_ERROR_LIMIT
+ * (8 uids already), HM_ERROR_PERMISSION (the path is no longer this
+ * listener's socket), HM_ERROR_DRIVER (chmod through /proc/self/fd). */
+HM_API hm_result_t hm_ipc_channel_allow_uid(hm_ipc_channel_t *listener, uint32_t uid);
+/* Accept one peer. A peer whose uid (SO_PEERCRED) is not this process's
+ * effective uid and not admitted is refused: its connection is closed (it
+ * sees the channel closed), one log line names its pid and uid, and the
+ * result is HM_ERROR_PERMISSION; call accept again for the next peer. */
 HM_API hm_result_t hm_ipc_channel_accept(hm_ipc_channel_t *listener, hm_ipc_channel_t **channel);
+/* Connect to a listener that runs as this process's effective uid or as
+ * root; another listener is refused with HM_ERROR_PERMISSION (one log line
+ * naming its pid and uid). Nobody listens: HM_ERROR_NOT_FOUND; the socket
+ * file is not writable by us: HM_ERROR_PERMISSION. */
 HM_API hm_result_t hm_ipc_channel_connect(const char *path, hm_ipc_channel_t **channel);
+/* The same, also accepting a listener that runs as `uid`
+ * (HM_IPC_CHANNEL_ANY_UID: any listener). */
+HM_API hm_result_t hm_ipc_channel_connect_uid(const char *path, uint32_t uid,
+                                              hm_ipc_channel_t **channel);
 /* Wrap a connected SOCK_SEQPACKET socket (e.g. from socketpair()); the
- * channel owns it from now on. */
+ * channel owns it from now on. The peer is not checked: the program chose
+ * it (a socketpair's other end, an inherited socket); checking its
+ * credentials is the program's business. */
 HM_API hm_result_t hm_ipc_channel_from_fd(int socket_fd, hm_ipc_channel_t **channel);
 /* Send a handle made by this process (hm_ipc_get) and, if the handle's
  * memory is a descriptor, that descriptor. */

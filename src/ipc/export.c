@@ -54,7 +54,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static _Atomic unsigned ptrace_epoch; /* fork epoch + 1 of the last PR_SET_PTRACER */
 
 /* One exported offset of an export entry: the handle given to users.
  * Reference counts and the CLOCK bit live here, not in the entry, so that a
@@ -651,6 +650,7 @@ static void xdetach(xent_t *x) {
     }
     exports.n--;
     atomic_store_explicit(&exports.count, exports.n, memory_order_relaxed);
+    if (!exports.n) hm__ipc_ptrace_exporting(false);
     if (!x->refs) xrelease(x);
     else olist_push(x);
 }
@@ -745,6 +745,7 @@ static hm_result_t xlink(xent_t *x, const hm_tracker_entry_t *te, hm_ipc_pool_t 
     xlist_push(&pi->xhead, x);
     exports.n++;
     atomic_store_explicit(&exports.count, exports.n, memory_order_relaxed);
+    if (exports.n == 1) hm__ipc_ptrace_exporting(true);
     return HM_SUCCESS;
 }
 
@@ -855,14 +856,6 @@ hm_result_t hm_ipc_get(const void *ptr, hm_ipc_handle_t **handle, size_t *size) 
             goto out;
         } else {
             x = fresh;
-        }
-        /* Importers read the exporter's copy of a handle (open_verify) and
-         * fetch its descriptor: both need ptrace access to this process. */
-        if (atomic_load_explicit(&ptrace_epoch, memory_order_relaxed) !=
-            hm__prim_fork_epoch() + 1) {
-            hm__ipc_allow_ptrace();
-            atomic_store_explicit(&ptrace_epoch, hm__prim_fork_epoch() + 1,
-                                  memory_order_relaxed);
         }
     }
     xview_t *v = x->views;

@@ -773,14 +773,25 @@ static inline bool take_ref(imp_t *e, uint32_t *gen) {
     return true;
 }
 
+static _Atomic int trust = HM_IPC_TRUST_DESCRIPTOR; /* hm_ipc_set_trust */
+
+hm_result_t hm_ipc_set_trust(hm_ipc_trust_t t) {
+    if (t != HM_IPC_TRUST_DESCRIPTOR && t != HM_IPC_TRUST_FIELDS) {
+        HM_LOG_ERROR("hm_ipc_set_trust(%d): unknown trust", (int)t);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    atomic_store_explicit(&trust, (int)t, memory_order_relaxed);
+    return HM_SUCCESS;
+}
+
 /* A handle that misses the cache against the exporter's own copy of it
  * (at w->origin in the exporter: the bytes hm_ipc_get returned there),
  * read from the exporter's memory: equal bytes prove every field and the
  * payload genuine and the export still held by the exporter's cache. The
  * read needs what pidfd_getfd needs (same user, ptrace access); where it is
- * refused the handle is used as validated by the decoder, the identity
- * check (pid + start time, on the descriptor path) and the provider (logged
- * once). */
+ * refused a descriptor handle is used as validated by the decoder and the
+ * provider's checks of the descriptor (logged once), and any other handle
+ * only if the program chose HM_IPC_TRUST_FIELDS. */
 static hm_result_t open_verify(const hm_wire_t *w) {
     static _Atomic int unverified_logged;
     const unsigned char *b = w->payload - HM_IPC_HEADER_SIZE;
@@ -789,9 +800,23 @@ static hm_result_t open_verify(const hm_wire_t *w) {
     int64_t e = r != HM_SUCCESS ? hm_last_native_error(NULL) : 0;
     if (r == HM_SUCCESS && memcmp(theirs, b, w->total_size) == 0) return HM_SUCCESS;
     if (e == EPERM || e == EACCES || e == ENOSYS) {
+        /* A descriptor handle: the provider checks what it maps (the file
+         * the handle names, seals, size), and a peer can hand over only
+         * what it holds. Anything else fails closed unless the program
+         * trusts its peers' fields (ipc.h, hm_ipc_set_trust). */
+        if (!(w->flags & HM__WIRE_HAS_FD) &&
+            atomic_load_explicit(&trust, memory_order_relaxed) != HM_IPC_TRUST_FIELDS) {
+            HM_LOG_ERROR("hm_ipc_open: cannot read the exporter's copy of the handle (errno "
+                         "%lld) and its memory is not a descriptor to check: refused "
+                         "(hm_ipc_set_trust(HM_IPC_TRUST_FIELDS) accepts such handles)",
+                         (long long)e);
+            return HM_ERROR_PERMISSION;
+        }
         if (!atomic_exchange_explicit(&unverified_logged, 1, memory_order_relaxed))
             HM_LOG_INFO("hm_ipc_open: cannot read the exporter's copy of a handle (errno "
-                        "%lld); handles are checked by their fields only", (long long)e);
+                        "%lld); handles are checked by %s", (long long)e,
+                        (w->flags & HM__WIRE_HAS_FD) ? "their descriptors"
+                                                     : "their fields only (as the program chose)");
         return HM_SUCCESS;
     }
     /* Not the exporter's bytes. Whose fault, most exactly: */

@@ -7,7 +7,7 @@
  *  src/fork.h): the shared mappings' lock (import.c's shared_maps.lock) ->
  *  pilist_lock -> every pi->lock -> the import side's
  *  (opened.lock, imp_arena) -> the export side's (exports.lock, the view arenas) ->
- *  the pidfd cache.
+ *  ptrace.c's pt.lock -> the pidfd cache.
  *  pi->lock guards the import side's per-pool index; the export side's
  *  per-pool fields (xhead, held) are exports.lock's. ident_lock nests with
  *  nothing. */
@@ -157,11 +157,13 @@ void hm__ipc_atfork_prepare(void) {
     for (hm_ipc_pool_t *pi = hm__ipc_pilist; pi; pi = pi->gnext) hm__mutex_lock(&pi->lock);
     hm__ipc_import_atfork(0);
     hm__ipc_export_atfork(0);
+    hm__ipc_ptrace_atfork(0);
     hm__ipc_pidfd_cache_atfork(0);
 }
 /* Release what prepare took, in reverse (phase: 1 parent, 2 child). */
 static void ipc_atfork_release(int phase) {
     hm__ipc_pidfd_cache_atfork(phase);
+    hm__ipc_ptrace_atfork(phase);
     hm__ipc_export_atfork(phase);
     hm__ipc_import_atfork(phase);
     for (hm_ipc_pool_t *pi = hm__ipc_pilist; pi; pi = pi->gnext) hm__mutex_unlock(&pi->lock);

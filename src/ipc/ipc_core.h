@@ -113,6 +113,10 @@ void hm__ipc_export_pool_destroy(hm_pool_t *pool, hm_ipc_pool_t *pi);
 size_t hm__ipc_export_count(void);
 void hm__ipc_export_atfork(int phase); /* 0 prepare (lock), 1 parent, 2 child (unlock) */
 void hm__ipc_export_atfork_child(void); /* after the unlock: drop the parent's exports */
+/* ptrace.c: the export cache became non-empty (true) or empty (false);
+ * called with exports.lock held. */
+void hm__ipc_ptrace_exporting(bool exporting);
+void hm__ipc_ptrace_atfork(int phase); /* 0 prepare (lock), 1 parent, 2 child (unlock) */
 
 /* ---- import side (import.c) ---- */
 /* The pool's import index: made (false: out of memory) and freed. */

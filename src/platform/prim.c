@@ -14,10 +14,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/uio.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#ifndef PR_SET_PTRACER
+#define PR_SET_PTRACER 0x59616d61
+#endif
 #include <unistd.h>
 
 #if __has_include(<sys/random.h>)
@@ -308,6 +312,7 @@ hm_result_t hm__prim_memfd_create(const char *name, unsigned flags, int *fd) {
     unsigned f = MFD_CLOEXEC;
     if (flags & HM_PRIM_MEMFD_HUGETLB_2M) f |= MFD_HUGETLB | MFD_HUGE_2MB;
     if (flags & HM_PRIM_MEMFD_HUGETLB_1G) f |= MFD_HUGETLB | MFD_HUGE_1GB;
+    if (flags & HM_PRIM_MEMFD_SEALABLE) f |= MFD_ALLOW_SEALING;
 #ifdef SYS_memfd_create
     long r = syscall(SYS_memfd_create, name ? name : "hetmem", f);
     if (r < 0)
@@ -329,6 +334,32 @@ hm_result_t hm__prim_ftruncate(int fd, uint64_t size) {
         r = ftruncate(fd, (off_t)size);
     } while (r != 0 && errno == EINTR);
     if (r != 0) return hm__errno_result(errno, "ftruncate(%d, %" PRIu64 ")", fd, size);
+    return HM_SUCCESS;
+}
+
+hm_result_t hm__prim_seal(int fd, unsigned seals) {
+    int f = 0;
+    if (seals & HM_PRIM_SEAL_SEAL) f |= F_SEAL_SEAL;
+    if (seals & HM_PRIM_SEAL_SHRINK) f |= F_SEAL_SHRINK;
+    if (seals & HM_PRIM_SEAL_GROW) f |= F_SEAL_GROW;
+    if (seals & HM_PRIM_SEAL_WRITE) f |= F_SEAL_WRITE;
+    if (fcntl(fd, F_ADD_SEALS, f) != 0)
+        return hm__errno_result(errno, "fcntl(%d, F_ADD_SEALS, %#x)", fd, (unsigned)f);
+    return HM_SUCCESS;
+}
+
+hm_result_t hm__prim_seals(int fd, unsigned *seals) {
+    *seals = 0;
+    int f = fcntl(fd, F_GET_SEALS);
+    if (f < 0) {
+        int e = errno;
+        hm_result_t r = hm__errno_result(e, "fcntl(%d, F_GET_SEALS)", fd);
+        return e == EINVAL ? HM_ERROR_NOT_SUPPORTED : r;
+    }
+    if (f & F_SEAL_SEAL) *seals |= HM_PRIM_SEAL_SEAL;
+    if (f & F_SEAL_SHRINK) *seals |= HM_PRIM_SEAL_SHRINK;
+    if (f & F_SEAL_GROW) *seals |= HM_PRIM_SEAL_GROW;
+    if (f & F_SEAL_WRITE) *seals |= HM_PRIM_SEAL_WRITE;
     return HM_SUCCESS;
 }
 
@@ -421,6 +452,34 @@ hm_result_t hm__prim_fd_check(int fd, const hm_prim_file_id_t *id) {
                                 "descriptor %d is another file now (device %#" PRIx64
                                 ", inode %" PRIu64 "; was %#" PRIx64 ", %" PRIu64 ")",
                                 fd, (uint64_t)st.st_dev, (uint64_t)st.st_ino, id->dev, id->ino);
+    return HM_SUCCESS;
+}
+
+int hm__prim_yama_scope(void) {
+    static _Atomic int scope = -2; /* -2: not read yet */
+    int v = atomic_load_explicit(&scope, memory_order_relaxed);
+    if (v != -2) return v;
+    uint64_t x;
+    v = read_u64_file("/proc/sys/kernel/yama/ptrace_scope", &x) == 0 && x <= 3 ? (int)x : -1;
+    atomic_store_explicit(&scope, v, memory_order_relaxed);
+    return v;
+}
+
+hm_result_t hm__prim_set_ptracer(int64_t who) {
+    unsigned long arg = who < 0 ? (unsigned long)-1 /* PR_SET_PTRACER_ANY */ : (unsigned long)who;
+    if (prctl(PR_SET_PTRACER, arg, 0, 0, 0) != 0)
+        return hm__errno_result(errno, "prctl(PR_SET_PTRACER, %lld)", (long long)who);
+    return HM_SUCCESS;
+}
+
+hm_result_t hm__prim_fd_identity(int fd, hm_prim_file_id_t *id, bool *regular) {
+    struct stat st;
+    *regular = false;
+    if (fd < 0 || fstat(fd, &st) != 0) return hm__errno_result(fd < 0 ? EBADF : errno,
+                                                               "fstat(%d)", fd);
+    id->dev = (uint64_t)st.st_dev;
+    id->ino = (uint64_t)st.st_ino;
+    *regular = S_ISREG(st.st_mode);
     return HM_SUCCESS;
 }
 

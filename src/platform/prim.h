@@ -103,11 +103,26 @@ hm_result_t hm__prim_resident_pages(const void *addr, size_t size, size_t *pages
 enum {
     HM_PRIM_MEMFD_HUGETLB_2M = 1u << 0, /* MFD_HUGETLB | MFD_HUGE_2MB */
     HM_PRIM_MEMFD_HUGETLB_1G = 1u << 1, /* MFD_HUGETLB | MFD_HUGE_1GB */
+    HM_PRIM_MEMFD_SEALABLE = 1u << 2,   /* MFD_ALLOW_SEALING */
 };
 /* memfd_create(name, MFD_CLOEXEC | ...). */
 hm_result_t hm__prim_memfd_create(const char *name, unsigned flags, int *fd);
 /* ftruncate. */
 hm_result_t hm__prim_ftruncate(int fd, uint64_t size);
+/* File seals (fcntl(2) F_ADD_SEALS / F_GET_SEALS, memfd_create(2)): a
+ * sealed memfd cannot change in the sealed way, whoever holds a
+ * descriptor of it. */
+enum {
+    HM_PRIM_SEAL_SEAL = 1u << 0,   /* F_SEAL_SEAL: no further seals */
+    HM_PRIM_SEAL_SHRINK = 1u << 1, /* F_SEAL_SHRINK */
+    HM_PRIM_SEAL_GROW = 1u << 2,   /* F_SEAL_GROW */
+    HM_PRIM_SEAL_WRITE = 1u << 3,  /* F_SEAL_WRITE */
+};
+/* Add seals (HM_PRIM_SEAL_*). */
+hm_result_t hm__prim_seal(int fd, unsigned seals);
+/* The file's seals (HM_PRIM_SEAL_*); a file that cannot be sealed (not a
+ * memfd or shmem file) reports HM_ERROR_NOT_SUPPORTED (EINVAL). */
+hm_result_t hm__prim_seals(int fd, unsigned *seals);
 /* fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE): free the backing
  * store of [offset, offset+len); the file size is unchanged. */
 hm_result_t hm__prim_punch_hole(int fd, uint64_t offset, uint64_t len);
@@ -154,6 +169,9 @@ hm_result_t hm__prim_fd_keep(int *fd, hm_prim_file_id_t *id);
  * file has its number, HM_ERROR_DRIVER with the native error EBADF (what
  * it is now in the message). The caller logs and leaves fd alone. */
 hm_result_t hm__prim_fd_check(int fd, const hm_prim_file_id_t *id);
+/* The identity of an open file a peer sent (fstat): *id, and whether it is
+ * a regular file (a memfd is one). */
+hm_result_t hm__prim_fd_identity(int fd, hm_prim_file_id_t *id, bool *regular);
 /* For the caller's log line after a failed check: true the first time for
  * this descriptor (log at error level), false afterwards (debug level), so
  * a program that closed it does not get one error line per allocation. */
@@ -174,6 +192,13 @@ hm_result_t hm__prim_process_start_time(pid_t pid, uint64_t *ticks);
  * pidfd_getfd needs (same user, ptrace access mode attach). A read shorter
  * than len is EFAULT (recorded as the native error, as every failure). */
 hm_result_t hm__prim_process_read(pid_t pid, uint64_t addr, void *buf, size_t len);
+/* Yama's ptrace_scope (Documentation/admin-guide/LSM/Yama.rst): 0 classic,
+ * 1 restricted to descendants and declared ptracers, 2 admin only, 3 none;
+ * -1 where Yama is absent. Read once. */
+int hm__prim_yama_scope(void);
+/* prctl(PR_SET_PTRACER, who): who > 0 a pid, -1 any process
+ * (PR_SET_PTRACER_ANY), 0 none. Yama only; EINVAL without it. */
+hm_result_t hm__prim_set_ptracer(int64_t who);
 /* len random bytes from the kernel (getrandom, /dev/urandom fallback). */
 hm_result_t hm__prim_random(void *buf, size_t len);
 /* A per-process random 64-bit nonce, drawn once (and again in a forked

@@ -108,7 +108,8 @@ static void run_suites(void) {
 
 /* The memfd of a shared provider named `name`, found through /proc/self/fd
  * (test-only: the provider does not expose its descriptor). */
-static int find_memfd(const char *name) {
+/* The first descriptor of a memfd called `name`, other than `except`. */
+static int find_memfd_except(const char *name, int except) {
     char want[128];
     snprintf(want, sizeof(want), "/memfd:%s ", name);
     DIR *d = opendir("/proc/self/fd");
@@ -121,13 +122,58 @@ static int find_memfd(const char *name) {
         ssize_t n = readlink(path, target, sizeof(target) - 1);
         if (n <= 0) continue;
         target[n] = 0;
-        if (strncmp(target, want, strlen(want)) == 0) {
+        if (strncmp(target, want, strlen(want)) == 0 && atoi(e->d_name) != except) {
             found = atoi(e->d_name);
             break;
         }
     }
     closedir(d);
     return found;
+}
+static int find_memfd(const char *name) { return find_memfd_except(name, -1); }
+
+/* How many memfds called `name` are open. */
+static int count_memfds(const char *name) {
+    char want[128];
+    snprintf(want, sizeof(want), "/memfd:%s ", name);
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char path[300], target[256];
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+        ssize_t k = readlink(path, target, sizeof(target) - 1);
+        if (k <= 0) continue;
+        target[k] = 0;
+        if (strncmp(target, want, strlen(want)) == 0) n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* A shared provider whose allocations after the first go to the spill
+ * memfd (max_memfds 1): *holder is that first allocation (one page), *spill
+ * the spill's descriptor, made by a first spill allocation freed again. */
+static hm_provider_t *spill_provider(const char *name, void **holder, int *spill) {
+    hm_os_params_t *par;
+    REQUIRE_OK(hm_os_params_create(&par));
+    CHECK_OK(hm_os_params_set_visibility(par, HM_OS_SHARED));
+    CHECK_OK(hm_os_params_set_shm_name(par, name));
+    CHECK_OK(hm_os_params_set_max_memfds(par, 1));
+    hm_provider_t *p;
+    REQUIRE_OK(hm_os_provider_create(par, &p));
+    CHECK_OK(hm_os_params_destroy(par));
+    CHECK_EQ(count_memfds(name), 0); /* made at the first allocation */
+    REQUIRE_OK(hm_provider_alloc(p, 1, 0, holder));
+    int own = find_memfd(name);
+    REQUIRE(own >= 0);
+    void *x;
+    REQUIRE_OK(hm_provider_alloc(p, 1, 0, &x));
+    *spill = find_memfd_except(name, own);
+    REQUIRE(*spill >= 0);
+    CHECK_OK(hm_provider_free(p, x, 1));
+    return p;
 }
 
 static size_t resident(const void *p, size_t len) {
@@ -314,17 +360,84 @@ static void test_alignment(hm_os_visibility_t vis) {
     hm_test_set_context(NULL);
 }
 
-static void test_memfd_reuse(void) {
-    hm_test_set_context("memfd reuse");
+/* Each allocation of a shared provider is a memfd of its own, sized to it
+ * and sealed against resizing and further seals; a free closes it; at
+ * most max_memfds are open, the rest share the spill. */
+static void test_memfd_own(void) {
+    hm_test_set_context("memfd per allocation");
     hm_os_params_t *par;
     REQUIRE_OK(hm_os_params_create(&par));
     CHECK_OK(hm_os_params_set_visibility(par, HM_OS_SHARED));
-    CHECK_OK(hm_os_params_set_shm_name(par, "hm-test-reuse"));
+    CHECK_OK(hm_os_params_set_shm_name(par, "hm-test-own"));
+    CHECK_OK(hm_os_params_set_max_memfds(par, 4));
+    CHECK_RES(hm_os_params_set_max_memfds(NULL, 4), HM_ERROR_INVALID_ARGUMENT);
     hm_provider_t *p;
     REQUIRE_OK(hm_os_provider_create(par, &p));
     CHECK_OK(hm_os_params_destroy(par));
-    int fd = find_memfd("hm-test-reuse");
-    REQUIRE(fd >= 0);
+    void *a, *b;
+    REQUIRE_OK(hm_provider_alloc(p, 3 * page, 0, &a));
+    int fa = find_memfd("hm-test-own");
+    REQUIRE(fa >= 0);
+    REQUIRE_OK(hm_provider_alloc(p, 5 * page, 0, &b));
+    int fb = find_memfd_except("hm-test-own", fa);
+    REQUIRE(fb >= 0);
+    CHECK_EQ(count_memfds("hm-test-own"), 2);
+    struct stat st;
+    REQUIRE(fstat(fa, &st) == 0);
+    off_t sa = st.st_size;
+    REQUIRE(fstat(fb, &st) == 0);
+    off_t sb = st.st_size;
+    /* Each file is exactly its allocation (which one is which: by size). */
+    CHECK((sa == (off_t)(3 * page) && sb == (off_t)(5 * page)) ||
+          (sa == (off_t)(5 * page) && sb == (off_t)(3 * page)));
+    int seals = fcntl(fa, F_GET_SEALS);
+    CHECK((seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) ==
+          (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL));
+    CHECK(ftruncate(fa, 0) != 0 && errno == EPERM);
+    CHECK(ftruncate(fa, 64 * (off_t)page) != 0 && errno == EPERM);
+    CHECK(fcntl(fa, F_ADD_SEALS, F_SEAL_WRITE) != 0);
+    memset(a, 1, 3 * page);
+    memset(b, 2, 5 * page);
+    CHECK_OK(hm_provider_free(p, b, 5 * page));
+    CHECK_EQ(count_memfds("hm-test-own"), 1);
+    CHECK(((char *)a)[3 * page - 1] == 1);
+    /* A split leaves both parts in one memfd; it closes with the last. */
+    CHECK_OK(hm_provider_split(p, a, 3 * page, page));
+    CHECK_OK(hm_provider_free(p, a, page));
+    CHECK_EQ(count_memfds("hm-test-own"), 1);
+    CHECK(((char *)a + page)[0] == 1);
+    CHECK_OK(hm_provider_free(p, (char *)a + page, 2 * page));
+    CHECK_EQ(count_memfds("hm-test-own"), 0);
+    /* Parts of two memfds never merge. */
+    void *x[10];
+    REQUIRE_OK(hm_provider_alloc(p, page, 0, &x[0]));
+    REQUIRE_OK(hm_provider_alloc(p, page, 0, &x[1]));
+    if ((char *)x[1] == (char *)x[0] + page)
+        CHECK_RES(hm_provider_merge(p, x[0], x[1], 2 * page), HM_ERROR_NOT_SUPPORTED);
+    else if ((char *)x[0] == (char *)x[1] + page)
+        CHECK_RES(hm_provider_merge(p, x[1], x[0], 2 * page), HM_ERROR_NOT_SUPPORTED);
+    /* The bound: 4 of their own, the rest in the spill. */
+    for (int i = 2; i < 10; i++) {
+        REQUIRE_OK(hm_provider_alloc(p, page, 0, &x[i]));
+        memset(x[i], i, page);
+    }
+    CHECK_EQ(count_memfds("hm-test-own"), 5);
+    for (int i = 0; i < 10; i++) {
+        if (i >= 2) CHECK(((unsigned char *)x[i])[page - 1] == i);
+        CHECK_OK(hm_provider_free(p, x[i], page));
+    }
+    CHECK_EQ(count_memfds("hm-test-own"), 1); /* the spill stays */
+    CHECK_OK(hm_provider_destroy(p));
+    CHECK_EQ(count_memfds("hm-test-own"), 0);
+    hm_test_set_context(NULL);
+}
+
+static void test_memfd_reuse(void) {
+    hm_test_set_context("spill memfd reuse");
+    void *holder;
+    int fd;
+    hm_provider_t *p = spill_provider("hm-test-reuse", &holder, &fd);
+    CHECK_EQ(fcntl(fd, F_GET_SEALS) & (F_SEAL_SHRINK | F_SEAL_SEAL), F_SEAL_SHRINK | F_SEAL_SEAL);
     struct stat st;
 
     /* Alloc/free in a loop with a bounded live set: the file stays bounded
@@ -361,10 +474,12 @@ static void test_memfd_reuse(void) {
     for (int k = 0; k < LIVE; k++)
         if (live[k]) CHECK_OK(hm_provider_free(p, live[k], sz[k]));
     REQUIRE(fstat(fd, &st) == 0);
-    CHECK_EQ(st.st_size, 0);   /* everything free: the file shrank to nothing */
-    CHECK_EQ(st.st_blocks, 0); /* and holds no pages */
+    CHECK_EQ(st.st_blocks, 0); /* everything free: the file holds no pages */
+    CHECK_OK(hm_provider_free(p, holder, 1));
+    CHECK_OK(hm_provider_destroy(p));
 
     /* A freed hole in the middle is reused and its pages punched. */
+    p = spill_provider("hm-test-reuse2", &holder, &fd);
     void *a, *b, *c;
     REQUIRE_OK(hm_provider_alloc(p, MIB, 0, &a));
     REQUIRE_OK(hm_provider_alloc(p, MIB, 0, &b));
@@ -373,7 +488,7 @@ static void test_memfd_reuse(void) {
     memset(b, 2, MIB);
     memset(c, 3, MIB);
     REQUIRE(fstat(fd, &st) == 0);
-    CHECK_EQ(st.st_size, 3 * MIB);
+    CHECK_EQ(st.st_size, 3 * MIB); /* the first spill allocation's page is reused */
     off_t blocks_full = st.st_blocks;
     CHECK_OK(hm_provider_free(p, b, MIB));
     REQUIRE(fstat(fd, &st) == 0);
@@ -389,7 +504,8 @@ static void test_memfd_reuse(void) {
     CHECK_OK(hm_provider_free(p, b, MIB / 2));
     CHECK_OK(hm_provider_free(p, c, MIB));
     REQUIRE(fstat(fd, &st) == 0);
-    CHECK_EQ(st.st_size, 0);
+    CHECK_EQ(st.st_size, 3 * MIB); /* sealed against shrinking */
+    CHECK_EQ(st.st_blocks, 0);
 
     /* Force purge gives the pages back to the file system (MADV_REMOVE):
      * the range reads zero afterwards and the file holds fewer blocks. */
@@ -420,7 +536,7 @@ static void test_memfd_reuse(void) {
     CHECK_OK(hm_provider_free(p, a, 2 * page));
     CHECK_OK(hm_provider_free(p, c, 2 * page));
     REQUIRE(fstat(fd, &st) == 0);
-    CHECK_EQ(st.st_size, 0);
+    CHECK_EQ(st.st_blocks, 0);
 
     /* Two single-page allocations: the file gives them offsets 0 and page.
      * Where the kernel placed them next to each other in memory, merging
@@ -495,10 +611,14 @@ static void test_ipc(void) {
         if (r == HM_SUCCESS) CHECK_OK(ops->ipc.close(ist, z, size));
         else CHECK(z == NULL);
     }
-    /* A descriptor that is not the memfd (too short a file): stale. */
-    int other = memfd_create("hm-test-other", MFD_CLOEXEC);
+    /* A descriptor that is not the memfd the handle names (another file,
+     * even a long enough and sealed one): refused, nothing mapped. */
+    int other = memfd_create("hm-test-other", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     REQUIRE(other >= 0);
-    CHECK_RES(ops->ipc.open(ist, payload, other, size, (void **)&z), HM_ERROR_STALE_HANDLE);
+    REQUIRE(ftruncate(other, (off_t)(64 * page)) == 0);
+    REQUIRE(fcntl(other, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
+    CHECK_RES(ops->ipc.open(ist, payload, other, size, (void **)&z), HM_ERROR_INVALID_HANDLE);
+    CHECK(z == NULL);
     close(other);
     close(mine);
     CHECK_RES(ops->ipc.close(ist, x, size), HM_ERROR_INVALID_ARGUMENT); /* not opened */
@@ -1107,10 +1227,15 @@ static void test_shared_threads(void) {
         pthread_join(t[i], NULL);
         CHECK_EQ(args[i].errors, 0);
     }
+    /* Every allocation freed: every memfd of its own closed (the spill, if
+     * the threads ever had more than the bound live, stays empty). */
     int fd = find_memfd("hm-test-threads");
     struct stat st;
-    REQUIRE(fd >= 0 && fstat(fd, &st) == 0);
-    CHECK_EQ(st.st_size, 0);
+    if (fd >= 0) {
+        REQUIRE(fstat(fd, &st) == 0);
+        CHECK_EQ(st.st_blocks, 0);
+        CHECK_EQ(find_memfd_except("hm-test-threads", fd), -1);
+    }
     CHECK_OK(hm_provider_destroy(p));
     CHECK_EQ(find_memfd("hm-test-threads"), -1); /* the memfd is closed */
     hm_test_set_context(NULL);
@@ -1168,6 +1293,7 @@ int main(int argc, char **argv) {
     test_info();
     test_alignment(HM_OS_PRIVATE);
     test_alignment(HM_OS_SHARED);
+    test_memfd_own();
     test_memfd_reuse();
     test_ipc();
     test_hugetlb();

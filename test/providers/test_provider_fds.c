@@ -64,8 +64,9 @@ static int user_file_intact(const char *path) {
 
 /* ---- descriptors ---- */
 
-/* The descriptor whose /proc/self/fd link contains `target`, or -1. */
-static int fd_of(const char *target) {
+/* The descriptor other than `except` whose /proc/self/fd link contains
+ * `target`, or -1. */
+static int fd_of_except(const char *target, int except) {
     DIR *d = opendir("/proc/self/fd");
     if (!d) return -1;
     int found = -1;
@@ -78,11 +79,12 @@ static int fd_of(const char *target) {
         if (n <= 0) continue;
         to[n] = 0;
         int fd = atoi(e->d_name);
-        if (strstr(to, target) && fd != dirfd(d)) found = fd;
+        if (strstr(to, target) && fd != dirfd(d) && fd != except) found = fd;
     }
     closedir(d);
     return found;
 }
+static int fd_of(const char *target) { return fd_of_except(target, -1); }
 
 static int is_cloexec(int fd) {
     int f = fcntl(fd, F_GETFD);
@@ -130,16 +132,19 @@ static int refusals(void) {
 
 /* ---- the OS provider in shared mode ---- */
 
-static hm_provider_t *shared_os(const char *name) {
+/* max_memfds 0: the default bound. */
+static hm_provider_t *shared_os_max(const char *name, size_t max_memfds) {
     hm_os_params_t *p;
     REQUIRE_OK(hm_os_params_create(&p));
     REQUIRE_OK(hm_os_params_set_visibility(p, HM_OS_SHARED));
     REQUIRE_OK(hm_os_params_set_shm_name(p, name));
+    REQUIRE_OK(hm_os_params_set_max_memfds(p, max_memfds));
     hm_provider_t *prov;
     REQUIRE_OK(hm_os_provider_create(p, &prov));
     hm_os_params_destroy(p);
     return prov;
 }
+static hm_provider_t *shared_os(const char *name) { return shared_os_max(name, 0); }
 
 static void fill(void *p, size_t n, int v) { memset(p, v, n); }
 static int filled(const void *p, size_t n, int v) {
@@ -153,6 +158,9 @@ static int filled(const void *p, size_t n, int v) {
 static void test_os_untouched(void) {
     hm_test_set_context("os shared, descriptor untouched");
     hm_provider_t *prov = shared_os("hm-fds-untouched");
+    CHECK_EQ(fd_of("memfd:hm-fds-untouched"), -1); /* one per allocation */
+    void *first;
+    REQUIRE_OK(hm_provider_alloc(prov, 64 * KIB, 0, &first));
     int fd = fd_of("memfd:hm-fds-untouched");
     CHECK_MSG(fd >= 256, "the memfd is descriptor %d", fd);
     CHECK(fd < 0 || is_cloexec(fd));
@@ -171,8 +179,11 @@ static void test_os_untouched(void) {
         CHECK(filled(p[i], (size_t)(i + 1) * 64 * KIB, i));
         CHECK_OK(hm_provider_free(prov, p[i], (size_t)(i + 1) * 64 * KIB));
     }
+    CHECK(fd < 0 || is_cloexec(fd)); /* first's: still open */
+    CHECK_OK(hm_provider_free(prov, first, 64 * KIB));
+    CHECK(fd < 0 || (fcntl(fd, F_GETFD) < 0 && errno == EBADF)); /* closed by its free */
+    CHECK_EQ(fd_of("memfd:hm-fds-untouched"), -1);
     CHECK_OK(hm_provider_destroy(prov));
-    CHECK(fd < 0 || (fcntl(fd, F_GETFD) < 0 && errno == EBADF)); /* closed by destroy */
 }
 
 /* The program puts its own file at the memfd's number (dup2), as after
@@ -182,13 +193,21 @@ static void test_os_replaced(void) {
     char path[320];
     snprintf(path, sizeof path, "%s/user-os", g_dir);
     user_file_make(path);
-    hm_provider_t *prov = shared_os("hm-fds-replaced");
+    char path2[320];
+    snprintf(path2, sizeof path2, "%s/user-os2", g_dir);
+    user_file_make(path2);
+    /* One allocation with a memfd of its own (own), the rest in the spill. */
+    hm_provider_t *prov = shared_os_max("hm-fds-replaced", 1);
+    void *own, *live, *gone, *exported;
+    REQUIRE_OK(hm_provider_alloc(prov, 64 * KIB, 0, &own));
+    fill(own, 64 * KIB, 0x44);
+    int own_fd = fd_of("memfd:hm-fds-replaced");
+    REQUIRE(own_fd >= 0);
     hm_pool_t *pool;
     REQUIRE_OK(hm_native_pool_create(prov, NULL, 0, &pool));
-    int fd = fd_of("memfd:hm-fds-replaced");
-    REQUIRE(fd >= 0);
-    void *live, *gone, *exported;
     REQUIRE_OK(hm_provider_alloc(prov, 256 * KIB, 0, &live));
+    int fd = fd_of_except("memfd:hm-fds-replaced", own_fd);
+    REQUIRE(fd >= 0);
     REQUIRE_OK(hm_provider_alloc(prov, 128 * KIB, 0, &gone));
     REQUIRE_OK(hm_provider_alloc(prov, 64 * KIB, 0, &exported));
     fill(live, 256 * KIB, 0x11);
@@ -204,6 +223,10 @@ static void test_os_replaced(void) {
     REQUIRE(user >= 0);
     REQUIRE(dup2(user, fd) == fd);
     close(user);
+    user = open(path2, O_RDWR | O_CLOEXEC);
+    REQUIRE(user >= 0);
+    REQUIRE(dup2(user, own_fd) == own_fd);
+    close(user);
 
     void *p = NULL;
     CHECK_REFUSED(hm_provider_alloc(prov, 16 * MIB, 0, &p)); /* would grow the memfd */
@@ -217,6 +240,10 @@ static void test_os_replaced(void) {
     int xfd = 7;
     CHECK_REFUSED(ops->ipc.get(hm_provider_get_state(prov), exported, 64 * KIB, payload, &xfd));
     CHECK_EQ(xfd, -1);
+    xfd = 7;
+    CHECK_REFUSED(ops->ipc.get(hm_provider_get_state(prov), own, 64 * KIB, payload, &xfd));
+    CHECK_EQ(xfd, -1);
+    CHECK(filled(own, 64 * KIB, 0x44));
     /* Through a pool: no block where the provider is needed (the driver
      * error as EIO), no crash. */
     errno = 0;
@@ -230,6 +257,7 @@ static void test_os_replaced(void) {
     CHECK(filled(live, 256 * KIB, 0x11));
     fill(live, 256 * KIB, 0x22);
     CHECK(filled(live, 256 * KIB, 0x22));
+    CHECK_OK(hm_provider_free(prov, own, 64 * KIB)); /* unmaps; the close is refused */
     /* Frees unmap; the hole punch and the shrink are refused. */
     CHECK_OK(hm_provider_free(prov, live, 256 * KIB));
     CHECK_OK(hm_provider_free(prov, exported, 64 * KIB));
@@ -238,9 +266,13 @@ static void test_os_replaced(void) {
     /* The program's descriptor is still open and still its file. */
     CHECK(same_file(fd, path));
     CHECK(user_file_intact(path));
+    CHECK(same_file(own_fd, path2));
     close(fd);
+    close(own_fd);
     CHECK_MSG(user_file_intact(path), "the program's file was changed");
+    CHECK_MSG(user_file_intact(path2), "the program's file was changed");
     unlink(path);
+    unlink(path2);
 }
 
 /* The program closes every descriptor it does not know (here: above 2),
@@ -255,14 +287,25 @@ static void test_os_closed(void) {
     pid_t pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
-        hm_provider_t *prov = shared_os("hm-fds-closed");
-        int fd = fd_of("memfd:hm-fds-closed");
-        void *live;
+        /* One memfd of its own (own), then the spill (live). */
+        hm_provider_t *prov = shared_os_max("hm-fds-closed", 1);
+        void *own, *live;
+        REQUIRE_OK(hm_provider_alloc(prov, 64 * KIB, 0, &own));
+        int own_fd = fd_of("memfd:hm-fds-closed");
         REQUIRE_OK(hm_provider_alloc(prov, 64 * KIB, 0, &live));
+        int fd = fd_of_except("memfd:hm-fds-closed", own_fd);
         fill(live, 64 * KIB, 0x33);
+        fill(own, 64 * KIB, 0x55);
         for (int i = 3; i < 1024; i++) close(i);
         void *p = NULL;
         CHECK_REFUSED(hm_provider_alloc(prov, 4 * MIB, 0, &p));
+        /* The allocation's own memfd is gone from the table: its free only
+         * unmaps, and a new allocation gets a memfd of its own again. */
+        CHECK(filled(own, 64 * KIB, 0x55));
+        CHECK_OK(hm_provider_free(prov, own, 64 * KIB));
+        REQUIRE_OK(hm_provider_alloc(prov, 64 * KIB, 0, &own));
+        fill(own, 64 * KIB, 0x66);
+        CHECK(filled(own, 64 * KIB, 0x66));
         /* The program's files take the low numbers, and one lands on the
          * memfd's. */
         int user = open(path, O_RDWR);
@@ -271,6 +314,7 @@ static void test_os_closed(void) {
         CHECK_REFUSED(hm_provider_alloc(prov, 4 * MIB, 0, &p));
         CHECK(filled(live, 64 * KIB, 0x33));
         CHECK_OK(hm_provider_free(prov, live, 64 * KIB));
+        CHECK_OK(hm_provider_free(prov, own, 64 * KIB));
         CHECK_OK(hm_provider_destroy(prov));
         CHECK(fd < 0 || same_file(fd, path));
         CHECK(same_file(user, path));

@@ -11,14 +11,25 @@ extern "C" {
 
 typedef struct hm_os_params hm_os_params_t;
 
-/* HM_OS_SHARED keeps the memfd's descriptor open for the provider's life, as
- * provider.h ("Descriptors") says: high, close-on-exec, checked before each
- * ftruncate, mmap, hole punch, export and close. A program that closes it
- * or reuses its number gets refused allocations, never its own file resized
- * or mapped as memory. */
+/* HM_OS_SHARED gives each allocation a memfd of its own, sized to it and
+ * sealed (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL: nobody holding its
+ * descriptor can resize it or seal it further), so that an IPC handle of a
+ * pointer exposes exactly the provider allocation that holds it (a pool
+ * carves many blocks out of one provider allocation: they travel together),
+ * never another allocation of the provider; the importer refuses a memfd
+ * that is not sealed against shrinking. A freed allocation's memfd is
+ * closed; its pages stay only while an importer maps them. The provider
+ * keeps at most hm_os_params_set_max_memfds() such descriptors; beyond that
+ * (or when the process has no descriptor left) allocations share one
+ * further memfd, the spill (sealed F_SEAL_SHRINK, freed by punching holes),
+ * and a handle of any of them exposes every allocation in the spill.
+ * Descriptors are kept high and close-on-exec and checked before each
+ * ftruncate, mmap, hole punch, export and close: a program that closes one
+ * or reuses its number gets refusals, never its own file resized or
+ * mapped as memory. */
 typedef enum hm_os_visibility {
     HM_OS_PRIVATE = 0, /* anonymous private mappings (default) */
-    HM_OS_SHARED = 1,  /* MAP_SHARED over one memfd: IPC-capable */
+    HM_OS_SHARED = 1,  /* MAP_SHARED over sealed memfds: IPC-capable */
 } hm_os_visibility_t;
 
 typedef enum hm_os_page_kind {
@@ -58,6 +69,11 @@ HM_API hm_result_t hm_os_params_set_numa(hm_os_params_t *params, hm_os_numa_mode
 HM_API hm_result_t hm_os_params_set_protection(hm_os_params_t *params, unsigned prot);
 /* Name of the memfd in shared mode (shown in /proc/<pid>/maps). */
 HM_API hm_result_t hm_os_params_set_shm_name(hm_os_params_t *params, const char *name);
+/* Shared mode: memfds of their own that the provider keeps open at most (one
+ * per live allocation); 0 (the default): an eighth of the soft
+ * RLIMIT_NOFILE at create, at least 16 and at most 4096. Allocations beyond
+ * it share the spill memfd (above); 1 and up are accepted. */
+HM_API hm_result_t hm_os_params_set_max_memfds(hm_os_params_t *params, size_t count);
 
 /* Convenience: hm_provider_create(hm_os_provider_ops(), params, provider);
  * params may be NULL for defaults. */

@@ -1,12 +1,23 @@
 /* hetmem — the OS provider: anonymous private mappings, or MAP_SHARED
- * mappings of one memfd per provider (IPC-capable), with any power-of-two
+ * mappings of sealed memfds (IPC-capable), with any power-of-two
  * alignment, THP/hugetlb page kinds, NUMA placement through hwloc and
  * protection flags. SPDX-License-Identifier: MIT
  *
  * Private mode keeps no per-allocation state: alloc is mmap, free is
  * munmap, and no lock is ever taken.
  *
- * Shared mode carves file extents out of the provider's memfd:
+ * Shared mode gives each allocation a memfd of its own (an os_seg_t), sized
+ * to it and sealed F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, so that the
+ * descriptor an export hands to another process reaches that allocation's
+ * bytes and nothing else, and nobody holding it can resize it under a
+ * mapping (Wayland's one-memfd-per-buffer; systemd's sealed memfds). A split
+ * leaves both parts in the one memfd (refs counts them); a merge joins only
+ * parts of one memfd. The provider holds at most max_memfds such
+ * descriptors: beyond that (or when the process runs out of descriptors)
+ * allocations come from one further memfd, the spill, sealed F_SEAL_SHRINK |
+ * F_SEAL_SEAL, whose handles expose every allocation in it (os.h says so).
+ *
+ * The spill carves file extents out of its memfd:
  *
  *   file:  [ used | free | used | used | free ......... ] file_size
  *            ^ mapped at some address, recorded in `map`
@@ -15,10 +26,12 @@
  *    (no two entries touch). Allocation is first fit; when nothing fits the
  *    file grows with ftruncate (from a free tail extent if there is one).
  *    A freed range has its pages released with a hole punch before it
- *    rejoins the list, and a free tail shrinks the file, so the file never
- *    grows beyond the peak of live bytes plus fragmentation.
+ *    rejoins the list; the file never shrinks (it is sealed against it), so
+ *    its size is the peak of live bytes plus fragmentation, its memory the
+ *    live bytes.
  *  - `map` is an open-addressing hash from mapping address to
- *    {length, file offset, export count}: free, split, merge and IPC need it.
+ *    {length, memfd, file offset, export count}: free, split, merge and IPC
+ *    need it.
  *    The export count only checks puts: the IPC layer owns an exported
  *    range's lifetime (it gives a range freed while exported back here at
  *    the last put, src/ipc/export.c), so a free here is always a free.
@@ -26,11 +39,13 @@
  * Concurrency contract (shared mode):
  *   operation           | lock                   | syscalls under the lock
  *   --------------------+------------------------+--------------------------
- *   alloc               | twice (take, record)   | ftruncate when growing
- *   free                | twice (unrecord, give) | ftruncate when shrinking
+ *   alloc               | twice (take, record)   | the spill's ftruncate, and
+ *                       |                        | its memfd_create, once
+ *   free                | twice (unrecord, give) | none
  *   purge_lazy/force    | none                   | -
  *   split/merge/ipc.*   | once                   | none
  *   mmap/munmap/punch   | never under the lock   |
+ *   a memfd of its own  | never under the lock   | (created, sealed, closed)
  * Capacity for the free list and the map is reserved under the lock before
  * any irreversible step, so an out-of-memory can never strand an extent.
  *
@@ -39,10 +54,10 @@
  * to allocate (HM_ERROR_NOT_SUPPORTED); its free only unmaps. Private mode
  * works unchanged in the child.
  *
- * The memfd's descriptor is the program's too (platform/prim.h, "descriptors
- * hetmem keeps"): it lives close-on-exec at a high number, and every
- * ftruncate, mmap, hole punch, export and the final close first checks that
- * the number still names the memfd (memfd_check). A program that closed it
+ * The memfds' descriptors are the program's too (platform/prim.h,
+ * "descriptors hetmem keeps"): they live close-on-exec at high numbers, and
+ * every ftruncate, mmap, hole punch, export and the final close first checks
+ * that the number still names the memfd (memfd_check, seg_check). A program that closed it
  * or put a file of its own there gets refusals (HM_ERROR_DRIVER, native
  * error EBADF, one log line each), never a resized, mapped or punched file
  * of its own; mappings made before stay valid (they hold the memfd). */
@@ -54,12 +69,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #define OS_PARAMS_MAGIC 0x4f535041u /* "OSPA" */
 #define OS_MAX_NODES 4096           /* more than any machine hwloc has seen */
 #define OS_SHM_NAME_MAX 64
 #define OS_IPC_MAGIC 0x4f534950u /* "OSIP" */
-#define OS_IPC_VERSION 1u
+#define OS_IPC_VERSION 2u
+#define OS_MEMFDS_MIN 16     /* the default bound on memfds of their own ... */
+#define OS_MEMFDS_MAX 4096   /* ... is an eighth of RLIMIT_NOFILE, within these */
 
 struct hm_os_params {
     uint32_t magic;
@@ -70,6 +88,7 @@ struct hm_os_params {
     size_t node_count;
     unsigned *nodes; /* node_count entries, owned */
     char shm_name[OS_SHM_NAME_MAX];
+    size_t max_memfds; /* 0: the default */
 };
 
 /* ---------------------------------------------------------------------- */
@@ -206,12 +225,27 @@ hm_result_t hm_os_params_set_shm_name(hm_os_params_t *params, const char *name) 
     return HM_SUCCESS;
 }
 
+hm_result_t hm_os_params_set_max_memfds(hm_os_params_t *params, size_t count) {
+    hm_result_t r = check_params(params, "hm_os_params_set_max_memfds");
+    if (r) return r;
+    params->max_memfds = count;
+    return HM_SUCCESS;
+}
+
 /* ---------------------------------------------------------------------- */
 /* provider state                                                         */
+
+/* A memfd of one allocation (and the parts a split made of it). */
+typedef struct os_seg {
+    int fd;
+    hm_prim_file_id_t id;
+    uint32_t refs; /* live mappings in it, under the provider's lock */
+} os_seg_t;
 
 typedef struct os_mapping { /* a live shared allocation or an IPC-opened mapping */
     uintptr_t addr;         /* 0: empty slot */
     size_t len;             /* mapped length, a page multiple */
+    os_seg_t *seg;          /* its own memfd; NULL: the spill's (or imported) */
     uint64_t off;           /* file offset */
     uint32_t exports;       /* ipc.get calls not yet put */
     uint32_t imported;      /* 1: made by ipc.open, not ours to free */
@@ -233,12 +267,16 @@ typedef struct os_provider {
     size_t recommended;   /* recommended page size */
     size_t thp;           /* THP size when page_kind is THP, else 0 */
     hwloc_bitmap_t nodes; /* NULL unless numa_mode != DEFAULT */
-    int fd;               /* the memfd (shared mode), else -1 */
-    hm_prim_file_id_t fd_id; /* the memfd's identity, to check fd before each use */
+    char shm_name[OS_SHM_NAME_MAX]; /* the memfds' name */
+    unsigned memfd_flags; /* HM_PRIM_MEMFD_* */
+    size_t max_memfds;    /* memfds of their own at most (shared mode) */
     unsigned epoch;       /* hm__prim_fork_epoch() at init */
 
     /* Mutable, under lock (shared mode and IPC-opened mappings). */
     pthread_mutex_t lock;
+    int fd;               /* the spill memfd, made at its first use; else -1 */
+    hm_prim_file_id_t fd_id; /* its identity, to check fd before each use */
+    size_t nsegs;         /* memfds of their own, live or being made */
     os_mapping_t *map;
     size_t map_cap, map_count, map_reserved;
     os_extent_t *ext;
@@ -246,16 +284,21 @@ typedef struct os_provider {
     uint64_t file_size;
 } os_provider_t;
 
+/* What a handle carries. The importer maps the descriptor that comes with
+ * it only after checking that it is the memfd named here (dev, ino), that
+ * it is sealed against shrinking and covers [offset, +size); it maps it
+ * with its own provider's protection, whatever the exporter's. */
 typedef struct os_ipc_payload {
     uint32_t magic;     /* OS_IPC_MAGIC */
     uint16_t version;   /* OS_IPC_VERSION */
     uint16_t page_kind; /* hm_os_page_kind_t of the exporter */
     int32_t fd;         /* the exporter's memfd number */
-    uint32_t prot;      /* the exporter's protection */
+    uint32_t reserved;  /* 0 */
     uint64_t offset;    /* file offset of the allocation */
     uint64_t size;      /* mapped length (a multiple of page_size) */
     uint64_t base;      /* the exporter's address (for put) */
     uint64_t page_size; /* the exporter's page size */
+    uint64_t dev, ino;  /* the memfd's identity (fstat) */
 } os_ipc_payload_t;
 
 static inline int in_forked_child(const os_provider_t *s) {
@@ -281,6 +324,29 @@ static hm_result_t memfd_check(const os_provider_t *s, const char *what) {
                          s->fd, why ? why : "?", what);
     }
     return r;
+}
+
+/* memfd_check for a memfd of one allocation. */
+static hm_result_t seg_check(const os_seg_t *g, const char *what) {
+    hm_result_t r = hm__prim_fd_check(g->fd, &g->id);
+    if (hm_unlikely(r != HM_SUCCESS)) {
+        const char *why = NULL;
+        (void)hm_last_native_error(&why);
+        if (hm__prim_fd_first_report(&g->id))
+            HM_LOG_ERROR("os provider: the memfd of an allocation, descriptor %d, was closed or "
+                         "replaced by the program (%s); %s refused, the descriptor is left "
+                         "alone", g->fd, why ? why : "?", what);
+        else
+            HM_LOG_DEBUG("os provider: memfd descriptor %d closed or replaced (%s); %s refused",
+                         g->fd, why ? why : "?", what);
+    }
+    return r;
+}
+
+/* Drop a memfd of its own whose last mapping is gone (no lock held). */
+static void seg_drop(os_seg_t *g) {
+    if (seg_check(g, "closing it") == HM_SUCCESS) (void)hm__prim_close(g->fd);
+    free(g);
 }
 
 /* ---- the address -> mapping hash (open addressing, linear probing) ---- */
@@ -378,7 +444,7 @@ static hm_result_t ext_reserve(os_provider_t *s) {
 }
 
 /* Give [off, off+len) back, coalescing with its neighbours. Uses a slot
- * reserved by ext_reserve(). Then shrinks the file if the tail is free. */
+ * reserved by ext_reserve(). */
 static void ext_give(os_provider_t *s, uint64_t off, uint64_t len) {
     HM_ASSERT(s->ext_reserved > 0);
     s->ext_reserved--;
@@ -408,14 +474,8 @@ static void ext_give(os_provider_t *s, uint64_t off, uint64_t len) {
         s->ext[i].len = len;
         s->ext_count++;
     }
-    /* A free tail: shrink the file (this also drops its pages). */
-    os_extent_t *last = s->ext_count ? &s->ext[s->ext_count - 1] : NULL;
-    if (last && last->off + last->len == s->file_size &&
-        memfd_check(s, "shrinking the memfd") == HM_SUCCESS &&
-        hm__prim_ftruncate(s->fd, last->off) == HM_SUCCESS) {
-        s->file_size = last->off;
-        s->ext_count--;
-    }
+    /* The file keeps its size (F_SEAL_SHRINK): a free tail is grown into
+     * again by ext_take. */
 }
 
 /* Take `len` bytes of file: first fit, else grow the file. */
@@ -439,7 +499,18 @@ static hm_result_t ext_take(os_provider_t *s, uint64_t len, uint64_t *off) {
     if (tail) start = s->ext[s->ext_count - 1].off;
     if (len > (uint64_t)INT64_MAX - start)
         return hm__errno_result(ENOMEM, "os provider: memfd would exceed the file size limit");
-    hm_result_t r = memfd_check(s, "growing the memfd");
+    hm_result_t r = HM_SUCCESS;
+    if (s->fd < 0) { /* the spill's first use */
+        r = hm__prim_memfd_create(s->shm_name, s->memfd_flags, &s->fd);
+        if (r == HM_SUCCESS) r = hm__prim_fd_keep(&s->fd, &s->fd_id);
+        if (r == HM_SUCCESS) r = hm__prim_seal(s->fd, HM_PRIM_SEAL_SHRINK | HM_PRIM_SEAL_SEAL);
+        if (r != HM_SUCCESS) {
+            if (s->fd >= 0) (void)hm__prim_close(s->fd);
+            s->fd = -1;
+            return r;
+        }
+    }
+    r = memfd_check(s, "growing the memfd");
     if (r) return r;
     r = hm__prim_ftruncate(s->fd, start + len);
     if (r) return r == HM_ERROR_INVALID_ARGUMENT ? HM_ERROR_OUT_OF_MEMORY : r;
@@ -528,12 +599,20 @@ HM_RUN static hm_result_t os_init(const void *params, void **state) {
         (r = hm__os_numa_make_nodeset(s->numa_mode, p->nodes, p->node_count, &s->nodes)))
         goto fail;
     if (is_shared(s)) {
-        unsigned mf = 0;
-        if (s->page_kind == HM_OS_PAGES_HUGETLB_2M) mf = HM_PRIM_MEMFD_HUGETLB_2M;
-        if (s->page_kind == HM_OS_PAGES_HUGETLB_1G) mf = HM_PRIM_MEMFD_HUGETLB_1G;
-        if ((r = hm__prim_memfd_create(p->shm_name, mf, &s->fd))) goto fail;
-        if ((r = hm__prim_fd_keep(&s->fd, &s->fd_id))) goto fail;
-        /* The memfd is mapped, never mapped by the anonymous flags. */
+        unsigned mf = HM_PRIM_MEMFD_SEALABLE;
+        if (s->page_kind == HM_OS_PAGES_HUGETLB_2M) mf |= HM_PRIM_MEMFD_HUGETLB_2M;
+        if (s->page_kind == HM_OS_PAGES_HUGETLB_1G) mf |= HM_PRIM_MEMFD_HUGETLB_1G;
+        s->memfd_flags = mf;
+        snprintf(s->shm_name, sizeof(s->shm_name), "%s", p->shm_name);
+        s->max_memfds = p->max_memfds;
+        if (!s->max_memfds) {
+            struct rlimit rl;
+            size_t n = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                           ? (size_t)rl.rlim_cur / 8 : OS_MEMFDS_MAX;
+            s->max_memfds = n < OS_MEMFDS_MIN ? OS_MEMFDS_MIN
+                            : n > OS_MEMFDS_MAX ? OS_MEMFDS_MAX : n;
+        }
+        /* Memfds are mapped, never mapped by the anonymous flags. */
         s->map_flags &= ~(unsigned)(HM_PRIM_MAP_HUGETLB_2M | HM_PRIM_MAP_HUGETLB_1G);
     }
     *state = s;
@@ -551,9 +630,11 @@ static void os_fini(void *state) {
      * allocations are the caller's leak and stay mapped (the front-end or
      * pool reports them), but their file goes away with the memfd once
      * unmapped. */
-    for (size_t i = 0; i < s->map_cap; i++)
-        if (s->map[i].addr && s->map[i].imported)
-            (void)hm__prim_unmap((void *)s->map[i].addr, s->map[i].len);
+    for (size_t i = 0; i < s->map_cap; i++) {
+        os_mapping_t *m = &s->map[i];
+        if (m->addr && m->imported) (void)hm__prim_unmap((void *)m->addr, m->len);
+        if (m->addr && m->seg && !--m->seg->refs) seg_drop(m->seg);
+    }
     if (s->fd >= 0 && memfd_check(s, "closing it") == HM_SUCCESS) (void)hm__prim_close(s->fd);
     if (s->nodes) hwloc_bitmap_free(s->nodes);
     free(s->map);
@@ -605,15 +686,74 @@ static hm_result_t prepare(os_provider_t *s, void *addr, size_t len) {
     return r;
 }
 
+/* A memfd of its own for one allocation: made, sized, sealed, mapped. */
+static hm_result_t seg_make(os_provider_t *s, size_t len, size_t alignment, void **out,
+                            os_seg_t **seg) {
+    os_seg_t *g = calloc(1, sizeof(*g));
+    if (!g) return HM_ERROR_OUT_OF_HOST_MEMORY;
+    g->refs = 1;
+    void *addr = NULL;
+    hm_result_t r = hm__prim_memfd_create(s->shm_name, s->memfd_flags, &g->fd);
+    if (r == HM_SUCCESS) r = hm__prim_fd_keep(&g->fd, &g->id);
+    if (r == HM_SUCCESS) r = hm__prim_ftruncate(g->fd, len);
+    if (r == HM_SUCCESS)
+        r = hm__prim_seal(g->fd, HM_PRIM_SEAL_SHRINK | HM_PRIM_SEAL_GROW | HM_PRIM_SEAL_SEAL);
+    if (r == HM_SUCCESS) r = hm__prim_map(len, alignment, s->prot, s->map_flags, g->fd, 0, &addr);
+    if (r == HM_SUCCESS && (r = prepare(s, addr, len)) != HM_SUCCESS) {
+        (void)hm__prim_unmap(addr, len);
+        addr = NULL;
+    }
+    if (r != HM_SUCCESS) {
+        if (g->fd >= 0) (void)hm__prim_close(g->fd);
+        free(g);
+        return r;
+    }
+    *out = addr;
+    *seg = g;
+    return HM_SUCCESS;
+}
+
 static hm_result_t alloc_shared(os_provider_t *s, size_t len, size_t alignment, void **out) {
     if (in_forked_child(s)) {
         HM_LOG_ERROR("os provider: a shared-mode provider cannot allocate in a forked child; "
                      "create a new provider there");
         return HM_ERROR_NOT_SUPPORTED;
     }
-    uint64_t off = 0;
+    /* A memfd of its own while there are fewer than max_memfds. */
     hm__mutex_lock(&s->lock);
     hm_result_t r = map_reserve(s, 1);
+    bool own = r == HM_SUCCESS && s->nsegs < s->max_memfds;
+    if (own) {
+        s->nsegs++;
+        s->map_reserved++;
+    }
+    hm__mutex_unlock(&s->lock);
+    if (r) return r;
+    if (own) {
+        void *addr = NULL;
+        os_seg_t *g = NULL;
+        r = seg_make(s, len, alignment, &addr, &g);
+        int64_t e = r ? hm_last_native_error(NULL) : 0;
+        hm__mutex_lock(&s->lock);
+        s->map_reserved--;
+        if (r == HM_SUCCESS) {
+            os_mapping_t m = {.addr = (uintptr_t)addr, .len = len, .seg = g};
+            map_insert(s, &m);
+        } else {
+            s->nsegs--;
+        }
+        hm__mutex_unlock(&s->lock);
+        if (r == HM_SUCCESS) {
+            *out = addr;
+            return HM_SUCCESS;
+        }
+        if (e != EMFILE && e != ENFILE) return r;
+        HM_LOG_DEBUG("os provider: out of descriptors; the allocation goes to the spill memfd");
+    }
+
+    uint64_t off = 0;
+    hm__mutex_lock(&s->lock);
+    r = map_reserve(s, 1);
     if (r == HM_SUCCESS) {
         r = ext_reserve(s); /* for giving the extent back if mapping fails */
         if (r == HM_SUCCESS) {
@@ -706,16 +846,34 @@ static hm_result_t free_shared(os_provider_t *s, void *ptr, size_t len) {
     } else if (m->len != len) {
         HM_LOG_ERROR("os provider: free(%p, %zu): the allocation is %zu bytes", ptr, len, m->len);
         r = HM_ERROR_INVALID_ARGUMENT;
-    } else {
+    } else if (!m->seg) {
         r = ext_reserve(s);
     }
     uint64_t off = 0;
+    os_seg_t *g = NULL;
     if (r == HM_SUCCESS) {
         off = m->off;
+        g = m->seg;
         map_remove(s, m);
     }
     hm__mutex_unlock(&s->lock);
     if (r) return r;
+
+    if (g) { /* a memfd of its own: closed with its last part */
+        hm_result_t ur = hm__prim_unmap(ptr, len);
+        hm__mutex_lock(&s->lock);
+        bool alone = g->refs == 1;
+        hm__mutex_unlock(&s->lock);
+        /* A part a split made: its pages go now (our reference keeps g). */
+        if (!alone && seg_check(g, "punching a hole in the memfd") == HM_SUCCESS)
+            (void)hm__prim_punch_hole(g->fd, off, len);
+        hm__mutex_lock(&s->lock);
+        bool last = --g->refs == 0;
+        if (last) s->nsegs--;
+        hm__mutex_unlock(&s->lock);
+        if (last) seg_drop(g);
+        return ur;
+    }
 
     /* The mapping and the pages go first; only then may the extent be
      * handed to another allocation. */
@@ -794,8 +952,10 @@ static hm_result_t os_split(void *state, void *ptr, size_t total, size_t first) 
         HM_LOG_ERROR("os provider: split(%p): the allocation has IPC handles outstanding", ptr);
         r = HM_ERROR_BUSY;
     } else {
-        os_mapping_t hi = {.addr = m->addr + first, .len = m->len - first, .off = m->off + first};
+        os_mapping_t hi = {.addr = m->addr + first, .len = m->len - first, .seg = m->seg,
+                           .off = m->off + first};
         m->len = first;
+        if (m->seg) m->seg->refs++;
         map_insert(s, &hi); /* inserting never moves existing entries */
     }
     hm__mutex_unlock(&s->lock);
@@ -823,16 +983,17 @@ static hm_result_t os_merge(void *state, void *lo, void *hi, size_t total) {
                      "provider",
                      lo, hi, total);
         r = HM_ERROR_INVALID_ARGUMENT;
-    } else if (ml->off + ml->len != mh->off) {
+    } else if (ml->seg != mh->seg || ml->off + ml->len != mh->off) {
         /* Adjacent in memory but not in the file: one mapping cannot cover
          * both, so they stay two allocations. */
-        HM_LOG_INFO("os provider: merge(%p, %p): file offsets are not contiguous", lo, hi);
+        HM_LOG_INFO("os provider: merge(%p, %p): not contiguous parts of one memfd", lo, hi);
         r = HM_ERROR_NOT_SUPPORTED;
     } else if (ml->exports || mh->exports) {
         HM_LOG_ERROR("os provider: merge(%p, %p): IPC handles outstanding", lo, hi);
         r = HM_ERROR_BUSY;
     } else {
         ml->len += mh->len;
+        if (ml->seg) ml->seg->refs--; /* two parts are one now; the memfd stays */
         map_remove(s, mh); /* may move entries: ml is not used after this */
     }
     hm__mutex_unlock(&s->lock);
@@ -871,9 +1032,7 @@ static hm_result_t os_ipc_get(void *state, void *ptr, size_t size, void *payload
         return HM_ERROR_NOT_SUPPORTED;
     }
     if (in_forked_child(s)) return HM_ERROR_NOT_SUPPORTED;
-    /* The descriptor goes to the importer: it must be the memfd. */
-    hm_result_t r = memfd_check(s, "ipc get");
-    if (r) return r;
+    hm_result_t r = HM_SUCCESS;
     hm__mutex_lock(&s->lock);
     os_mapping_t *m = map_find_containing(s, (uintptr_t)ptr);
     if (!m || m->imported) {
@@ -885,21 +1044,27 @@ static hm_result_t os_ipc_get(void *state, void *ptr, size_t size, void *payload
         r = HM_ERROR_INVALID_ARGUMENT;
     } else if (m->exports == UINT32_MAX) {
         r = HM_ERROR_LIMIT;
-    } else {
+    } else if ((r = m->seg ? seg_check(m->seg, "ipc get") : memfd_check(s, "ipc get")) ==
+               HM_SUCCESS) {
+        /* The descriptor goes to the importer: it must be the memfd. The
+         * allocation's own memfd holds nothing else (the spill's: see the
+         * file comment). */
         m->exports++;
+        const hm_prim_file_id_t *id = m->seg ? &m->seg->id : &s->fd_id;
         os_ipc_payload_t pl = {
             .magic = OS_IPC_MAGIC,
             .version = OS_IPC_VERSION,
             .page_kind = (uint16_t)s->page_kind,
-            .fd = s->fd,
-            .prot = s->prot,
+            .fd = m->seg ? m->seg->fd : s->fd,
             .offset = m->off,
             .size = m->len,
             .base = m->addr,
             .page_size = s->page,
+            .dev = id->dev,
+            .ino = id->ino,
         };
         memcpy(payload, &pl, sizeof(pl));
-        *fd = s->fd;
+        *fd = pl.fd;
     }
     hm__mutex_unlock(&s->lock);
     return r;
@@ -910,7 +1075,7 @@ static hm_result_t os_ipc_put(void *state, void *payload) {
     if (!payload) return HM_ERROR_INVALID_ARGUMENT;
     os_ipc_payload_t pl;
     memcpy(&pl, payload, sizeof(pl));
-    if (pl.magic != OS_IPC_MAGIC || pl.version != OS_IPC_VERSION || pl.fd != s->fd) {
+    if (pl.magic != OS_IPC_MAGIC || pl.version != OS_IPC_VERSION) {
         HM_LOG_ERROR("os provider: ipc put: not a handle exported by this provider");
         return HM_ERROR_INVALID_HANDLE;
     }
@@ -918,7 +1083,8 @@ static hm_result_t os_ipc_put(void *state, void *payload) {
     if (in_forked_child(s)) return HM_SUCCESS;
     hm__mutex_lock(&s->lock);
     os_mapping_t *m = map_find(s, (uintptr_t)pl.base);
-    if (m && !m->imported && m->off == pl.offset && m->exports) {
+    if (m && !m->imported && m->off == pl.offset && m->exports &&
+        pl.fd == (m->seg ? m->seg->fd : s->fd)) {
         m->exports--;
         hm__mutex_unlock(&s->lock);
         return HM_SUCCESS;
@@ -946,7 +1112,7 @@ static hm_result_t os_ipc_open(void *state, const void *payload, int fd, size_t 
         !hm_is_pow2((size_t)pl.page_size) || pl.page_size < base_page ||
         pl.page_size > ((uint64_t)1 << 30) || !pl.size || (pl.size & (pl.page_size - 1)) ||
         (pl.offset & (pl.page_size - 1)) || pl.size > (SIZE_MAX >> 2) ||
-        pl.offset > (uint64_t)INT64_MAX - pl.size || (pl.prot & ~7u)) {
+        pl.offset > (uint64_t)INT64_MAX - pl.size || pl.reserved) {
         HM_LOG_ERROR("os provider: ipc open: malformed payload");
         return HM_ERROR_INVALID_HANDLE;
     }
@@ -955,15 +1121,30 @@ static hm_result_t os_ipc_open(void *state, const void *payload, int fd, size_t 
                      (unsigned long long)pl.size);
         return HM_ERROR_INVALID_HANDLE;
     }
-    /* A file shorter than the range would SIGBUS on touch: the exporter
-     * freed it (and shrank the file) or this is not its memfd. */
+    /* What came is checked before it is mapped (a peer chose it): the
+     * memfd the handle names, sealed so that nobody can shrink it under
+     * the mapping (a touch past the end would SIGBUS), long enough. */
+    hm_prim_file_id_t id = {0};
+    bool is_reg = false;
+    hm_result_t r = hm__prim_fd_identity(fd, &id, &is_reg);
+    if (r) return r;
+    if (!is_reg || id.dev != pl.dev || id.ino != pl.ino) {
+        HM_LOG_ERROR("os provider: ipc open: the descriptor is not the memfd the handle names");
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    unsigned seals = 0;
+    if (hm__prim_seals(fd, &seals) != HM_SUCCESS || !(seals & HM_PRIM_SEAL_SHRINK)) {
+        HM_LOG_ERROR("os provider: ipc open: the memfd is not sealed against shrinking (its "
+                     "holder could make our touches fault): refused");
+        return HM_ERROR_INVALID_HANDLE;
+    }
     uint64_t fsize = 0;
-    hm_result_t r = hm__prim_fd_size(fd, &fsize, NULL);
+    r = hm__prim_fd_size(fd, &fsize, NULL);
     if (r) return r;
     if (fsize < pl.offset + pl.size) {
         HM_LOG_ERROR("os provider: ipc open: the file is %llu bytes, the handle needs %llu",
                      (unsigned long long)fsize, (unsigned long long)(pl.offset + pl.size));
-        return HM_ERROR_STALE_HANDLE;
+        return HM_ERROR_INVALID_HANDLE;
     }
 
     hm__mutex_lock(&s->lock);
@@ -973,8 +1154,8 @@ static hm_result_t os_ipc_open(void *state, const void *payload, int fd, size_t 
     if (r) return r;
 
     void *addr = NULL;
-    /* The exporter's protection: a PROT_NONE export maps PROT_NONE. */
-    r = hm__prim_map((size_t)pl.size, (size_t)pl.page_size, pl.prot, HM_PRIM_MAP_SHARED, fd,
+    /* This provider's own protection (never the exporter's say). */
+    r = hm__prim_map((size_t)pl.size, (size_t)pl.page_size, s->prot, HM_PRIM_MAP_SHARED, fd,
                      pl.offset, &addr);
     hm__mutex_lock(&s->lock);
     s->map_reserved--;
