@@ -75,8 +75,10 @@ int main(void) {
     REQUIRE(ops->ipc.handle_size(st) <= sizeof(payload));
     int fd = -1;
     CHECK_OK(ops->ipc.get(st, y, 4096, payload, &fd));
+    CHECK(fd >= 0); /* the memory moves as the device's descriptor */
     void *m = NULL;
-    CHECK_OK(ops->ipc.open(st, payload, -1, 4096, &m));
+    CHECK_RES(ops->ipc.open(st, payload, -1, 4096, &m), HM_ERROR_INVALID_HANDLE); /* no path */
+    CHECK_OK(ops->ipc.open(st, payload, fd, 4096, &m));
     if (m) {
         CHECK(m != y && ((unsigned char *)m)[100] == 7);
         CHECK_OK(ops->ipc.close(st, m, 4096));
@@ -90,7 +92,7 @@ int main(void) {
 
     /* The provider's descriptor: high and close-on-exec; a program that
      * puts another file at its number keeps it (the provider needs the
-     * descriptor for nothing but exports of long paths and its close). */
+     * descriptor for nothing but exports and its close). */
     REQUIRE_OK(hm_devdax_provider_create(dev, &p));
     char real[PATH_MAX];
     REQUIRE(realpath(dev, real));

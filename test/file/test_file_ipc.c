@@ -1,13 +1,16 @@
 /* hetmem tests — the file provider through the IPC API, across a fork: the
  * parent exports an allocation of a proxy pool over a file; the child opens
- * the handle through its own pool over the same file (no descriptor moves:
- * the payload names the path), reads the parent's data and writes back; the
- * parent sees the write. A pool over another file opens the handle as well
- * (the payload, not the importer's own file, names the memory).
+ * the handle through its own pool over the same file (the memory moves as
+ * the exporter's descriptor, fetched with pidfd_getfd: the payload names no
+ * path), reads the parent's data and writes back; the parent sees the write.
+ * A pool over another file opens the handle as well (the descriptor, not the
+ * importer's own file, names the memory). Skipped where pidfd_getfd is not
+ * available (test_file_ipc_hostile covers the channel).
  * SPDX-License-Identifier: MIT */
 #include "harness.h"
 #include "conformance.h"
 
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,7 +36,7 @@ static int child(const char *path, const char *other, const hm_ipc_handle_t *h, 
     if (!hm_test_verify((char *)q + 4096, SIZE - 4096, 99)) return 12;
     memset(q, 0x77, 4096);
     if (hm_ipc_close(q) != HM_SUCCESS) return 13;
-    /* A pool over another file opens it too: the payload names the file. */
+    /* A pool over another file opens it too: the descriptor names the file. */
     hm_pool_t *pool2 = file_pool(other);
     if (!pool2) return 14;
     void *r = NULL;
@@ -44,7 +47,23 @@ static int child(const char *path, const char *other, const hm_ipc_handle_t *h, 
     return 0;
 }
 
+/* Does pidfd_getfd work here at all (kernel, seccomp)? */
+static int pidfd_getfd_works(void) {
+#ifdef SYS_pidfd_getfd
+    int pfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+    if (pfd < 0) return 0;
+    int fd = (int)syscall(SYS_pidfd_getfd, pfd, 0, 0);
+    close(pfd);
+    if (fd < 0) return 0;
+    close(fd);
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 int main(void) {
+    if (!pidfd_getfd_works()) HM_TEST_SKIP("pidfd_getfd is not available here");
     char dir[] = "/tmp/hm-file-ipc-XXXXXX", path[128], other[128];
     REQUIRE(mkdtemp(dir));
     snprintf(path, sizeof(path), "%s/shared", dir);

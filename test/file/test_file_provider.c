@@ -295,7 +295,10 @@ static void test_ipc_payload(void) {
     unlink(path);
     hm_provider_t *exp, *imp;
     REQUIRE_OK(hm_file_provider_create(path, &exp));
-    REQUIRE_OK(hm_file_provider_create(path, &imp));
+    char ipath[512];
+    path_in_dir(ipath, sizeof(ipath), "ipc-importer");
+    unlink(ipath);
+    REQUIRE_OK(hm_file_provider_create(ipath, &imp)); /* any file: the fd names the memory */
     const hm_provider_ops_t *ops = hm_provider_get_ops(exp);
     void *es = hm_provider_get_state(exp), *is = hm_provider_get_state(imp);
     REQUIRE(ops && ops->ipc.handle_size);
@@ -306,15 +309,16 @@ static void test_ipc_payload(void) {
     void *a, *b;
     REQUIRE_OK(hm_provider_alloc(exp, 64 * KIB, 0, &a)); /* offset 0 */
     REQUIRE_OK(hm_provider_alloc(exp, 64 * KIB, 0, &b)); /* offset 64 KiB */
-    int fd = 12345;
-    REQUIRE_OK(ops->ipc.get(es, b, 64 * KIB, payload, &fd));
-    CHECK_EQ(fd, -1); /* the path names the file: no descriptor to move */
-    fd = open(path, O_RDWR);
+    int xfd = -1;
+    REQUIRE_OK(ops->ipc.get(es, b, 64 * KIB, payload, &xfd));
+    CHECK(xfd >= 0); /* the memory moves as the exporter's descriptor */
+    int fd = dup(xfd); /* the importer's copy, as pidfd_getfd or the channel gives it */
     REQUIRE(fd >= 0);
     hm_test_fill(b, 64 * KIB, 77);
-    /* By path (no fd), then by fd. */
+    /* Without the descriptor: refused (no path is ever opened). */
     void *m1 = NULL, *m2 = NULL;
-    CHECK_OK(ops->ipc.open(is, payload, -1, 64 * KIB, &m1));
+    CHECK_RES(ops->ipc.open(is, payload, -1, 64 * KIB, &m1), HM_ERROR_INVALID_HANDLE);
+    CHECK_OK(ops->ipc.open(is, payload, fd, 64 * KIB, &m1));
     CHECK_OK(ops->ipc.open(is, payload, fd, 64 * KIB, &m2));
     if (m1 && m2) {
         CHECK(m1 != b);
@@ -326,42 +330,102 @@ static void test_ipc_payload(void) {
     }
     /* Broken payloads: every one refused, nothing mapped. */
     void *m = NULL;
-    for (size_t i = 0; i < 48; i++) { /* flip a byte of each header field */
+    for (size_t i = 0; i < hs; i++) { /* flip a byte of each field */
         memcpy(bad, payload, hs);
         bad[i] ^= 0x40;
-        hm_result_t r = ops->ipc.open(is, bad, -1, 64 * KIB, &m);
-        /* offset changes by 64*k are valid offsets of the same file;
-         * every other change must be refused */
+        hm_result_t r = ops->ipc.open(is, bad, fd, 64 * KIB, &m);
+        /* offset changes by 16 KiB * k inside the file are valid offsets of
+         * the same file; every other change must be refused */
         if (r == HM_SUCCESS) {
             CHECK_MSG(i >= 8 && i < 16, "flipped byte %zu accepted", i);
             ops->ipc.close(is, m, 64 * KIB);
         } else {
-            CHECK_MSG(r == HM_ERROR_INVALID_HANDLE || r == HM_ERROR_STALE_HANDLE ||
-                          r == HM_ERROR_DRIVER,
-                      "flipped byte %zu -> %s", i, hm_result_string(r));
+            CHECK_MSG(r == HM_ERROR_INVALID_HANDLE, "flipped byte %zu -> %s", i,
+                      hm_result_string(r));
         }
     }
-    CHECK_RES(ops->ipc.open(is, payload, -1, 128 * KIB, &m), HM_ERROR_INVALID_HANDLE);
-    CHECK_OK(ops->ipc.put(es, payload));
-    /* A file replaced at the same path: stale. */
+    CHECK_RES(ops->ipc.open(is, payload, fd, 128 * KIB, &m), HM_ERROR_INVALID_HANDLE);
+    /* The descriptor of another file (big enough): refused, bound by
+     * dev/ino. */
     char other[512];
     path_in_dir(other, sizeof(other), "ipc-other");
     int ofd = open(other, O_RDWR | O_CREAT, 0600);
     REQUIRE(ofd >= 0);
     CHECK(ftruncate(ofd, 1 << 20) == 0);
+    CHECK_RES(ops->ipc.open(is, payload, ofd, 64 * KIB, &m), HM_ERROR_INVALID_HANDLE);
     close(ofd);
-    CHECK(rename(other, path) == 0);
-    CHECK_RES(ops->ipc.open(is, payload, -1, 64 * KIB, &m), HM_ERROR_STALE_HANDLE);
-    CHECK_OK(ops->ipc.open(is, payload, fd, 64 * KIB, &m)); /* the fd still names it */
-    if (m) CHECK_OK(ops->ipc.close(is, m, 64 * KIB));
+    /* The right file, read-only: refused (never more than the sender holds). */
+    int rofd = open(path, O_RDONLY);
+    REQUIRE(rofd >= 0);
+    CHECK_RES(ops->ipc.open(is, payload, rofd, 64 * KIB, &m), HM_ERROR_INVALID_HANDLE);
+    close(rofd);
+    /* A range past the file's end (forged offset): refused, no SIGBUS. */
+    struct stat st;
+    REQUIRE(fstat(fd, &st) == 0);
+    uint64_t off = (uint64_t)st.st_size; /* the payload's offset: bytes 8..15, native */
+    memcpy(bad, payload, hs);
+    memcpy(bad + 8, &off, sizeof(off));
+    CHECK_RES(ops->ipc.open(is, bad, fd, 64 * KIB, &m), HM_ERROR_INVALID_HANDLE);
+    off = (uint64_t)st.st_size - 4 * KIB; /* straddles the end */
+    memcpy(bad + 8, &off, sizeof(off));
+    CHECK_RES(ops->ipc.open(is, bad, fd, 64 * KIB, &m), HM_ERROR_INVALID_HANDLE);
+    CHECK_OK(ops->ipc.put(es, payload));
     close(fd);
     CHECK_OK(hm_provider_free(exp, a, 64 * KIB));
     CHECK_OK(hm_provider_free(exp, b, 64 * KIB));
     CHECK_OK(hm_provider_destroy(imp));
     CHECK_OK(hm_provider_destroy(exp));
     unlink(path);
+    unlink(ipath);
+    unlink(other);
     free(payload);
     free(bad);
+}
+
+/* ---- the provider's own file: no symlink, no foreign file ---- */
+
+static void test_own_file(void) {
+    char path[512], target[512];
+    path_in_dir(path, sizeof(path), "own");
+    path_in_dir(target, sizeof(target), "own-target");
+    unlink(path);
+    unlink(target);
+    hm_provider_t *p = NULL;
+    /* A symbolic link at the path, dangling or not: refused, nothing
+     * created or changed through it. */
+    REQUIRE(symlink(target, path) == 0);
+    CHECK_RES(hm_file_provider_create(path, &p), HM_ERROR_INVALID_ARGUMENT);
+    CHECK(!file_exists(target));
+    int tfd = open(target, O_RDWR | O_CREAT | O_EXCL, 0600);
+    REQUIRE(tfd >= 0);
+    close(tfd);
+    CHECK_RES(hm_file_provider_create(path, &p), HM_ERROR_INVALID_ARGUMENT);
+    struct stat st;
+    CHECK(stat(target, &st) == 0 && st.st_size == 0);
+    unlink(path);
+    /* Created by the provider: 0600, used again. */
+    REQUIRE_OK(hm_file_provider_create(path, &p));
+    CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600);
+    CHECK_OK(hm_provider_destroy(p));
+    REQUIRE_OK(hm_file_provider_create(path, &p));
+    CHECK_OK(hm_provider_destroy(p));
+    /* Open to group or others: refused unless the program allows it. */
+    static const mode_t modes[] = {0666, 0640, 0604, 0620, 0602, 0610};
+    for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+        REQUIRE(chmod(path, modes[i]) == 0);
+        CHECK_RES(hm_file_provider_create(path, &p), HM_ERROR_PERMISSION);
+    }
+    hm_file_params_t *fp;
+    REQUIRE_OK(hm_file_params_create(path, &fp));
+    CHECK_RES(hm_file_params_set_foreign_file(NULL, true), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(hm_file_params_set_foreign_file(fp, true));
+    CHECK_OK(hm_provider_create(hm_file_provider_ops(), fp, &p));
+    if (p) CHECK_OK(hm_provider_destroy(p));
+    CHECK_OK(hm_file_params_set_foreign_file(fp, false));
+    CHECK_RES(hm_provider_create(hm_file_provider_ops(), fp, &p), HM_ERROR_PERMISSION);
+    hm_file_params_destroy(fp);
+    unlink(path);
+    unlink(target);
 }
 
 /* ---- threads growing the file at once ---- */
@@ -447,6 +511,7 @@ int main(void) {
     HM_TEST_PHASE(test_holes());
     HM_TEST_PHASE(test_limits());
     HM_TEST_PHASE(test_ipc_payload());
+    HM_TEST_PHASE(test_own_file());
     HM_TEST_PHASE(test_threads());
 
     factory_t shared = {.vis = HM_FILE_SHARED, .grow = 0};

@@ -16,17 +16,34 @@
  * device across processes; as with the file provider, a fresh provider hands
  * memory out from offset 0, best fit, deterministically.
  *
- * A path that does not exist, is not a character device, or is a character
- * device that is not a device DAX (checked in sysfs) is refused with
- * HM_ERROR_INVALID_ARGUMENT and a log line saying which; a device that
- * refuses MAP_SYNC gives HM_ERROR_NOT_SUPPORTED.
+ * A path that does not exist, is a symbolic link (the device is opened
+ * O_NOFOLLOW | O_CLOEXEC: give the device node itself), is not a character
+ * device, or is a character device that is not a device DAX (checked in
+ * sysfs) is refused with HM_ERROR_INVALID_ARGUMENT and a log line saying
+ * which; a device that refuses MAP_SYNC gives HM_ERROR_NOT_SUPPORTED.
  *
- * IPC: the native payload names the device (path and device number) and the
- * offset; the importer opens the path and maps the aligned range that holds
- * the allocation (no descriptor has to move). As with the file provider, a
- * range freed while exported is reused at once. The device's descriptor
- * stays open for the provider's life, high and close-on-exec, and is
- * checked before each use (provider.h, "Descriptors"). */
+ * IPC. A handle moves as the provider's descriptor of the device (the IPC
+ * layer passes it by pidfd_getfd or the channel: see ipc.h) plus {device
+ * number, offset, size}; it names no path, and an importer never opens a
+ * device because a handle says so. What a handle exposes and grants: the
+ * descriptor of the whole device, open read-write. The exporter shares only
+ * what it already holds, but an importer that has the descriptor can map,
+ * read and write any part of the device, not only the exported range:
+ * export only to a peer that may see all of it. A device DAX cannot be
+ * truncated, so neither side can make the other's mappings fault that way.
+ * The importer (a devdax provider over the same device: the device's
+ * alignment shapes the mapping) checks, before it maps, that the descriptor
+ * came with the handle, is open read-write, is a character device with the
+ * handle's device number, that sysfs says it is a device DAX
+ * (/sys/dev/char/<major>:<minor>/subsystem is "dax") with this provider's
+ * alignment, and that the device (its sysfs size) holds the aligned range
+ * around [offset, offset + size); any of these failing is
+ * HM_ERROR_INVALID_HANDLE, logged. It maps that aligned range read-write,
+ * shared, MAP_SYNC, never executable: nothing in the handle chooses the
+ * protection. As with the file provider, a range freed while exported is
+ * reused at once. The device's descriptor stays open for the provider's
+ * life, high and close-on-exec, and is checked before each use (provider.h,
+ * "Descriptors"). */
 #ifndef HETMEM_PROVIDERS_DEVDAX_H
 #define HETMEM_PROVIDERS_DEVDAX_H
 

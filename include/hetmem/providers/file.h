@@ -29,15 +29,39 @@
  * writes to it on a full filesystem receives SIGBUS, as with any mapped
  * file.
  *
- * IPC (shared mappings only): the native payload names the file (path,
- * device and inode, to detect a different file at the same path) and the
- * offset; the importer (a file provider over any file) opens the path and
- * maps the same file range, so no
- * descriptor has to move (a path longer than 511 bytes travels as the
- * descriptor instead). A file removed or replaced since the export gives
- * HM_ERROR_STALE_HANDLE. Freeing an allocation while it is exported returns
- * the range to the provider at once: an importer still mapping it may see
- * the next allocation's data there.
+ * The file: opened read-write, O_NOFOLLOW. A symbolic link at the path is
+ * refused with HM_ERROR_INVALID_ARGUMENT (as any path that names no regular
+ * file); the directories above it are followed. A file that does not exist
+ * is created with mode 0600. A file that exists must belong to the
+ * effective user and have no group or other permission bit (mode & 077 ==
+ * 0), else hm_provider_create() fails with HM_ERROR_PERMISSION: another
+ * user who can read or write the file reads or writes the memory.
+ * hm_file_params_set_foreign_file() lifts that check.
+ *
+ * IPC (shared mappings only). A handle moves as the provider's descriptor
+ * of the file (the IPC layer passes it by pidfd_getfd or the channel: see
+ * ipc.h) plus {device, inode, offset, size}; it names no path, and an
+ * importer never opens a file because a handle says so. What a handle
+ * exposes and grants:
+ *  - the descriptor of the whole file, open read-write. The exporter shares
+ *    only what it already holds, but an importer that has the descriptor can
+ *    map, read and write any part of that file, not only the exported range:
+ *    export from a file only to a peer that may see all of it;
+ *  - a regular file cannot be sealed: either side holding the descriptor can
+ *    truncate it, and the other side's next touch of a mapping past the new
+ *    end faults (SIGBUS), whatever was checked at open. File handles are
+ *    for peers that trust each other not to do that (a device DAX cannot
+ *    be truncated: devdax.h).
+ * The importer (a file provider over any file) checks, before it maps, that
+ * the descriptor came with the handle, is open read-write, is a regular
+ * file with the handle's device and inode (a handle cannot be re-pointed at
+ * another file), and is at least offset + size long (no SIGBUS on touch);
+ * any of these failing is HM_ERROR_INVALID_HANDLE, logged. Its mapping is
+ * read-write, shared, never executable, and MAP_SYNC as the importer's own
+ * provider is set: nothing in the handle chooses the protection. Freeing an
+ * allocation while it is exported returns the range to the provider at
+ * once: an importer still mapping it may see the next allocation's data
+ * there.
  *
  * The file's descriptor stays open for the provider's life, high and
  * close-on-exec, and is checked before each use (provider.h,
@@ -60,8 +84,9 @@ typedef enum hm_file_visibility {
 
 HM_API const hm_provider_ops_t *hm_file_provider_ops(void);
 
-/* path: the file to create or reuse (opened O_RDWR | O_CREAT, mode 0600).
- * The string is copied. */
+/* path: the file to create (mode 0600) or reuse (the effective user's own,
+ * mode & 077 == 0, unless hm_file_params_set_foreign_file() says
+ * otherwise); never a symbolic link. The string is copied. */
 HM_API hm_result_t hm_file_params_create(const char *path, hm_file_params_t **params);
 HM_API hm_result_t hm_file_params_destroy(hm_file_params_t *params);
 HM_API hm_result_t hm_file_params_set_visibility(hm_file_params_t *params,
@@ -74,6 +99,14 @@ HM_API hm_result_t hm_file_params_set_map_sync(hm_file_params_t *params, bool ma
 /* Keep the file after the provider is destroyed (default true); false
  * removes it (also a file that existed before). */
 HM_API hm_result_t hm_file_params_set_keep_file(hm_file_params_t *params, bool keep);
+/* Allow an existing file that is not the effective user's own or that has
+ * group or other permission bits (default false: such a file is refused at
+ * hm_provider_create() with HM_ERROR_PERMISSION). With true the provider
+ * uses whatever regular file is at the path (not a symbolic link), and
+ * whoever else may read or write that file reads or writes the provider's
+ * memory: allow it only for a file shared on purpose. Files the provider
+ * creates are 0600 either way. */
+HM_API hm_result_t hm_file_params_set_foreign_file(hm_file_params_t *params, bool allow);
 /* The file grows by at least this much at a time (default 16 MiB; rounded
  * up to the page size; a growth that does not fit on the filesystem is
  * retried with exactly what the allocation needs). */

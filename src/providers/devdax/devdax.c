@@ -37,6 +37,7 @@ typedef struct devdax_state {
     hm_coarse_t *coarse;
     int fd;
     char *path;
+    char *sysfs_root; /* NULL: /sys */
     void *base;
     size_t size;  /* mapped, usable bytes */
     size_t align; /* device alignment */
@@ -199,11 +200,16 @@ static hm_result_t devdax_init(const void *params, void **state) {
         return HM_ERROR_INVALID_ARGUMENT;
     }
     struct stat st;
-    if (stat(p->path, &st) != 0) {
+    if (lstat(p->path, &st) != 0) {
         int e = errno;
         HM_LOG_ERROR("devdax provider: '%s': %s", p->path, strerror(e));
-        (void)hm__native_error(e, "stat(%s)", p->path);
+        (void)hm__native_error(e, "lstat(%s)", p->path);
         return e == EACCES ? HM_ERROR_PERMISSION : HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (S_ISLNK(st.st_mode)) {
+        HM_LOG_ERROR("devdax provider: '%s' is a symbolic link: refused (the device is opened "
+                     "O_NOFOLLOW; give the device node itself, e.g. /dev/dax0.0)", p->path);
+        return HM_ERROR_INVALID_ARGUMENT;
     }
     if (!S_ISCHR(st.st_mode)) {
         HM_LOG_ERROR("devdax provider: '%s' is not a character device%s", p->path,
@@ -227,15 +233,16 @@ static hm_result_t devdax_init(const void *params, void **state) {
     s->page = page;
     s->align = (size_t)align;
     s->rdev = st.st_rdev;
-    if (!(s->path = strdup(p->path))) {
+    if (!(s->path = strdup(p->path)) ||
+        (p->sysfs_root && !(s->sysfs_root = strdup(p->sysfs_root)))) {
         r = HM_ERROR_OUT_OF_HOST_MEMORY;
         goto fail;
     }
-    s->fd = open(p->path, O_RDWR | O_CLOEXEC);
+    s->fd = open(p->path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY);
     if (s->fd < 0) {
         int e = errno;
         HM_LOG_ERROR("devdax provider: cannot open '%s': %s", p->path, strerror(e));
-        r = hm__errno_result(e, "open(%s)", p->path);
+        r = e == ELOOP ? HM_ERROR_INVALID_ARGUMENT : hm__errno_result(e, "open(%s)", p->path);
         goto fail;
     }
     if ((r = hm__prim_fd_keep(&s->fd, &s->id)) != HM_SUCCESS) goto fail;
@@ -274,6 +281,7 @@ static void devdax_fini(void *state) {
             HM_SUCCESS)
         (void)hm__prim_close(s->fd);
     free(s->path);
+    free(s->sysfs_root);
     free(s);
 }
 
@@ -311,43 +319,68 @@ static hm_result_t devdax_merge(void *state, void *lo, void *hi, size_t total) {
     return hm__coarse_merge(s->coarse, lo, hi, total);
 }
 
-/* ---- IPC: {path, rdev, offset, size} ---- */
+/* ---- IPC: the device's descriptor + {rdev, offset, size} ---- */
 
 static size_t devdax_ipc_size(void *state) { return sizeof(hm_file_ipc_payload_t); }
 
 static hm_result_t devdax_ipc_get(void *state, void *ptr, size_t size, void *payload, int *fd) {
     devdax_state_t *s = state;
+    *fd = -1;
     hm_coarse_range_t rg;
     size_t len = hm_align_up(size, s->page);
     hm_result_t r = hm__coarse_lookup(s->coarse, ptr, len, &rg);
+    if (r != HM_SUCCESS) return r;
+    /* The memory moves as this descriptor (the IPC layer moves it). */
+    r = hm__file_fd_check(s->fd, &s->id, "devdax", s->path, "ipc get");
     if (r != HM_SUCCESS) return r;
     /* The IPC layer's buffer may be unaligned: build here, copy out. */
     hm_file_ipc_payload_t local, *p = &local;
     memset(p, 0, sizeof(*p));
     p->magic = HM_DEVDAX_IPC_MAGIC;
     p->version = HM_FILE_IPC_VERSION;
-    size_t n = strlen(s->path);
-    if (n < HM_FILE_IPC_PATH_MAX) {
-        memcpy(p->path, s->path, n + 1);
-        p->path_len = (uint16_t)n;
-    }
     p->offset = rg.region_tag + (uint64_t)((uintptr_t)ptr - (uintptr_t)rg.region_base);
     p->size = len;
     p->dev = (uint64_t)s->rdev;
     p->flags = HM_FILE_IPC_MAP_SYNC;
-    *fd = -1; /* the path names the device */
-    if (!p->path_len) {
-        r = hm__file_fd_check(s->fd, &s->id, "devdax", s->path, "ipc get");
-        if (r != HM_SUCCESS) return r;
-        *fd = s->fd;
-    }
     memcpy(payload, p, sizeof(*p));
+    *fd = s->fd;
     return HM_SUCCESS;
 }
 
 static hm_result_t devdax_ipc_put(void *state, void *payload) {
     (void)state;
     return hm__file_ipc_put_check(payload, HM_DEVDAX_IPC_MAGIC, "devdax");
+}
+
+/* The descriptor that came with a handle is a character device with the
+ * handle's (and this provider's) device number; sysfs must say it is a
+ * device DAX with this provider's alignment, and hold the aligned range
+ * [lo, hi) the open maps. Checked on every open (the miss path). */
+static hm_result_t devdax_ipc_check(devdax_state_t *s, const hm_file_ipc_payload_t *p, int fd,
+                                    uint64_t *lo, uint64_t *hi) {
+    struct stat st;
+    hm_result_t r = hm__file_ipc_check_fd(p, fd, true, &st);
+    if (r != HM_SUCCESS) return r;
+    uint64_t dsize, dalign;
+    if (hm__devdax_sysfs_read(s->sysfs_root, major(st.st_rdev), minor(st.st_rdev), &dsize,
+                              &dalign) != HM_SUCCESS) {
+        HM_LOG_ERROR("devdax IPC open: the handle's descriptor is not a device DAX: refused");
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    if (dalign != (uint64_t)s->align) {
+        HM_LOG_ERROR("devdax IPC open: the device's alignment is now %" PRIu64 ", was %zu: "
+                     "refused", dalign, s->align);
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    /* Validated: offset + size does not overflow and is below 2^63. */
+    *lo = p->offset & ~(uint64_t)(s->align - 1);
+    *hi = (p->offset + p->size + (s->align - 1)) & ~(uint64_t)(s->align - 1);
+    if (*hi > (dsize & ~(uint64_t)(s->align - 1)) || *hi - *lo > (uint64_t)(SIZE_MAX >> 1)) {
+        HM_LOG_ERROR("devdax IPC open: the handle maps up to %" PRIu64 " of a %" PRIu64
+                     "-byte device: refused", *hi, dsize);
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    return HM_SUCCESS;
 }
 
 static hm_result_t devdax_ipc_open(void *state, const void *payload, int fd, size_t size,
@@ -358,20 +391,18 @@ static hm_result_t devdax_ipc_open(void *state, const void *payload, int fd, siz
     const hm_file_ipc_payload_t *p = &local;
     hm_result_t r = hm__file_ipc_validate(p, HM_DEVDAX_IPC_MAGIC, size, s->page);
     if (r != HM_SUCCESS) return r;
+    /* This provider's device only: its alignment shapes open and close. */
     if (p->dev != (uint64_t)s->rdev) {
         HM_LOG_ERROR("devdax IPC open: the handle is for another device");
         return HM_ERROR_INVALID_HANDLE;
     }
-    int f;
-    r = hm__file_ipc_open_fd(p, fd, true, &f);
-    if (r != HM_SUCCESS) return r;
-    /* Map the aligned range around [offset, offset+size). */
-    uint64_t lo = p->offset & ~(uint64_t)(s->align - 1);
-    uint64_t hi = hm_align_up((size_t)(p->offset + p->size), s->align);
+    uint64_t lo, hi;
+    if ((r = devdax_ipc_check(s, p, fd, &lo, &hi)) != HM_SUCCESS) return r;
+    /* Map the aligned range around [offset, offset+size), read-write
+     * shared, MAP_SYNC: the importer's settings, never the payload's. The
+     * mapping keeps the device; the caller closes fd. */
     void *m = NULL;
-    if (!hi || hi > s->size) r = HM_ERROR_INVALID_HANDLE;
-    else r = hm__file_map(f, lo, (size_t)(hi - lo), s->align, true, true, &m);
-    (void)hm__prim_close(f);
+    r = hm__file_map(fd, lo, (size_t)(hi - lo), s->align, true, true, &m);
     if (r != HM_SUCCESS) return r;
     *ptr = (char *)m + (p->offset - lo);
     return HM_SUCCESS;

@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #define FILE_DEFAULT_GROW (16u << 20)
@@ -37,6 +38,7 @@ struct hm_file_params {
     hm_file_visibility_t visibility;
     bool map_sync;
     bool keep_file;
+    bool foreign_file;
     size_t grow_size;
     uint64_t max_size;
 };
@@ -127,10 +129,9 @@ hm_result_t hm__file_ipc_validate(const hm_file_ipc_payload_t *p, uint32_t magic
     const char *why = NULL;
     if (p->magic != magic) why = "wrong magic (not this provider's handle)";
     else if (p->version != HM_FILE_IPC_VERSION) why = "unknown payload version";
-    else if (p->reserved != 0 || (p->flags & ~(uint32_t)HM_FILE_IPC_MAP_SYNC)) why = "unknown flags";
-    else if (p->path_len >= HM_FILE_IPC_PATH_MAX || p->path[p->path_len] != '\0' ||
-             strlen(p->path) != p->path_len)
-        why = "bad path length";
+    else if (p->pad != 0 || p->reserved != 0 || (p->flags & ~(uint32_t)HM_FILE_IPC_MAP_SYNC))
+        why = "unknown flags or reserved bits set";
+    else if (magic == HM_DEVDAX_IPC_MAGIC && p->ino != 0) why = "a device handle with an inode";
     else if (!p->size || (p->size & (granularity - 1)) || (p->offset & (granularity - 1)) ||
              p->offset > (uint64_t)INT64_MAX - p->size)
         why = "offset or size not aligned or out of range";
@@ -142,44 +143,57 @@ hm_result_t hm__file_ipc_validate(const hm_file_ipc_payload_t *p, uint32_t magic
     return HM_SUCCESS;
 }
 
-hm_result_t hm__file_ipc_open_fd(const hm_file_ipc_payload_t *p, int fd, bool is_device,
-                                 int *out) {
-    *out = -1;
-    int f;
-    if (fd >= 0) {
-        hm_result_t r = hm__prim_dup(fd, &f);
-        if (r != HM_SUCCESS) return r;
-    } else {
-        if (!p->path_len) {
-            HM_LOG_ERROR("IPC open: the handle names no path and came without a descriptor");
+hm_result_t hm__file_ipc_check_fd(const hm_file_ipc_payload_t *p, int fd, bool is_device,
+                                  struct stat *st) {
+    const char *who = is_device ? "devdax" : "file";
+    if (fd < 0) {
+        HM_LOG_ERROR("%s IPC open: the handle came without its descriptor (a handle of this "
+                     "provider always moves as the exporter's descriptor; a path is never "
+                     "opened)", who);
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0) {
+        int e = errno;
+        HM_LOG_ERROR("%s IPC open: descriptor %d: %s", who, fd, strerror(e));
+        (void)hm__native_error(e, "fcntl(%d, F_GETFL)", fd);
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    if ((fl & O_PATH) == O_PATH || (fl & O_ACCMODE) != O_RDWR) {
+        HM_LOG_ERROR("%s IPC open: the handle's descriptor is not open read-write (flags "
+                     "0%o): the exporter does not hold what the handle would grant", who,
+                     (unsigned)fl);
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    if (fstat(fd, st) != 0) {
+        int e = errno;
+        HM_LOG_ERROR("%s IPC open: fstat of the handle's descriptor: %s", who, strerror(e));
+        (void)hm__native_error(e, "fstat(%d)", fd);
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    if (is_device) {
+        if (!S_ISCHR(st->st_mode) || (uint64_t)st->st_rdev != p->dev) {
+            HM_LOG_ERROR("devdax IPC open: the handle names the device %u:%u and its "
+                         "descriptor is %s: refused", major((dev_t)p->dev), minor((dev_t)p->dev),
+                         S_ISCHR(st->st_mode) ? "another character device"
+                                              : "no character device");
             return HM_ERROR_INVALID_HANDLE;
         }
-        f = open(p->path, O_RDWR | O_CLOEXEC);
-        if (f < 0) {
-            int e = errno;
-            HM_LOG_ERROR("IPC open: cannot open '%s': %s", p->path, strerror(e));
-            (void)hm__native_error(e, "open(%s)", p->path);
-            return e == ENOENT ? HM_ERROR_STALE_HANDLE
-                   : (e == EACCES || e == EPERM) ? HM_ERROR_PERMISSION
-                                                 : HM_ERROR_DRIVER;
-        }
+        return HM_SUCCESS;
     }
-    struct stat st;
-    if (fstat(f, &st) != 0) {
-        int e = errno;
-        close(f);
-        return hm__errno_result(e, "fstat(%d)", f);
+    if (!S_ISREG(st->st_mode) || (uint64_t)st->st_dev != p->dev ||
+        (uint64_t)st->st_ino != p->ino) {
+        HM_LOG_ERROR("file IPC open: the handle names the file (device 0x%" PRIx64
+                     ", inode %" PRIu64 ") and its descriptor is %s: refused", p->dev, p->ino,
+                     S_ISREG(st->st_mode) ? "another file" : "no regular file");
+        return HM_ERROR_INVALID_HANDLE;
     }
-    bool same = is_device ? (S_ISCHR(st.st_mode) && (uint64_t)st.st_rdev == p->dev)
-                          : (S_ISREG(st.st_mode) && (uint64_t)st.st_dev == p->dev &&
-                             (uint64_t)st.st_ino == p->ino);
-    if (!same) {
-        HM_LOG_ERROR("IPC open: '%s' is not the file the handle was made for (replaced?)",
-                     p->path_len ? p->path : "(fd)");
-        close(f);
-        return HM_ERROR_STALE_HANDLE;
+    if (st->st_size < 0 || (uint64_t)st->st_size < p->offset + p->size) {
+        HM_LOG_ERROR("file IPC open: the file holds %lld bytes, the handle maps [%" PRIu64
+                     ", %" PRIu64 "): refused (a touch past its end would fault)",
+                     (long long)st->st_size, p->offset, p->offset + p->size);
+        return HM_ERROR_INVALID_HANDLE;
     }
-    *out = f;
     return HM_SUCCESS;
 }
 
@@ -232,6 +246,12 @@ hm_result_t hm_file_params_set_map_sync(hm_file_params_t *params, bool map_sync)
 hm_result_t hm_file_params_set_keep_file(hm_file_params_t *params, bool keep) {
     if (!params) return HM_ERROR_INVALID_ARGUMENT;
     params->keep_file = keep;
+    return HM_SUCCESS;
+}
+
+hm_result_t hm_file_params_set_foreign_file(hm_file_params_t *params, bool allow) {
+    if (!params) return HM_ERROR_INVALID_ARGUMENT;
+    params->foreign_file = allow;
     return HM_SUCCESS;
 }
 
@@ -368,6 +388,44 @@ static const hm_coarse_ops_t file_coarse_ops = {.grow = file_grow, .release = fi
 
 static void file_fini(void *state);
 
+/* Open the provider's own file read-write: create it (O_EXCL, mode 0600:
+ * *created) or open the one there. A symbolic link as the last component
+ * is refused (O_NOFOLLOW; O_EXCL never follows one either), with
+ * HM_ERROR_INVALID_ARGUMENT, as any path that names no regular file. */
+static hm_result_t open_own_file(const char *path, int *out, bool *created) {
+    const int fl = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY;
+    int fd = -1;
+    *created = false;
+    /* A file removed between the two opens: try again (a few times). */
+    for (int tries = 0; tries < 8; tries++) {
+        fd = open(path, fl | O_CREAT | O_EXCL, 0600);
+        if (fd >= 0) {
+            *created = true;
+            break;
+        }
+        if (errno != EEXIST) break;
+        fd = open(path, fl);
+        if (fd >= 0 || errno != ENOENT) break;
+    }
+    if (fd >= 0) {
+        *out = fd;
+        return HM_SUCCESS;
+    }
+    int e = errno;
+    if (e == ELOOP) {
+        HM_LOG_ERROR("file provider: '%s' is a symbolic link: refused (the provider opens its "
+                     "file O_NOFOLLOW; give the path of the file itself)", path);
+        (void)hm__native_error(e, "open(%s, O_NOFOLLOW)", path);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    HM_LOG_ERROR("file provider: cannot open '%s': %s", path, strerror(e));
+    if (e == EISDIR || e == ENOENT || e == ENOTDIR) {
+        (void)hm__native_error(e, "open(%s)", path);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    return hm__errno_result(e, "open(%s)", path);
+}
+
 static hm_result_t file_init(const void *params, void **state) {
     const hm_file_params_t *p = params;
     if (!p) {
@@ -399,14 +457,8 @@ static hm_result_t file_init(const void *params, void **state) {
     s->max_size = p->max_size;
     hm_result_t r;
 
-    s->fd = open(p->path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (s->fd < 0) {
-        e = errno;
-        HM_LOG_ERROR("file provider: cannot open '%s': %s", p->path, strerror(e));
-        r = e == EISDIR ? HM_ERROR_INVALID_ARGUMENT : hm__errno_result(e, "open(%s)", p->path);
-        if (e == ENOENT || e == ENOTDIR) r = HM_ERROR_INVALID_ARGUMENT;
-        goto fail;
-    }
+    bool created;
+    if ((r = open_own_file(p->path, &s->fd, &created)) != HM_SUCCESS) goto fail;
     if ((r = hm__prim_fd_keep(&s->fd, &s->id)) != HM_SUCCESS) goto fail;
     struct stat st;
     if (fstat(s->fd, &st) != 0) {
@@ -417,6 +469,16 @@ static hm_result_t file_init(const void *params, void **state) {
         HM_LOG_ERROR("file provider: '%s' is not a regular file%s", p->path,
                      S_ISCHR(st.st_mode) ? " (a device DAX? use the devdax provider)" : "");
         r = HM_ERROR_INVALID_ARGUMENT;
+        goto fail;
+    }
+    if (!created && !p->foreign_file && (st.st_uid != geteuid() || (st.st_mode & 077))) {
+        HM_LOG_ERROR("file provider: '%s' exists and is %s (owner uid %u, mode 0%03o): refused, "
+                     "another user could read or change the memory; "
+                     "hm_file_params_set_foreign_file() allows such a file",
+                     p->path, st.st_uid != geteuid() ? "not the effective user's"
+                                                     : "open to group or others",
+                     (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+        r = HM_ERROR_PERMISSION;
         goto fail;
     }
     if (s->map_sync) { /* fail at create, not at the first allocation */
@@ -542,12 +604,13 @@ static hm_result_t file_merge(void *state, void *lo, void *hi, size_t total) {
     return hm__coarse_merge(s->coarse, lo, hi, total);
 }
 
-/* ---- IPC: {path, dev, ino, offset, size} ---- */
+/* ---- IPC: the file's descriptor + {dev, ino, offset, size} ---- */
 
 static size_t file_ipc_size(void *state) { return sizeof(hm_file_ipc_payload_t); }
 
 static hm_result_t file_ipc_get(void *state, void *ptr, size_t size, void *payload, int *fd) {
     file_state_t *s = state;
+    *fd = -1;
     if (!s->shared) {
         HM_LOG_ERROR("file provider '%s': a private mapping cannot be shared", s->path);
         return HM_ERROR_NOT_SUPPORTED;
@@ -561,30 +624,20 @@ static hm_result_t file_ipc_get(void *state, void *ptr, size_t size, void *paylo
         HM_LOG_ERROR("file provider: IPC of %p: not page-aligned", ptr);
         return HM_ERROR_INVALID_ARGUMENT;
     }
+    /* The memory moves as this descriptor (the IPC layer moves it). */
+    if ((r = fd_check(s, "ipc get")) != HM_SUCCESS) return r;
     /* The IPC layer's buffer may be unaligned: build here, copy out. */
     hm_file_ipc_payload_t local, *p = &local;
     memset(p, 0, sizeof(*p));
     p->magic = HM_FILE_IPC_MAGIC;
     p->version = HM_FILE_IPC_VERSION;
-    size_t n = strlen(s->path);
-    if (n < HM_FILE_IPC_PATH_MAX) {
-        memcpy(p->path, s->path, n + 1);
-        p->path_len = (uint16_t)n;
-    }
     p->offset = off;
     p->size = len;
     p->dev = s->id.dev;
     p->ino = s->id.ino;
     p->flags = s->map_sync ? HM_FILE_IPC_MAP_SYNC : 0;
-    /* The path names the file: no descriptor has to move (the importer
-     * needs no pidfd_getfd or channel). A path too long for the payload
-     * travels as the descriptor instead. */
-    *fd = -1;
-    if (!p->path_len) {
-        if ((r = fd_check(s, "ipc get")) != HM_SUCCESS) return r;
-        *fd = s->fd;
-    }
     memcpy(payload, p, sizeof(*p));
+    *fd = s->fd;
     return HM_SUCCESS;
 }
 
@@ -612,13 +665,12 @@ static hm_result_t file_ipc_open(void *state, const void *payload, int fd, size_
     const hm_file_ipc_payload_t *p = &local;
     hm_result_t r = hm__file_ipc_validate(p, HM_FILE_IPC_MAGIC, size, s->page);
     if (r != HM_SUCCESS) return r;
-    int f;
-    r = hm__file_ipc_open_fd(p, fd, false, &f);
-    if (r != HM_SUCCESS) return r;
-    /* The importer's own MAP_SYNC choice applies to its mapping. */
-    r = hm__file_map(f, p->offset, (size_t)p->size, 0, true, s->map_sync, ptr);
-    (void)hm__prim_close(f); /* the mapping keeps the file */
-    return r;
+    struct stat st;
+    if ((r = hm__file_ipc_check_fd(p, fd, false, &st)) != HM_SUCCESS) return r;
+    /* Read-write shared, and the importer's own MAP_SYNC choice: the
+     * importer's settings decide, never the payload. The mapping keeps the
+     * file; the caller closes fd. */
+    return hm__file_map(fd, p->offset, (size_t)p->size, 0, true, s->map_sync, ptr);
 }
 
 static hm_result_t file_ipc_close(void *state, void *ptr, size_t size) {
