@@ -7,11 +7,19 @@
  * name us as a ptracer (prctl(PR_SET_PTRACER), Documentation/admin-guide/
  * LSM/Yama.rst); container seccomp profiles often refuse it outright. So it
  * is tried first and its refusals (EPERM, ENOSYS) are reported as "use the
- * channel", never as a crash. SCM_RIGHTS: unix(7), cmsg(3). */
+ * channel", never as a crash. SCM_RIGHTS: unix(7), cmsg(3).
+ *
+ * The channel's peers are checked (unix(7), SO_PEERCRED): a listener's
+ * socket file is born owner-only (fchmod before bind: the kernel gives the
+ * file the socket inode's mode less the umask) and set to exactly 0600 before
+ * listen(), so no peer can connect before then; accept refuses a peer of
+ * another uid, connect a listener that is neither this uid nor root, unless
+ * the program named that uid. */
 #include "ipc/ipc_internal.h"
 #include "platform/prim.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +39,7 @@
 /* ---- pidfd transport ---- */
 
 int hm__ipc_pidfd_enabled(void) {
-    const char *v = getenv("HM_IPC_PIDFD");
+    const char *v = secure_getenv("HM_IPC_PIDFD");
     return !(v && v[0] == '0' && !v[1]);
 }
 
@@ -176,11 +184,69 @@ hm_result_t hm__ipc_fetch_fd(const hm_wire_t *w, int *fd) {
 
 /* ---- the channel ---- */
 
+#define CH_ALLOWED 8 /* uids a listener admits besides its own */
+
 struct hm_ipc_channel {
     int fd;
     bool listener;
+    /* Listener only: the peer uids hm_ipc_channel_allow_uid() admitted
+     * (HM_IPC_CHANNEL_ANY_UID: every uid), and the socket file it bound. */
+    unsigned n_allowed;
+    uint32_t allowed[CH_ALLOWED];
+    dev_t dev;
+    ino_t ino;
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 };
+
+/* The credentials of the socket's peer: for an accepted connection those of
+ * the connecting process at connect(), for a connected one those of the
+ * listener at listen(). */
+static hm_result_t peer_cred(int fd, struct ucred *cr) {
+    socklen_t len = sizeof(*cr);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cr, &len) != 0 || len != sizeof(*cr))
+        return hm__errno_result(errno ? errno : EPROTO, "getsockopt(SO_PEERCRED)");
+    return HM_SUCCESS;
+}
+
+static bool listener_admits(const hm_ipc_channel_t *l, uint32_t uid) {
+    if (uid == (uint32_t)geteuid()) return true;
+    for (unsigned i = 0; i < l->n_allowed; i++)
+        if (l->allowed[i] == uid || l->allowed[i] == HM_IPC_CHANNEL_ANY_UID) return true;
+    return false;
+}
+
+/* Give the listener's socket file `mode`, after checking that the path still
+ * names the socket this listener bound (the first call records it): opened
+ * O_PATH|O_NOFOLLOW, so a symlink is refused, checked to be a socket owned by
+ * the effective uid, and changed through /proc/self/fd, so that the chmod
+ * acts on exactly the inode checked, never on a file put at the path since. */
+static hm_result_t sock_file_mode(hm_ipc_channel_t *l, mode_t mode) {
+    int pfd = open(l->path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    if (pfd < 0) return hm__errno_result(errno, "open(%s, O_PATH|O_NOFOLLOW)", l->path);
+    hm_result_t r = HM_SUCCESS;
+    struct stat st;
+    if (fstat(pfd, &st) != 0) {
+        r = hm__errno_result(errno, "fstat(%s)", l->path);
+    } else if (!S_ISSOCK(st.st_mode) || st.st_uid != geteuid() ||
+               (l->ino && (st.st_dev != l->dev || st.st_ino != l->ino))) {
+        HM_LOG_ERROR("hm_ipc_channel(%s): the path is no longer this listener's socket (a %s "
+                     "owned by uid %u); its mode is left alone", l->path,
+                     S_ISSOCK(st.st_mode) ? "socket" : "file", (unsigned)st.st_uid);
+        r = HM_ERROR_PERMISSION;
+    } else if ((st.st_mode & 07777) != mode) {
+        char proc[40];
+        snprintf(proc, sizeof(proc), "/proc/self/fd/%d", pfd);
+        if (chmod(proc, mode) != 0)
+            r = hm__errno_result(errno, "chmod(%s, 0%o) through %s", l->path, (unsigned)mode,
+                                 proc);
+    }
+    if (r == HM_SUCCESS && !l->ino) {
+        l->dev = st.st_dev;
+        l->ino = st.st_ino;
+    }
+    close(pfd);
+    return r;
+}
 
 static hm_result_t make_addr(const char *path, struct sockaddr_un *a) {
     if (!path || !*path) {
@@ -220,14 +286,60 @@ hm_result_t hm_ipc_channel_listen(const char *path, hm_ipc_channel_t **out) {
     if (r) return r;
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (fd < 0) return hm__errno_result(errno, "socket(AF_UNIX, SOCK_SEQPACKET)");
-    struct stat st;
-    if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode)) (void)unlink(path);
-    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(fd, 16) != 0) {
-        r = hm__errno_result(errno, "bind/listen(%s)", path);
+    /* The file bind() creates gets the socket inode's mode less the umask:
+     * owner-only from its first instant, without touching the umask. */
+    if (fchmod(fd, 0600) != 0) {
+        r = hm__errno_result(errno, "fchmod(socket, 0600)");
         close(fd);
         return r;
     }
-    return channel_wrap(fd, true, path, out);
+    /* A stale socket of ours is replaced; another user's is not ours to remove. */
+    struct stat st;
+    if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_uid == geteuid())
+        (void)unlink(path);
+    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        r = hm__errno_result(errno, "bind(%s)", path);
+        close(fd);
+        return r;
+    }
+    hm_ipc_channel_t *l;
+    r = channel_wrap(fd, true, path, &l);
+    if (r) {
+        (void)unlink(path);
+        return r;
+    }
+    /* Exactly 0600 (a stricter umask would keep the owner out), checked to
+     * be our socket; only then may peers connect. */
+    r = sock_file_mode(l, 0600);
+    if (r == HM_SUCCESS && listen(fd, 16) != 0) r = hm__errno_result(errno, "listen(%s)", path);
+    if (r) {
+        if (l->ino) (void)unlink(path); /* ours: checked above */
+        l->path[0] = 0;
+        (void)hm_ipc_channel_destroy(l);
+        return r;
+    }
+    *out = l;
+    return HM_SUCCESS;
+}
+
+hm_result_t hm_ipc_channel_allow_uid(hm_ipc_channel_t *l, uint32_t uid) {
+    if (!l || !l->listener) {
+        HM_LOG_ERROR("hm_ipc_channel_allow_uid: %s", !l ? "NULL channel"
+                                                        : "not a listening channel");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (listener_admits(l, uid)) return HM_SUCCESS; /* ours, or admitted already */
+    if (l->n_allowed == CH_ALLOWED) {
+        HM_LOG_ERROR("hm_ipc_channel_allow_uid(%s, %u): already %d uids admitted; "
+                     "HM_IPC_CHANNEL_ANY_UID admits every one", l->path, (unsigned)uid,
+                     CH_ALLOWED);
+        return HM_ERROR_LIMIT;
+    }
+    /* Other users need write permission on the socket file to connect. */
+    hm_result_t r = sock_file_mode(l, 0666);
+    if (r) return r;
+    l->allowed[l->n_allowed++] = uid;
+    return HM_SUCCESS;
 }
 
 hm_result_t hm_ipc_channel_accept(hm_ipc_channel_t *l, hm_ipc_channel_t **out) {
@@ -242,10 +354,26 @@ hm_result_t hm_ipc_channel_accept(hm_ipc_channel_t *l, hm_ipc_channel_t **out) {
         fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
     } while (fd < 0 && errno == EINTR);
     if (fd < 0) return hm__errno_result(errno, "accept4(%s)", l->path);
+    struct ucred cr;
+    hm_result_t r = peer_cred(fd, &cr);
+    if (r == HM_SUCCESS && !listener_admits(l, cr.uid)) {
+        HM_LOG_ERROR("hm_ipc_channel_accept(%s): refused a peer of another user (pid %d, "
+                     "uid %u); hm_ipc_channel_allow_uid() admits one", l->path, (int)cr.pid,
+                     (unsigned)cr.uid);
+        r = HM_ERROR_PERMISSION;
+    }
+    if (r) {
+        close(fd);
+        return r;
+    }
     return channel_wrap(fd, false, NULL, out);
 }
 
 hm_result_t hm_ipc_channel_connect(const char *path, hm_ipc_channel_t **out) {
+    return hm_ipc_channel_connect_uid(path, (uint32_t)geteuid(), out);
+}
+
+hm_result_t hm_ipc_channel_connect_uid(const char *path, uint32_t uid, hm_ipc_channel_t **out) {
     if (!out) return HM_ERROR_INVALID_ARGUMENT;
     *out = NULL;
     struct sockaddr_un a;
@@ -266,6 +394,19 @@ hm_result_t hm_ipc_channel_connect(const char *path, hm_ipc_channel_t **out) {
             return HM_ERROR_NOT_FOUND;
         }
         return hm__errno_result(e, "connect(%s)", path);
+    }
+    struct ucred cr;
+    r = peer_cred(fd, &cr);
+    if (r == HM_SUCCESS && cr.uid != (uint32_t)geteuid() && cr.uid != 0 && cr.uid != uid &&
+        uid != HM_IPC_CHANNEL_ANY_UID) {
+        HM_LOG_ERROR("hm_ipc_channel_connect(%s): refused the listener (pid %d, uid %u): "
+                     "neither this user nor root; hm_ipc_channel_connect_uid() names it",
+                     path, (int)cr.pid, (unsigned)cr.uid);
+        r = HM_ERROR_PERMISSION;
+    }
+    if (r) {
+        close(fd);
+        return r;
     }
     return channel_wrap(fd, false, NULL, out);
 }
@@ -420,7 +561,11 @@ hm_result_t hm_ipc_channel_recv_bytes(hm_ipc_channel_t *c, void *buf, size_t cap
 hm_result_t hm_ipc_channel_destroy(hm_ipc_channel_t *c) {
     if (!c) return HM_ERROR_INVALID_ARGUMENT;
     close(c->fd);
-    if (c->listener && c->path[0]) (void)unlink(c->path);
+    /* Remove the socket file only while the path still names it. */
+    struct stat st;
+    if (c->listener && c->path[0] && c->ino && lstat(c->path, &st) == 0 &&
+        S_ISSOCK(st.st_mode) && st.st_dev == c->dev && st.st_ino == c->ino)
+        (void)unlink(c->path);
     free(c);
     return HM_SUCCESS;
 }
