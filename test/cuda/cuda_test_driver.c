@@ -429,6 +429,43 @@ static void alloc_release(struct alloc *a) {
     free(a);
 }
 
+/* Device memory's memfd records the allocation's asked size in its name
+ * ("hm_cuda_test:<size>"), which no holder of the descriptor can change, and
+ * is sealed against resizing once sized: an importer learns the size of
+ * what a handle names from the file itself, as a real driver learns it from
+ * its kernel object, never from bytes of the handle its peer could rewrite
+ * (cuda.h, cuMemGetAddressRange: "the allocation by cuMemAlloc() ... that
+ * contains the input pointer"). */
+#define MEMFD_PREFIX "hm_cuda_test"
+static int memfd_named(size_t size) {
+    char name[64];
+    snprintf(name, sizeof name, MEMFD_PREFIX ":%zu", size);
+    return memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+}
+static bool memfd_seal(int fd) {
+    return fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0;
+}
+/* The asked size recorded in the name of fd, a device allocation's memfd
+ * sealed against resizing; 0 for any other file. */
+static uint64_t memfd_asked_size(int fd) {
+    char link[64], name[128];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, name, sizeof name - 1);
+    if (n <= 0) return 0;
+    name[n] = '\0';
+    static const char pfx[] = "/memfd:" MEMFD_PREFIX ":";
+    if (strncmp(name, pfx, sizeof pfx - 1) != 0) return 0;
+    const char *digits = name + sizeof pfx - 1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(digits, &end, 10);
+    if (errno || end == digits || (*end != '\0' && *end != ' ')) return 0;
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+        return 0;
+    return (uint64_t)v;
+}
+
 /* A new allocation of `kind` (not M_IPC) in context c. */
 static CUresult mem_alloc(struct ctx *c, enum mkind kind, size_t size, struct alloc **out) {
     if (size == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -444,10 +481,11 @@ static CUresult mem_alloc(struct ctx *c, enum mkind kind, size_t size, struct al
     a->fd = -1;
     char *view;
     if (device) {
-        a->fd = memfd_create("hm_cuda_test", MFD_CLOEXEC);
+        a->fd = memfd_named(size);
         if (a->fd < 0) goto fail_alloc;
         struct stat st;
-        if (ftruncate(a->fd, (off_t)span) != 0 || fstat(a->fd, &st) != 0) goto fail_fd;
+        if (ftruncate(a->fd, (off_t)span) != 0 || !memfd_seal(a->fd) || fstat(a->fd, &st) != 0)
+            goto fail_fd;
         if (!map_device(a->fd, span, &view, &a->cpu)) goto fail_fd;
         a->ino = st.st_ino;
         a->fsdev = st.st_dev;
@@ -1156,10 +1194,14 @@ static CUresult ipc_open(struct ctx *c, const CUipcMemHandle *h, CUdeviceptr *pd
     /* O_NONBLOCK, O_NOCTTY: a stale number may name a FIFO or a tty now */
     int fd = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) return CUDA_ERROR_INVALID_HANDLE; /* exporter gone, or the fd */
-    const size_t span = ((size_t)size + GRANULARITY - 1) & ~(GRANULARITY - 1);
+    /* The size is the allocation's, read from its memfd (memfd_named), not
+     * the handle's size bytes: a peer may rewrite those. */
     struct stat st;
+    const uint64_t asked = memfd_asked_size(fd);
+    const size_t span = ((size_t)asked + GRANULARITY - 1) & ~(GRANULARITY - 1);
     if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != get64(h, IPC_INO) ||
-        (uint64_t)st.st_dev != get64(h, IPC_FSDEV) || st.st_size < (off_t)span) {
+        (uint64_t)st.st_dev != get64(h, IPC_FSDEV) || asked == 0 ||
+        asked > SIZE_MAX - GRANULARITY || st.st_size != (off_t)span) {
         close(fd); /* another file under that number now */
         return CUDA_ERROR_INVALID_HANDLE;
     }
@@ -1172,7 +1214,7 @@ static CUresult ipc_open(struct ctx *c, const CUipcMemHandle *h, CUdeviceptr *pd
     }
     close(fd); /* the mappings hold the file */
     a->base = (uintptr_t)view;
-    a->size = (size_t)size;
+    a->size = (size_t)asked;
     a->span = span;
     a->fd = -1;
     a->ino = st.st_ino;

@@ -77,7 +77,10 @@
  *    call whatever context is current (cuMemFree_v2 frees another
  *    context's memory); CU_POINTER_ATTRIBUTE_CONTEXT tells whose it is.
  *  - Device memory (cuMemAlloc_v2, cuMemAllocAsync): a memfd per
- *    allocation, its size rounded up to 2 MiB, handed out as a 2 MiB
+ *    allocation (named "hm_cuda_test:<asked size>" and sealed with
+ *    F_SEAL_SHRINK | F_SEAL_GROW, so that neither the name nor the size can
+ *    change: an exporter cannot resize memory under its importers, as with
+ *    a real allocation), its size rounded up to 2 MiB, handed out as a 2 MiB
  *    aligned PROT_NONE mapping (a CPU touch faults), with a private
  *    read-write alias the copy and memset calls use. Size 0 is
  *    CUDA_ERROR_INVALID_VALUE. Each device has a limit (HM_CUDA_TEST_DEVICE_MEM
@@ -122,7 +125,12 @@
  *    address and returns CUDA_SUCCESS, as cuda.h documents.
  *  - cuMemGetAddressRange_v2: base and asked size of the allocation that
  *    holds an address (either output may be NULL); CUDA_ERROR_NOT_FOUND
- *    for an address in none.
+ *    for an address in none. On an opened IPC mapping: its base and the
+ *    size of the whole allocation the handle names (cuda.h: "the
+ *    allocation by cuMemAlloc() ... that contains the input pointer"),
+ *    which the driver reads from the exporter's memfd, never from the
+ *    handle's bytes (a peer may rewrite those; a real driver knows the
+ *    size from its kernel object).
  *  - Copies and memset run at once. Device memory is read and written
  *    through the alias. cuMemcpy takes any mix of the driver's memory and
  *    plain process memory; cuMemcpyHtoD_v2's destination, DtoH_v2's source
@@ -149,7 +157,8 @@
  *    (magic, size, reserved bytes) and the exporting process itself are
  *    CUDA_ERROR_INVALID_VALUE (the real error for an own handle is still to
  *    confirm on hardware); an exporter gone, an fd closed (the allocation
- *    freed) or now another file is CUDA_ERROR_INVALID_HANDLE; memory of a
+ *    freed) or now another file (not a sealed memfd of this driver, or
+ *    another st_ino/st_dev) is CUDA_ERROR_INVALID_HANDLE; memory of a
  *    device the current one has no peer access to is
  *    CUDA_ERROR_PEER_ACCESS_UNSUPPORTED. A process opens the handles of
  *    one exporting device of one exporter in one context per local device
@@ -162,7 +171,10 @@
  *    counts too). cuIpcCloseMemHandle drops one reference of the mapping
  *    at that base (from any context); the last unmaps; an address that is
  *    not the base of an open mapping is CUDA_ERROR_INVALID_VALUE. The
- *    mapping keeps the memory after the exporter frees it.
+ *    mapping keeps the memory after the exporter frees it (and after the
+ *    exporter exits), until its last close: the physical memory is
+ *    reference-counted by the kernel driver, not owned by the exporter's
+ *    process (still to confirm on hardware).
  *  - cuGetErrorName/cuGetErrorString know every code in cuda_decls.h;
  *    others are CUDA_ERROR_INVALID_VALUE with *pStr NULL.
  *  - Thread-safe: one mutex around every entry point. A fork child keeps a

@@ -1317,6 +1317,19 @@ static int ipc_importer(int in, int out) {
     }
     CHECK_EQ(stats().live_ipc_mappings, s0.live_ipc_mappings);
 
+    /* the handle's size bytes are not believed: the mapping, and the range
+     * the driver reports, are the allocation's */
+    {
+        CUdeviceptr lie = 0, lb = 0;
+        size_t ls = 0;
+        CU_REQUIRE_OK(cu.cuIpcOpenMemHandle_v2(&lie, patched64(msg.a, 24, msg.a_size + GRAN), 0));
+        CU_OK(cu.cuMemGetAddressRange_v2(&lb, &ls, lie));
+        CHECK(lb == lie && ls == msg.a_size);
+        CU_EXPECT(cu.cuMemsetD8_v2(lie, 0, msg.a_size + 1), CUDA_ERROR_INVALID_VALUE);
+        CU_OK(cu.cuIpcCloseMemHandle(lie));
+        CHECK_EQ(stats().live_ipc_mappings, s0.live_ipc_mappings);
+    }
+
     /* opened: device memory of this process's current device */
     CU_REQUIRE_OK(cu.cuIpcOpenMemHandle_v2(&pa, msg.a, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
     CHECK(pa % GRAN == 0);

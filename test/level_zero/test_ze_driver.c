@@ -876,6 +876,22 @@ static void ipc_importer(int sock) {
               ZE_RESULT_ERROR_INVALID_ARGUMENT); /* b's file, not a's */
     CHECK(pa == NULL);
 
+    /* the handle's size bytes are not believed: the mapping, and the range
+     * the driver reports, are the allocation's */
+    {
+        ze_ipc_mem_handle_t lie = with_fd(msg.a, got[0]);
+        uint64_t big = (uint64_t)msg.a_size + 4 * MIB;
+        memcpy(lie.data + 32, &big, 8);
+        void *pl = NULL, *lb = NULL;
+        size_t ls = 0;
+        ZE_REQUIRE_OK(ze.zeMemOpenIpcHandle(c, devs[0], lie, 0, &pl));
+        ZE_OK(ze.zeMemGetAddressRange(c, pl, &lb, &ls));
+        CHECK(lb == pl);
+        CHECK_EQ(ls, msg.a_size);
+        ZE_OK(ze.zeMemCloseIpcHandle(c, pl));
+        CHECK_EQ(stats().live_ipc_mappings, s0.live_ipc_mappings);
+    }
+
     /* translated: device memory of this process's device 0 */
     ze_ipc_mem_handle_t ha = with_fd(msg.a, got[0]);
     ZE_REQUIRE_OK(ze.zeMemOpenIpcHandle(c, devs[0], ha, 0, &pa));

@@ -10,7 +10,10 @@
  *    sub-devices, one memory (totalSize = maxMemAllocSize = the limit), one
  *    command queue group (compute + copy, fill patterns up to 128 bytes).
  *    The driver reports API version 1.4 and accepts any 1.x request.
- *  - Memory: every allocation is a memfd of its own. Device memory is handed
+ *  - Memory: every allocation is a memfd of its own (named
+ *    "hm_ze_test:<asked size>" and sealed with F_SEAL_SHRINK | F_SEAL_GROW:
+ *    neither its name nor its size can change, as a dma-buf's cannot).
+ *    Device memory is handed
  *    out as a PROT_NONE mapping (a CPU touch faults, as on a GPU) and the
  *    driver keeps a private read-write alias of the same memfd for its
  *    command lists; host and shared memory are read-write MAP_SHARED
@@ -57,7 +60,12 @@
  *    ZE_RESULT_ERROR_INVALID_ARGUMENT, as is an open in the exporting
  *    process itself. The driver does not keep or close that fd. The memory
  *    is mapped as device memory of the importer's hDevice (PROT_NONE view +
- *    alias, so command lists work on it). A second open of the same handle
+ *    alias, so command lists work on it). The mapping is the whole
+ *    allocation the fd names: zeMemGetAddressRange on it reports its base
+ *    and the allocation's size (the spec: "Retrieves the base address
+ *    and/or size of an allocation"), read from the memfd, never from the
+ *    handle's size bytes, which a peer may rewrite (a real driver sizes an
+ *    imported dma-buf from the kernel object). A second open of the same handle
  *    (exporter pid, nonce, allocation id) in the same context while the
  *    first is open returns the same pointer and takes a reference; each
  *    zeMemCloseIpcHandle drops one, the last one unmaps. A handle stays
