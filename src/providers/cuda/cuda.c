@@ -526,28 +526,74 @@ static hm_result_t cu_ipc_compatible(void *state, const void *payload) {
     return HM_ERROR_NOT_SUPPORTED;
 }
 
+/* The payload's claims, before any is used: a size equal to the handle's,
+ * an over-alignment offset whose end (offset + size) does not wrap. */
+static bool payload_sane(const cu_payload_t *pl, size_t size) {
+    return pl->magic == CU_MAGIC && pl->reserved == 0 && size && pl->size == size &&
+           pl->size <= UINT64_MAX - pl->offset;
+}
+
+/* Whether the driver's mapping at d, the allocation [base, base + len) as
+ * the driver reports it, holds [d + offset, d + offset + size). */
+static bool mapping_covers(hm_cu_ptr_t d, hm_cu_ptr_t base, size_t len, uint64_t offset,
+                           uint64_t size) {
+    if (d < base || d - base > len) return false;
+    uint64_t room = len - (d - base);
+    return offset <= room && size <= room - offset;
+}
+
+/* The payload is the peer's: its sizes and offset are checked before use,
+ * and after the driver's open the mapping must hold all that it claims
+ * (offset + size within the allocation the driver mapped, as
+ * cuMemGetAddressRange_v2 reports it). Otherwise the tracker would record
+ * more than is mapped, and a fill or copy there would run past it. */
 static hm_result_t cu_ipc_open(void *state, const void *payload, int fd, size_t size,
                                void **ptr) {
     cuprov_t *c = state;
     (void)fd;
+    *ptr = NULL;
     cu_payload_t pl;
     memcpy(&pl, payload, sizeof(pl));
-    if (pl.magic != CU_MAGIC || pl.size != size) return HM_ERROR_INVALID_HANDLE;
+    if (!payload_sane(&pl, size)) {
+        HM_LOG_ERROR("CUDA provider: malformed IPC payload (offset %llu, size %llu, handle "
+                     "size %zu)", (unsigned long long)pl.offset, (unsigned long long)pl.size,
+                     size);
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    /* The device (its UUID), as the IPC layer checked it before: a payload
+     * read here is the one checked there, but open must refuse on its own
+     * what it cannot map. */
+    hm_result_t res = cu_ipc_compatible(state, payload);
+    if (res != HM_SUCCESS) return res;
     bool pushed;
-    hm_result_t res = ctx_enter(c, &pushed);
+    res = ctx_enter(c, &pushed);
     if (res != HM_SUCCESS) return res;
     hm_cu_ptr_t d = 0;
     hm_cu_result_t r = cu.IpcOpenMemHandle(&d, pl.h, HM_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-    if (r == HM_CUDA_SUCCESS && pl.offset && !off_add(c, (uintptr_t)d + pl.offset, (uintptr_t)d)) {
-        (void)cu.IpcCloseMemHandle(d);
-        ctx_leave(pushed);
-        return HM_ERROR_OUT_OF_HOST_MEMORY;
-    }
-    ctx_leave(pushed);
     if (r != HM_CUDA_SUCCESS) {
-        *ptr = NULL;
+        ctx_leave(pushed);
         return cu_fail(r, "cuIpcOpenMemHandle_v2");
     }
+    hm_cu_ptr_t base = 0;
+    size_t len = 0;
+    r = cu.MemGetAddressRange(&base, &len, d);
+    if (r != HM_CUDA_SUCCESS) {
+        res = cu_fail(r, "cuMemGetAddressRange_v2");
+    } else if (!mapping_covers(d, base, len, pl.offset, pl.size)) {
+        HM_LOG_ERROR("CUDA provider: the IPC handle claims [%llu, +%llu) of an allocation the "
+                     "driver mapped with %zu bytes: refused", (unsigned long long)pl.offset,
+                     (unsigned long long)pl.size, len);
+        res = HM_ERROR_INVALID_HANDLE;
+    } else if (pl.offset && !off_add(c, (uintptr_t)(d + pl.offset), (uintptr_t)d)) {
+        res = HM_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    if (res != HM_SUCCESS) {
+        r = cu.IpcCloseMemHandle(d);
+        if (r != HM_CUDA_SUCCESS) (void)cu_fail(r, "cuIpcCloseMemHandle");
+        ctx_leave(pushed);
+        return res;
+    }
+    ctx_leave(pushed);
     *ptr = (void *)(uintptr_t)(d + pl.offset);
     return HM_SUCCESS;
 }

@@ -697,20 +697,50 @@ static hm_result_t lz_ipc_compatible(void *state, const void *payload) {
     return HM_ERROR_NOT_SUPPORTED;
 }
 
+/* The payload is the peer's: its size is checked before use, and after the
+ * driver's open the mapping must hold all of it ([ptr, ptr + size) within
+ * the allocation the driver mapped, as zeMemGetAddressRange reports it).
+ * Otherwise the tracker would record more than is mapped, and a fill or
+ * copy there would run past it. */
 static hm_result_t lz_ipc_open(void *state, const void *payload, int fd, size_t size,
                                void **ptr) {
     lz_t *z = state;
+    *ptr = NULL;
     lz_payload_t pl;
     memcpy(&pl, payload, sizeof(pl));
-    if (pl.magic != LZ_MAGIC || pl.size != size || fd < 0) return HM_ERROR_INVALID_HANDLE;
+    if (pl.magic != LZ_MAGIC || pl.type != HM_LEVEL_ZERO_MEMORY_DEVICE || !size ||
+        pl.size != size || fd < 0) {
+        HM_LOG_ERROR("Level Zero provider: malformed IPC payload (type %u, size %llu, handle "
+                     "size %zu, descriptor %d)", pl.type, (unsigned long long)pl.size, size, fd);
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    /* The device (its UUID), as the IPC layer checked it before: open must
+     * refuse on its own what it cannot map. */
+    hm_result_t r = lz_ipc_compatible(state, payload);
+    if (r != HM_SUCCESS) return r;
     /* The importer's copy of the descriptor replaces the exporter's number. */
     int64_t f = fd;
     memcpy(pl.h.data, &f, sizeof(f));
-    ze_result_t zr = ze.zeMemOpenIpcHandle(z->ctx, z->dev, pl.h, 0, ptr);
+    void *p = NULL;
+    ze_result_t zr = ze.zeMemOpenIpcHandle(z->ctx, z->dev, pl.h, 0, &p);
+    if (zr != ZE_RESULT_SUCCESS) return ze_fail(zr, "zeMemOpenIpcHandle");
+    void *base = NULL;
+    size_t len = 0;
+    zr = ze.zeMemGetAddressRange(z->ctx, p, &base, &len);
+    uintptr_t at = (uintptr_t)p, b = (uintptr_t)base;
     if (zr != ZE_RESULT_SUCCESS) {
-        *ptr = NULL;
-        return ze_fail(zr, "zeMemOpenIpcHandle");
+        r = ze_fail(zr, "zeMemGetAddressRange");
+    } else if (at < b || at - b > len || size > len - (at - b)) {
+        HM_LOG_ERROR("Level Zero provider: the IPC handle claims %zu bytes of an allocation the "
+                     "driver mapped with %zu bytes: refused", size, len);
+        r = HM_ERROR_INVALID_HANDLE;
     }
+    if (r != HM_SUCCESS) {
+        zr = ze.zeMemCloseIpcHandle(z->ctx, p);
+        if (zr != ZE_RESULT_SUCCESS) (void)ze_fail(zr, "zeMemCloseIpcHandle");
+        return r;
+    }
+    *ptr = p;
     return HM_SUCCESS;
 }
 
