@@ -26,8 +26,9 @@ build=(cmake make gcc g++ libc6-dev pkg-config libhwloc-dev liburcu-dev libze-de
 # MPI for the MPI companion (libhetmem_mpi) and its tests under mpirun.
 # python3 and git are real programs run under the malloc-replacement
 # library; libclang-rt-14-dev gives clang's libFuzzer runtime (IPC decoder
-# fuzz test); the allocators compared in bench/ come as their Debian packages.
-extra=(valgrind clang libclang-rt-14-dev libjemalloc-dev util-linux binutils
+# fuzz test); strace checks that IPC makes no prctl call unasked; the
+# allocators compared in bench/ come as their Debian packages.
+extra=(valgrind clang libclang-rt-14-dev libjemalloc-dev util-linux binutils strace
        libopenmpi-dev openmpi-bin
        python3 git libjemalloc2 libmimalloc2.0 libtcmalloc-minimal4 debian-archive-keyring)
 
