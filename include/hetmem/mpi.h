@@ -19,8 +19,10 @@
  * provider in the importing rank (the same provider family; for device
  * memory, a device that can map the exporter's). Descriptors move by
  * pidfd_getfd, or, where any rank of the node cannot use it (a container's
- * seccomp, ptrace_scope), over a per-node unix socket (SCM_RIGHTS) for every
- * rank of the node; HM_MPI_TRANSPORT=pidfd|socket forces one.
+ * seccomp, Yama's ptrace_scope >= 1: the library never lowers a rank's
+ * ptrace protection, see hm_ipc_allow_importer in ipc.h), over a per-node
+ * unix socket (SCM_RIGHTS) for every rank of the node;
+ * HM_MPI_TRANSPORT=pidfd|socket forces one.
  *
  * After it: hm_mpi_shared_peer(s, r) is rank r's pointer mapped in this
  * process (the calling rank's own pointer for itself), NULL for a rank on
