@@ -4,7 +4,7 @@
  *
  * pidfd_getfd(2) (Linux 5.6) needs PTRACE_MODE_ATTACH_REALCREDS over the
  * exporter: same user, and where Yama's ptrace_scope is 1 the exporter must
- * name us as a ptracer (prctl(PR_SET_PTRACER), Documentation/admin-guide/
+ * name us as a ptracer (hm_ipc_allow_importer: ptrace.c; Documentation/admin-guide/
  * LSM/Yama.rst); container seccomp profiles often refuse it outright. So it
  * is tried first and its refusals (EPERM, ENOSYS) are reported as "use the
  * channel", never as a crash. SCM_RIGHTS: unix(7), cmsg(3).
@@ -23,32 +23,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
-#ifndef PR_SET_PTRACER
-#define PR_SET_PTRACER 0x59616d61
-#endif
-#ifndef PR_SET_PTRACER_ANY
-#define PR_SET_PTRACER_ANY ((unsigned long)-1)
-#endif
 
 /* ---- pidfd transport ---- */
 
 int hm__ipc_pidfd_enabled(void) {
     const char *v = secure_getenv("HM_IPC_PIDFD");
     return !(v && v[0] == '0' && !v[1]);
-}
-
-void hm__ipc_allow_ptrace(void) {
-    if (!hm__ipc_pidfd_enabled()) return;
-    /* EINVAL: no Yama in this kernel, nothing to allow. */
-    if (prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0 && errno != EINVAL)
-        HM_LOG_INFO("prctl(PR_SET_PTRACER_ANY): %s; importers may need the channel",
-                    strerror(errno));
 }
 
 /* Verified pidfds, one per exporter identity (pid, nonce, start time), so

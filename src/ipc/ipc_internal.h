@@ -70,10 +70,6 @@ hm_result_t hm__ipc_refuse_free(const void *ptr);
 /* ---- transports (channel.c) ---- */
 /* HM_IPC_PIDFD is not "0". */
 int hm__ipc_pidfd_enabled(void);
-/* Exporter: let same-user importers use pidfd_getfd on us where Yama
- * restricts ptrace (PR_SET_PTRACER_ANY; EINVAL = no Yama, ignored). Once per
- * process (again in a forked child). */
-void hm__ipc_allow_ptrace(void);
 /* Importer: a copy of the exporter's descriptor w->fd through pidfd_open +
  * pidfd_getfd, after checking that w->pid is still the exporting process
  * (start time). STALE_HANDLE: dead/reused pid or descriptor gone;
