@@ -342,7 +342,6 @@ hm_result_t hm__prim_seal(int fd, unsigned seals) {
     if (seals & HM_PRIM_SEAL_SEAL) f |= F_SEAL_SEAL;
     if (seals & HM_PRIM_SEAL_SHRINK) f |= F_SEAL_SHRINK;
     if (seals & HM_PRIM_SEAL_GROW) f |= F_SEAL_GROW;
-    if (seals & HM_PRIM_SEAL_WRITE) f |= F_SEAL_WRITE;
     if (fcntl(fd, F_ADD_SEALS, f) != 0)
         return hm__errno_result(errno, "fcntl(%d, F_ADD_SEALS, %#x)", fd, (unsigned)f);
     return HM_SUCCESS;
@@ -359,7 +358,6 @@ hm_result_t hm__prim_seals(int fd, unsigned *seals) {
     if (f & F_SEAL_SEAL) *seals |= HM_PRIM_SEAL_SEAL;
     if (f & F_SEAL_SHRINK) *seals |= HM_PRIM_SEAL_SHRINK;
     if (f & F_SEAL_GROW) *seals |= HM_PRIM_SEAL_GROW;
-    if (f & F_SEAL_WRITE) *seals |= HM_PRIM_SEAL_WRITE;
     return HM_SUCCESS;
 }
 
@@ -469,17 +467,6 @@ hm_result_t hm__prim_set_ptracer(int64_t who) {
     unsigned long arg = who < 0 ? (unsigned long)-1 /* PR_SET_PTRACER_ANY */ : (unsigned long)who;
     if (prctl(PR_SET_PTRACER, arg, 0, 0, 0) != 0)
         return hm__errno_result(errno, "prctl(PR_SET_PTRACER, %lld)", (long long)who);
-    return HM_SUCCESS;
-}
-
-hm_result_t hm__prim_fd_identity(int fd, hm_prim_file_id_t *id, bool *regular) {
-    struct stat st;
-    *regular = false;
-    if (fd < 0 || fstat(fd, &st) != 0) return hm__errno_result(fd < 0 ? EBADF : errno,
-                                                               "fstat(%d)", fd);
-    id->dev = (uint64_t)st.st_dev;
-    id->ino = (uint64_t)st.st_ino;
-    *regular = S_ISREG(st.st_mode);
     return HM_SUCCESS;
 }
 

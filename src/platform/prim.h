@@ -116,7 +116,6 @@ enum {
     HM_PRIM_SEAL_SEAL = 1u << 0,   /* F_SEAL_SEAL: no further seals */
     HM_PRIM_SEAL_SHRINK = 1u << 1, /* F_SEAL_SHRINK */
     HM_PRIM_SEAL_GROW = 1u << 2,   /* F_SEAL_GROW */
-    HM_PRIM_SEAL_WRITE = 1u << 3,  /* F_SEAL_WRITE */
 };
 /* Add seals (HM_PRIM_SEAL_*). */
 hm_result_t hm__prim_seal(int fd, unsigned seals);
@@ -169,9 +168,6 @@ hm_result_t hm__prim_fd_keep(int *fd, hm_prim_file_id_t *id);
  * file has its number, HM_ERROR_DRIVER with the native error EBADF (what
  * it is now in the message). The caller logs and leaves fd alone. */
 hm_result_t hm__prim_fd_check(int fd, const hm_prim_file_id_t *id);
-/* The identity of an open file a peer sent (fstat): *id, and whether it is
- * a regular file (a memfd is one). */
-hm_result_t hm__prim_fd_identity(int fd, hm_prim_file_id_t *id, bool *regular);
 /* For the caller's log line after a failed check: true the first time for
  * this descriptor (log at error level), false afterwards (debug level), so
  * a program that closed it does not get one error line per allocation. */

@@ -307,40 +307,38 @@ static inline int in_forked_child(const os_provider_t *s) {
 
 static inline int is_shared(const os_provider_t *s) { return s->visibility == HM_OS_SHARED; }
 
-/* Before each use of the memfd's descriptor: is it still the memfd? If the
+/* Before each use of a memfd's descriptor: is it still the memfd? If the
  * program closed it or put another file at its number, `what` is not done
  * (see the file comment). */
-static hm_result_t memfd_check(const os_provider_t *s, const char *what) {
-    hm_result_t r = hm__prim_fd_check(s->fd, &s->fd_id);
+static hm_result_t fd_check(int fd, const hm_prim_file_id_t *id, const char *what) {
+    hm_result_t r = hm__prim_fd_check(fd, id);
     if (hm_unlikely(r != HM_SUCCESS)) {
         const char *why = NULL;
         (void)hm_last_native_error(&why);
-        if (hm__prim_fd_first_report(&s->fd_id))
+        if (hm__prim_fd_first_report(id))
             HM_LOG_ERROR("os provider: its memfd, descriptor %d, was closed or replaced by the "
                          "program (%s); %s refused, the descriptor is left alone (later "
-                         "refusals are logged at debug level)", s->fd, why ? why : "?", what);
+                         "refusals are logged at debug level)", fd, why ? why : "?", what);
         else
             HM_LOG_DEBUG("os provider: memfd descriptor %d closed or replaced (%s); %s refused",
-                         s->fd, why ? why : "?", what);
+                         fd, why ? why : "?", what);
     }
     return r;
 }
-
-/* memfd_check for a memfd of one allocation. */
+/* The spill's memfd; a memfd of one allocation. */
+static hm_result_t memfd_check(const os_provider_t *s, const char *what) {
+    return fd_check(s->fd, &s->fd_id, what);
+}
 static hm_result_t seg_check(const os_seg_t *g, const char *what) {
-    hm_result_t r = hm__prim_fd_check(g->fd, &g->id);
-    if (hm_unlikely(r != HM_SUCCESS)) {
-        const char *why = NULL;
-        (void)hm_last_native_error(&why);
-        if (hm__prim_fd_first_report(&g->id))
-            HM_LOG_ERROR("os provider: the memfd of an allocation, descriptor %d, was closed or "
-                         "replaced by the program (%s); %s refused, the descriptor is left "
-                         "alone", g->fd, why ? why : "?", what);
-        else
-            HM_LOG_DEBUG("os provider: memfd descriptor %d closed or replaced (%s); %s refused",
-                         g->fd, why ? why : "?", what);
-    }
-    return r;
+    return fd_check(g->fd, &g->id, what);
+}
+
+/* The memfd of a live allocation: its own, or the spill's. */
+static inline int map_fd(const os_provider_t *s, const os_mapping_t *m) {
+    return m->seg ? m->seg->fd : s->fd;
+}
+static inline const hm_prim_file_id_t *map_fd_id(const os_provider_t *s, const os_mapping_t *m) {
+    return m->seg ? &m->seg->id : &s->fd_id;
 }
 
 /* Drop a memfd of its own whose last mapping is gone (no lock held). */
@@ -1044,18 +1042,17 @@ static hm_result_t os_ipc_get(void *state, void *ptr, size_t size, void *payload
         r = HM_ERROR_INVALID_ARGUMENT;
     } else if (m->exports == UINT32_MAX) {
         r = HM_ERROR_LIMIT;
-    } else if ((r = m->seg ? seg_check(m->seg, "ipc get") : memfd_check(s, "ipc get")) ==
-               HM_SUCCESS) {
+    } else if ((r = fd_check(map_fd(s, m), map_fd_id(s, m), "ipc get")) == HM_SUCCESS) {
         /* The descriptor goes to the importer: it must be the memfd. The
          * allocation's own memfd holds nothing else (the spill's: see the
          * file comment). */
         m->exports++;
-        const hm_prim_file_id_t *id = m->seg ? &m->seg->id : &s->fd_id;
+        const hm_prim_file_id_t *id = map_fd_id(s, m);
         os_ipc_payload_t pl = {
             .magic = OS_IPC_MAGIC,
             .version = OS_IPC_VERSION,
             .page_kind = (uint16_t)s->page_kind,
-            .fd = m->seg ? m->seg->fd : s->fd,
+            .fd = map_fd(s, m),
             .offset = m->off,
             .size = m->len,
             .base = m->addr,
@@ -1084,7 +1081,7 @@ static hm_result_t os_ipc_put(void *state, void *payload) {
     hm__mutex_lock(&s->lock);
     os_mapping_t *m = map_find(s, (uintptr_t)pl.base);
     if (m && !m->imported && m->off == pl.offset && m->exports &&
-        pl.fd == (m->seg ? m->seg->fd : s->fd)) {
+        pl.fd == map_fd(s, m)) {
         m->exports--;
         hm__mutex_unlock(&s->lock);
         return HM_SUCCESS;
@@ -1124,11 +1121,8 @@ static hm_result_t os_ipc_open(void *state, const void *payload, int fd, size_t 
     /* What came is checked before it is mapped (a peer chose it): the
      * memfd the handle names, sealed so that nobody can shrink it under
      * the mapping (a touch past the end would SIGBUS), long enough. */
-    hm_prim_file_id_t id = {0};
-    bool is_reg = false;
-    hm_result_t r = hm__prim_fd_identity(fd, &id, &is_reg);
-    if (r) return r;
-    if (!is_reg || id.dev != pl.dev || id.ino != pl.ino) {
+    hm_prim_file_id_t named = {.dev = pl.dev, .ino = pl.ino};
+    if (hm__prim_fd_check(fd, &named) != HM_SUCCESS) {
         HM_LOG_ERROR("os provider: ipc open: the descriptor is not the memfd the handle names");
         return HM_ERROR_INVALID_HANDLE;
     }
@@ -1139,7 +1133,7 @@ static hm_result_t os_ipc_open(void *state, const void *payload, int fd, size_t 
         return HM_ERROR_INVALID_HANDLE;
     }
     uint64_t fsize = 0;
-    r = hm__prim_fd_size(fd, &fsize, NULL);
+    hm_result_t r = hm__prim_fd_size(fd, &fsize, NULL);
     if (r) return r;
     if (fsize < pl.offset + pl.size) {
         HM_LOG_ERROR("os provider: ipc open: the file is %llu bytes, the handle needs %llu",
