@@ -37,6 +37,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/sized_memfd.h"
+
 #define EXPORT __attribute__((visibility("default")))
 
 #define KIB ((size_t)1 << 10)
@@ -436,35 +438,7 @@ static void alloc_release(struct alloc *a) {
  * its kernel object, never from bytes of the handle its peer could rewrite
  * (cuda.h, cuMemGetAddressRange: "the allocation by cuMemAlloc() ... that
  * contains the input pointer"). */
-#define MEMFD_PREFIX "hm_cuda_test"
-static int memfd_named(size_t size) {
-    char name[64];
-    snprintf(name, sizeof name, MEMFD_PREFIX ":%zu", size);
-    return memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-}
-static bool memfd_seal(int fd) {
-    return fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0;
-}
-/* The asked size recorded in the name of fd, a device allocation's memfd
- * sealed against resizing; 0 for any other file. */
-static uint64_t memfd_asked_size(int fd) {
-    char link[64], name[128];
-    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-    ssize_t n = readlink(link, name, sizeof name - 1);
-    if (n <= 0) return 0;
-    name[n] = '\0';
-    static const char pfx[] = "/memfd:" MEMFD_PREFIX ":";
-    if (strncmp(name, pfx, sizeof pfx - 1) != 0) return 0;
-    const char *digits = name + sizeof pfx - 1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(digits, &end, 10);
-    if (errno || end == digits || (*end != '\0' && *end != ' ')) return 0;
-    int seals = fcntl(fd, F_GET_SEALS);
-    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
-        return 0;
-    return (uint64_t)v;
-}
+#define MEMFD_PREFIX "hm_cuda_test" /* test/common/sized_memfd.h */
 
 /* A new allocation of `kind` (not M_IPC) in context c. */
 static CUresult mem_alloc(struct ctx *c, enum mkind kind, size_t size, struct alloc **out) {
@@ -481,10 +455,11 @@ static CUresult mem_alloc(struct ctx *c, enum mkind kind, size_t size, struct al
     a->fd = -1;
     char *view;
     if (device) {
-        a->fd = memfd_named(size);
+        a->fd = sized_memfd_create(MEMFD_PREFIX, size);
         if (a->fd < 0) goto fail_alloc;
         struct stat st;
-        if (ftruncate(a->fd, (off_t)span) != 0 || !memfd_seal(a->fd) || fstat(a->fd, &st) != 0)
+        if (ftruncate(a->fd, (off_t)span) != 0 || !sized_memfd_seal(a->fd) ||
+            fstat(a->fd, &st) != 0)
             goto fail_fd;
         if (!map_device(a->fd, span, &view, &a->cpu)) goto fail_fd;
         a->ino = st.st_ino;
@@ -1194,10 +1169,10 @@ static CUresult ipc_open(struct ctx *c, const CUipcMemHandle *h, CUdeviceptr *pd
     /* O_NONBLOCK, O_NOCTTY: a stale number may name a FIFO or a tty now */
     int fd = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) return CUDA_ERROR_INVALID_HANDLE; /* exporter gone, or the fd */
-    /* The size is the allocation's, read from its memfd (memfd_named), not
+    /* The size is the allocation's, read from its memfd (sized_memfd_create), not
      * the handle's size bytes: a peer may rewrite those. */
     struct stat st;
-    const uint64_t asked = memfd_asked_size(fd);
+    const uint64_t asked = sized_memfd_size(MEMFD_PREFIX, fd);
     const size_t span = ((size_t)asked + GRANULARITY - 1) & ~(GRANULARITY - 1);
     if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != get64(h, IPC_INO) ||
         (uint64_t)st.st_dev != get64(h, IPC_FSDEV) || asked == 0 ||

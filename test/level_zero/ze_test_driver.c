@@ -39,6 +39,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/sized_memfd.h"
+
 #define EXPORT __attribute__((visibility("default")))
 
 #define KIB ((size_t)1 << 10)
@@ -735,35 +737,7 @@ static void alloc_release(struct alloc *a) {
  * is sealed against resizing once sized, as a dma-buf cannot be resized: an
  * importer learns the size of what a handle names from the file it was
  * given, never from bytes of the handle that its peer could rewrite. */
-#define MEMFD_PREFIX "hm_ze_test"
-static int memfd_named(size_t size) {
-    char name[64];
-    snprintf(name, sizeof name, MEMFD_PREFIX ":%zu", size);
-    return memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-}
-static bool memfd_seal(int fd) {
-    return fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0;
-}
-/* The asked size recorded in the name of fd, a memfd of this driver sealed
- * against resizing; 0 for any other file. */
-static uint64_t memfd_asked_size(int fd) {
-    char link[64], name[128];
-    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-    ssize_t n = readlink(link, name, sizeof name - 1);
-    if (n <= 0) return 0;
-    name[n] = '\0';
-    static const char pfx[] = "/memfd:" MEMFD_PREFIX ":";
-    if (strncmp(name, pfx, sizeof pfx - 1) != 0) return 0;
-    const char *digits = name + sizeof pfx - 1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(digits, &end, 10);
-    if (errno || end == digits || (*end != '\0' && *end != ' ')) return 0;
-    int seals = fcntl(fd, F_GET_SEALS);
-    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
-        return 0;
-    return (uint64_t)v;
-}
+#define MEMFD_PREFIX "hm_ze_test" /* test/common/sized_memfd.h */
 
 static ze_result_t mem_alloc(struct context *c, ze_memory_type_t type, struct device *d,
                              size_t size, size_t alignment, void **pptr) {
@@ -780,10 +754,11 @@ static ze_result_t mem_alloc(struct context *c, ze_memory_type_t type, struct de
 
     struct alloc *a = calloc(1, sizeof *a);
     if (!a || !table_reserve()) goto fail_alloc;
-    a->fd = memfd_named(size);
+    a->fd = sized_memfd_create(MEMFD_PREFIX, size);
     if (a->fd < 0) goto fail_alloc;
     struct stat st;
-    if (ftruncate(a->fd, (off_t)span) != 0 || !memfd_seal(a->fd) || fstat(a->fd, &st) != 0)
+    if (ftruncate(a->fd, (off_t)span) != 0 || !sized_memfd_seal(a->fd) ||
+        fstat(a->fd, &st) != 0)
         goto fail_fd;
     char *view;
     if (!map_memory(a->fd, span, align, type, &view, &a->cpu)) goto fail_fd;
@@ -997,12 +972,12 @@ static ze_result_t ipc_open(struct context *c, struct device *d, const ze_ipc_me
     /* The fd must be the importer's copy of the exporter's memfd. */
     int fd = (int)fd64;
     struct stat st;
-    /* The size is the allocation's, read from its memfd (memfd_named), not
+    /* The size is the allocation's, read from its memfd (sized_memfd_create), not
      * the handle's size bytes: a peer may rewrite those. */
     if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != get64(h, IPC_INO) ||
         (uint64_t)st.st_dev != get64(h, IPC_FSDEV))
         return ZE_RESULT_ERROR_INVALID_ARGUMENT;
-    const uint64_t asked = memfd_asked_size(fd);
+    const uint64_t asked = sized_memfd_size(MEMFD_PREFIX, fd);
     size_t span = ((size_t)asked + DEVICE_PAGE - 1) & ~(DEVICE_PAGE - 1);
     if (asked == 0 || asked > SIZE_MAX - DEVICE_PAGE || st.st_size != (off_t)span)
         return ZE_RESULT_ERROR_INVALID_ARGUMENT;
