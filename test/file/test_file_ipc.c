@@ -9,8 +9,8 @@
  * SPDX-License-Identifier: MIT */
 #include "harness.h"
 #include "conformance.h"
+#include "pidfd_probe.h"
 
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -47,20 +47,6 @@ static int child(const char *path, const char *other, const hm_ipc_handle_t *h, 
     return 0;
 }
 
-/* Does pidfd_getfd work here at all (kernel, seccomp)? */
-static int pidfd_getfd_works(void) {
-#ifdef SYS_pidfd_getfd
-    int pfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
-    if (pfd < 0) return 0;
-    int fd = (int)syscall(SYS_pidfd_getfd, pfd, 0, 0);
-    close(pfd);
-    if (fd < 0) return 0;
-    close(fd);
-    return 1;
-#else
-    return 0;
-#endif
-}
 
 int main(void) {
     if (!pidfd_getfd_works()) HM_TEST_SKIP("pidfd_getfd is not available here");

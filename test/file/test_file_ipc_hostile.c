@@ -30,6 +30,7 @@
  * used hetmem, so they inherit none of the exporter's descriptors or state.
  * SPDX-License-Identifier: MIT */
 #include "conformance.h"
+#include "pidfd_probe.h"
 #include "ipc/wire.h"
 #include "providers/file/file.h"
 
@@ -200,20 +201,6 @@ static hm_ipc_channel_t *ch;
 static int is_root, pidfd_ok;
 static char dir[64], user_dir[64];
 static const char *devdax_path;
-
-static int pidfd_getfd_works(void) {
-#ifdef SYS_pidfd_getfd
-    int pfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
-    if (pfd < 0) return 0;
-    int fd = (int)syscall(SYS_pidfd_getfd, pfd, 0, 0);
-    close(pfd);
-    if (fd < 0) return 0;
-    close(fd);
-    return 1;
-#else
-    return 0;
-#endif
-}
 
 /* Send the handle at h (the exporter's own buffer) to a fresh importer. */
 static reply_t import(const hm_ipc_handle_t *h, size_t len, int mode, int kind, int as_user,

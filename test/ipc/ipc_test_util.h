@@ -4,6 +4,7 @@
 
 #include "harness.h"
 #include "ipc_proto.h"
+#include "pidfd_probe.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -103,21 +104,6 @@ static inline hm_pool_t *shared_pool(void) {
     hm_os_params_destroy(prm);
     REQUIRE_OK(hm_proxy_pool_create(prov, HM_POOL_FLAG_OWN_PROVIDER, &pool));
     return pool;
-}
-
-/* Does pidfd_getfd work here at all (kernel, seccomp)? */
-static inline int pidfd_getfd_works(void) {
-#ifdef SYS_pidfd_getfd
-    int pfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
-    if (pfd < 0) return 0;
-    int fd = (int)syscall(SYS_pidfd_getfd, pfd, 0, 0);
-    close(pfd);
-    if (fd < 0) return 0;
-    close(fd);
-    return 1;
-#else
-    return 0;
-#endif
 }
 
 #endif
