@@ -12,7 +12,9 @@
 #include <grp.h>
 #include <stdint.h>
 #include <string.h>
+#include <stdio.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* The uid the tests switch to for "another user" (no account needed). */
@@ -45,12 +47,36 @@ static inline void hostile_put64(unsigned char *h, unsigned off, uint64_t v) {
     for (int i = 0; i < 8; i++) h[off + i] = (unsigned char)(v >> (8 * i));
 }
 
-/* A connected pair of channels (SOCK_SEQPACKET). */
-static inline void hostile_pair(hm_ipc_channel_t **a, hm_ipc_channel_t **b) {
+/* The peer's side of a test: runs in a forked child, as another user when
+ * other_user; its result is the child's exit status (0: all well). */
+typedef int (*hostile_peer_fn)(hm_ipc_channel_t *c, int other_user);
+
+/* Fork the peer, connected to this process by a channel (SOCK_SEQPACKET):
+ * *mine is this side's end. */
+static inline pid_t hostile_fork(hostile_peer_fn peer, int other_user, hm_ipc_channel_t **mine) {
     int sv[2];
+    hm_ipc_channel_t *theirs;
     REQUIRE(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0);
-    REQUIRE_OK(hm_ipc_channel_from_fd(sv[0], a));
-    REQUIRE_OK(hm_ipc_channel_from_fd(sv[1], b));
+    REQUIRE_OK(hm_ipc_channel_from_fd(sv[0], mine));
+    REQUIRE_OK(hm_ipc_channel_from_fd(sv[1], &theirs));
+    fflush(NULL);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        hm_ipc_channel_destroy(*mine);
+        _exit(peer(theirs, other_user));
+    }
+    hm_ipc_channel_destroy(theirs);
+    return pid;
+}
+
+/* Close this side's end (the peer sees the channel end) and check that
+ * the peer exited 0. */
+static inline void hostile_join(pid_t pid, hm_ipc_channel_t *mine) {
+    hm_ipc_channel_destroy(mine);
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "peer: status %#x", status);
 }
 
 /* Send / receive one 64-bit word. */

@@ -112,16 +112,8 @@ static int importer(hm_ipc_channel_t *c, int other_user) {
 
 static void run(int other_user) {
     hm_test_set_context(other_user ? "importer of another user" : "importer of this user");
-    hm_ipc_channel_t *mine, *theirs;
-    hostile_pair(&mine, &theirs);
-    fflush(NULL);
-    pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        hm_ipc_channel_destroy(mine);
-        _exit(importer(theirs, other_user));
-    }
-    hm_ipc_channel_destroy(theirs);
+    hm_ipc_channel_t *mine;
+    pid_t pid = hostile_fork(importer, other_user, &mine);
 
     /* The exporter's memory is even executable: the importer decides. */
     hm_os_params_t *par;
@@ -205,10 +197,7 @@ static void run(int other_user) {
     }
     hm_test_set_context(other_user ? "importer of another user" : "importer of this user");
     close(stray);
-    hm_ipc_channel_destroy(mine);
-    int status = 0;
-    REQUIRE(waitpid(pid, &status, 0) == pid);
-    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "importer: status %#x", status);
+    hostile_join(pid, mine);
     CHECK_OK(hm_pool_destroy(pool));
     hm_test_set_context(NULL);
 }

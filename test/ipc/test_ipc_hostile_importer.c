@@ -95,16 +95,8 @@ static int importer(hm_ipc_channel_t *c, int other_user) {
 
 static void misuse(int other_user) {
     hm_test_set_context(other_user ? "importer of another user" : "importer of this user");
-    hm_ipc_channel_t *mine, *theirs;
-    hostile_pair(&mine, &theirs);
-    fflush(NULL);
-    pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        hm_ipc_channel_destroy(mine);
-        _exit(importer(theirs, other_user));
-    }
-    hm_ipc_channel_destroy(theirs);
+    hm_ipc_channel_t *mine;
+    pid_t pid = hostile_fork(importer, other_user, &mine);
     hm_pool_t *pool = shared_pool(0, true);
     unsigned char *secret = hm_pool_malloc(pool, SZ), *a = hm_pool_malloc(pool, SZ);
     REQUIRE(secret && a);
@@ -145,10 +137,7 @@ static void misuse(int other_user) {
         }
     hm_free(c);
     hm_free(secret);
-    hm_ipc_channel_destroy(mine);
-    int status = 0;
-    REQUIRE(waitpid(pid, &status, 0) == pid);
-    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "importer: status %#x", status);
+    hostile_join(pid, mine);
     CHECK_OK(hm_pool_destroy(pool));
     hm_test_set_context(NULL);
 }
