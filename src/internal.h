@@ -31,6 +31,14 @@ static inline size_t hm_align_up(size_t x, size_t a) {
     return (x + a - 1) & ~(a - 1);
 }
 static inline uintptr_t hm_align_down(uintptr_t x, size_t a) { return x & ~(uintptr_t)(a - 1); }
+/* Whether [at + off, at + off + size) lies inside [base, base + len),
+ * without overflow whatever the operands (a peer may have chosen them). */
+static inline bool hm_range_holds(uintptr_t base, size_t len, uintptr_t at, uint64_t off,
+                                  uint64_t size) {
+    if (at < base || at - base > len) return false;
+    uint64_t room = len - (at - base);
+    return off <= room && size <= room - off;
+}
 
 /* ---- library state (init.c) ---- */
 /* Runs the one-time library set-up (pthread_once); cheap after the first call. */

@@ -533,15 +533,6 @@ static bool payload_sane(const cu_payload_t *pl, size_t size) {
            pl->size <= UINT64_MAX - pl->offset;
 }
 
-/* Whether the driver's mapping at d, the allocation [base, base + len) as
- * the driver reports it, holds [d + offset, d + offset + size). */
-static bool mapping_covers(hm_cu_ptr_t d, hm_cu_ptr_t base, size_t len, uint64_t offset,
-                           uint64_t size) {
-    if (d < base || d - base > len) return false;
-    uint64_t room = len - (d - base);
-    return offset <= room && size <= room - offset;
-}
-
 /* The payload is the peer's: its sizes and offset are checked before use,
  * and after the driver's open the mapping must hold all that it claims
  * (offset + size within the allocation the driver mapped, as
@@ -579,7 +570,7 @@ static hm_result_t cu_ipc_open(void *state, const void *payload, int fd, size_t 
     r = cu.MemGetAddressRange(&base, &len, d);
     if (r != HM_CUDA_SUCCESS) {
         res = cu_fail(r, "cuMemGetAddressRange_v2");
-    } else if (!mapping_covers(d, base, len, pl.offset, pl.size)) {
+    } else if (!hm_range_holds((uintptr_t)base, len, (uintptr_t)d, pl.offset, pl.size)) {
         HM_LOG_ERROR("CUDA provider: the IPC handle claims [%llu, +%llu) of an allocation the "
                      "driver mapped with %zu bytes: refused", (unsigned long long)pl.offset,
                      (unsigned long long)pl.size, len);

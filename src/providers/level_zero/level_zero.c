@@ -727,10 +727,9 @@ static hm_result_t lz_ipc_open(void *state, const void *payload, int fd, size_t 
     void *base = NULL;
     size_t len = 0;
     zr = ze.zeMemGetAddressRange(z->ctx, p, &base, &len);
-    uintptr_t at = (uintptr_t)p, b = (uintptr_t)base;
     if (zr != ZE_RESULT_SUCCESS) {
         r = ze_fail(zr, "zeMemGetAddressRange");
-    } else if (at < b || at - b > len || size > len - (at - b)) {
+    } else if (!hm_range_holds((uintptr_t)base, len, (uintptr_t)p, 0, size)) {
         HM_LOG_ERROR("Level Zero provider: the IPC handle claims %zu bytes of an allocation the "
                      "driver mapped with %zu bytes: refused", size, len);
         r = HM_ERROR_INVALID_HANDLE;
