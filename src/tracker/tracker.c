@@ -155,7 +155,8 @@ typedef _Atomic uintptr_t slot_t;
  * nodes): first member, so free(ptr) frees the object. */
 typedef struct retired {
     struct retired *next;
-    uint32_t kind; /* RET_* */
+    uint32_t kind;  /* RET_* */
+    uint32_t bytes; /* the object's size, for the bound on retired memory */
 } retired_t;
 enum { RET_PLAIN = 0, RET_SUBTREE = 1 };
 
@@ -240,9 +241,10 @@ HM_RUN static uint64_t new_id(void) {
 /* ---- reclamation ----------------------------------------------------------
  * Removed records, replaced page lists and collapsed nodes are pushed onto
  * one of a few sharded retire lists (a thread keeps its shard; nothing is
- * left behind by exiting threads). When a shard holds RETIRE_BATCH objects,
- * the thread that filled it detaches the list and hands it to call_rcu as
- * one callback: one grace period and one queue operation per 256 removals.
+ * left behind by exiting threads). When a shard holds RETIRE_BATCH objects
+ * or RETIRE_BATCH_BYTES bytes, the thread that filled it detaches the list
+ * and hands it to call_rcu as one callback: one grace period and one queue
+ * operation per 256 removals.
  *
  * Why not synchronize_rcu in the writer (the first version did): urcu-bp's
  * grace period spins briefly and then sleeps 10 ms at a time while a reader
@@ -251,16 +253,32 @@ HM_RUN static uint64_t new_id(void) {
  * insert+remove at 0.7 effective CPUs). call_rcu moves that wait to urcu's
  * helper thread. Its costs are handled: the helper is paused around fork
  * (call_rcu_before_fork etc. in the atfork hooks), and fini waits for
- * pending batches so none runs after a dlclose. If the batch
- * carrier cannot be allocated, the writer falls back to synchronize_rcu.
- * flush and fini also free every shard's list (drain does not: see there). */
+ * pending batches so none runs after a dlclose. flush and fini also free
+ * every shard's list (drain does not: see there).
+ *
+ * Back-pressure. The helper is one thread that competes for the CPU (and
+ * for malloc) with the writers; a writer that outruns it would pile up
+ * retired memory without limit, and a forked child would inherit the pile.
+ * So the bytes handed to call_rcu and not yet freed are counted
+ * (g_pending_bytes), and a writer whose batch would take them past
+ * RETIRE_PENDING_LIMIT reclaims that batch itself: one grace period in the
+ * writer, then free. Retired memory is then at most RETIRE_PENDING_LIMIT plus
+ * RETIRE_SHARDS partly filled shards (each under RETIRE_BATCH_BYTES plus one
+ * object), whatever the scheduling: the "help when the reclaimer lags"
+ * rule of bounded-memory reclamation schemes (Michael's hazard pointers
+ * scan when the retire list reaches a threshold, IEEE TPDS 15(6), 2004;
+ * liburcu's own call_rcu falls back to synchronize_rcu when it cannot queue).
+ * The same synchronous path serves when a batch carrier cannot be allocated.
+ * Writers never wait while the helper keeps up. */
 #define RETIRE_SHARDS 16
 #define RETIRE_BATCH 256
+#define RETIRE_BATCH_BYTES (64u << 10)
+#define RETIRE_PENDING_LIMIT ((size_t)2 << 20)
 
 typedef struct shard {
     pthread_mutex_t lock;
     retired_t *head, *tail;
-    size_t n;
+    size_t n, bytes;
 } HM_CACHE_ALIGNED shard_t;
 
 static shard_t g_shards[RETIRE_SHARDS] = {
@@ -270,6 +288,12 @@ static shard_t g_shards[RETIRE_SHARDS] = {
 };
 static _Atomic unsigned g_shard_rr;
 static __thread unsigned t_shard; /* 1 + shard index; 0: not chosen yet */
+
+/* Bytes in batches handed to call_rcu and not yet freed; its high-water
+ * mark and the batches writers reclaimed themselves (hm__tracker_retire_stats). */
+static _Atomic size_t g_pending_bytes;
+static _Atomic size_t g_pending_peak;
+static _Atomic uint64_t g_sync_reclaims;
 
 static void free_subtree(uintptr_t v);
 
@@ -284,16 +308,22 @@ static void free_list(retired_t *r) {
     }
 }
 
-static void reclaim_later(retired_t *list);
+static void reclaim_later(retired_t *list, size_t bytes);
 
 /* Append [head..tail] (n objects) to this thread's shard; maybe reclaim. */
 HM_RUN static void retire_list(retired_t *head, retired_t *tail, size_t n) {
     if (!head) return;
+    size_t bytes = 0;
+    for (retired_t *r = head;; r = r->next) {
+        bytes += r->bytes;
+        if (r == tail) break;
+    }
     if (hm_unlikely(!t_shard))
         t_shard = 1 + atomic_fetch_add_explicit(&g_shard_rr, 1, memory_order_relaxed) %
                           RETIRE_SHARDS;
     shard_t *s = &g_shards[t_shard - 1];
     retired_t *batch = NULL;
+    size_t batch_bytes = 0;
     hm__mutex_lock(&s->lock);
     if (s->tail)
         s->tail->next = head;
@@ -301,18 +331,21 @@ HM_RUN static void retire_list(retired_t *head, retired_t *tail, size_t n) {
         s->head = head;
     s->tail = tail;
     s->n += n;
-    if (s->n >= RETIRE_BATCH) {
+    s->bytes += bytes;
+    if (s->n >= RETIRE_BATCH || s->bytes >= RETIRE_BATCH_BYTES) {
         batch = s->head;
+        batch_bytes = s->bytes;
         s->head = s->tail = NULL;
-        s->n = 0;
+        s->n = s->bytes = 0;
     }
     hm__mutex_unlock(&s->lock);
-    if (batch) reclaim_later(batch);
+    if (batch) reclaim_later(batch, batch_bytes);
 }
 
 typedef struct batch {
     struct rcu_head head;
     retired_t *list;
+    size_t bytes;
 } batch_t;
 /* Batches handed to call_rcu and not yet freed. flush/fini wait for zero
  * (our own rcu_barrier: liburcu's allocates in the caller and frees in the
@@ -329,8 +362,10 @@ HM_RUN static void batch_free(struct rcu_head *h) {
     batch_t *b = caa_container_of(h, batch_t, head);
     TSAN_GRACE_DONE();
     TSAN_ACQUIRE(b);
+    size_t bytes = b->bytes;
     free_list(b->list);
     free(b);
+    atomic_fetch_sub_explicit(&g_pending_bytes, bytes, memory_order_relaxed);
     atomic_fetch_sub_explicit(&g_batches_pending, 1, memory_order_release); /* last */
 }
 
@@ -341,14 +376,34 @@ static void wait_batches(void) {
     }
 }
 
-HM_RUN static void reclaim_later(retired_t *list) {
+/* The writer frees list itself, after a grace period of its own. */
+static void reclaim_now(retired_t *list) {
+    atomic_fetch_add_explicit(&g_sync_reclaims, 1, memory_order_relaxed);
+    grace_period();
+    free_list(list);
+}
+
+HM_RUN static void reclaim_later(retired_t *list, size_t bytes) {
+    size_t before = atomic_fetch_add_explicit(&g_pending_bytes, bytes, memory_order_relaxed);
+    if (hm_unlikely(before + bytes > RETIRE_PENDING_LIMIT)) {
+        /* The helper lags: back-pressure (see above). */
+        atomic_fetch_sub_explicit(&g_pending_bytes, bytes, memory_order_relaxed);
+        reclaim_now(list);
+        return;
+    }
+    size_t peak = atomic_load_explicit(&g_pending_peak, memory_order_relaxed);
+    while (before + bytes > peak &&
+           !atomic_compare_exchange_weak_explicit(&g_pending_peak, &peak, before + bytes,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
     batch_t *b = malloc(sizeof *b);
     if (hm_unlikely(!b)) {
-        grace_period();
-        free_list(list);
+        atomic_fetch_sub_explicit(&g_pending_bytes, bytes, memory_order_relaxed);
+        reclaim_now(list);
         return;
     }
     b->list = list;
+    b->bytes = bytes;
     TSAN_RELEASE(b);
     /* Make sure the default worker exists before call_rcu. liburcu 0.13's
      * call_rcu enters a read-side section and, on the process's first use,
@@ -368,6 +423,20 @@ HM_RUN static void reclaim_later(retired_t *list) {
     hm__mutex_unlock(&g_reclaim_lock);
 }
 
+void hm__tracker_retire_stats(hm_tracker_retire_stats_t *st) {
+    st->pending_bytes = atomic_load_explicit(&g_pending_bytes, memory_order_relaxed);
+    st->pending_peak = atomic_load_explicit(&g_pending_peak, memory_order_relaxed);
+    st->pending_limit = RETIRE_PENDING_LIMIT;
+    st->shard_bytes = 0;
+    for (unsigned i = 0; i < RETIRE_SHARDS; i++) {
+        hm__mutex_lock(&g_shards[i].lock);
+        st->shard_bytes += g_shards[i].bytes;
+        hm__mutex_unlock(&g_shards[i].lock);
+    }
+    st->shard_limit = RETIRE_SHARDS * (size_t)RETIRE_BATCH_BYTES;
+    st->sync_reclaims = atomic_load_explicit(&g_sync_reclaims, memory_order_relaxed);
+}
+
 static void retire_one(retired_t *r) {
     r->next = NULL;
     retire_list(r, r, 1);
@@ -383,7 +452,7 @@ static retired_t *steal_all_shards(void) {
             s->tail->next = all;
             all = s->head;
             s->head = s->tail = NULL;
-            s->n = 0;
+            s->n = s->bytes = 0;
         }
         hm__mutex_unlock(&s->lock);
     }
@@ -396,6 +465,7 @@ HM_RUN static node_t *node_new(void) {
     if (n) {
         memset(n, 0, sizeof *n);
         n->retire.kind = RET_SUBTREE;
+        n->retire.bytes = sizeof *n;
     }
     return n;
 }
@@ -404,6 +474,7 @@ HM_RUN static plist_t *plist_new(uint32_t n) {
     plist_t *p = malloc(sizeof *p + (size_t)n * sizeof(ple_t));
     if (p) {
         p->retire.kind = RET_PLAIN;
+        p->retire.bytes = (uint32_t)(sizeof *p + (size_t)n * sizeof(ple_t));
         p->n = n;
     }
     return p;
@@ -1057,6 +1128,7 @@ static rec_t *rec_new(hm_tracker_index_t *idx, hm_pool_t *pool, hm_provider_t *p
     if (!r) return NULL;
     r->retire.next = NULL;
     r->retire.kind = RET_PLAIN;
+    r->retire.bytes = sizeof *r;
     r->base = base;
     r->size = size;
     r->pool = pool;

@@ -18,8 +18,11 @@
  * thread caches the deepest node it reached per 2 MiB region (invalidated by
  * an epoch counter when a node is collapsed). Removed records, replaced page
  * lists and collapsed nodes are freed after an urcu-bp grace period, in
- * batches of 256 handed to call_rcu (urcu's helper thread waits, writers
- * never do, except drain/flush/fini which wait one grace period).
+ * batches of 256 (or 64 KiB) handed to call_rcu (urcu's helper thread
+ * waits, writers do not, except drain/flush/fini which wait one grace
+ * period). Retired memory is bounded: a writer whose batch would take the
+ * bytes queued to call_rcu past 2 MiB frees that batch itself after a grace
+ * period of its own (back-pressure when the helper lags).
  *
  * CONCURRENCY CONTRACT (in the manner of liburcu's wfcqueue.h)
  *
@@ -156,6 +159,18 @@ void hm__tracker_index_drain(hm_tracker_index_t *idx,
 /* Wait one grace period and free every retired record and page list
  * (tests, leak checks; fini does it itself). */
 void hm__tracker_flush(void);
+
+/* The retired memory not yet freed: bytes queued to call_rcu now, their
+ * high-water mark since the process started, and the bound they stay
+ * within; bytes waiting in the retire shards and their bound (each shard
+ * may exceed its share by the last retired object); batches that writers
+ * freed themselves because the queue was full. For tests and benchmarks. */
+typedef struct hm_tracker_retire_stats {
+    size_t pending_bytes, pending_peak, pending_limit;
+    size_t shard_bytes, shard_limit;
+    uint64_t sync_reclaims;
+} hm_tracker_retire_stats_t;
+void hm__tracker_retire_stats(hm_tracker_retire_stats_t *st);
 
 /* Library hooks (called from init.c). fini frees the tree only if no record
  * is left; it must not run concurrently with writers. */
