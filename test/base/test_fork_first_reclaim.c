@@ -60,7 +60,7 @@ static void *churn(void *arg) {
 /* One attempt, in a fresh child: returns its exit status. */
 static int attempt(void) {
     setpgid(0, 0); /* the parent kills the group: no stray grandchild */
-    alarm(20);     /* a deadlock ends here, by SIGALRM */
+    alarm(HM_TEST_HANG_SECONDS); /* a deadlock ends here, by SIGALRM */
     hm_provider_t *os;
     if (hm_os_provider_create(NULL, &os) ||
         hm_proxy_pool_create(os, HM_POOL_FLAG_OWN_PROVIDER, &g_pool))

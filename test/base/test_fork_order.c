@@ -73,7 +73,7 @@ static void fork_recorded(record_t *parent, record_t *child) {
     pid_t pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
-        alarm(30);
+        alarm(HM_TEST_HANG_SECONDS);
         record_t r;
         record_fill(&r);
         ssize_t w = write(fd[1], &r, sizeof(r));
@@ -262,7 +262,7 @@ static void test_order(void) {
 #define PARK_AROUND_FORK 0
 #endif
 
-enum { FORKERS = 3, FORKS_EACH = 30, CHILD_ALARM = 30 };
+enum { FORKERS = 3, FORKS_EACH = 30, CHILD_ALARM = HM_TEST_HANG_SECONDS };
 
 /* g_native, g_je: private memory (the children allocate there too);
  * g_shared, g_je_shared: shared memory, exported by the IPC worker. */

@@ -60,7 +60,7 @@ static int run_child(const char *exe, const char *mode, const char *value, const
         execl(exe, exe, mode, (char *)NULL);
         _exit(101);
     }
-    for (int i = 0; i < 2000; i++) {
+    for (int i = 0; i < HM_TEST_HANG_SECONDS * 100; i++) {
         int st;
         pid_t w = waitpid(pid, &st, WNOHANG);
         if (w == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);

@@ -72,6 +72,13 @@ void hm_test_set_context(const char *context);
         exit(77);                                \
     } while (0)
 
+/* How long a test waits for something that can only fail by hanging (a
+ * forked child, a peer process) before calling it hung: alarm() in such
+ * children and the parent's bounded waits use it. Generous on purpose: a
+ * sanitizer build on a loaded 2-CPU machine may be 20x slower than a quiet
+ * Release run, and a real hang is caught all the same, only later. */
+#define HM_TEST_HANG_SECONDS 300
+
 /* Run a test phase and print how long it took (a slow phase shows in the
  * log; nothing is asserted about time). */
 static inline double hm_test_now(void) {

@@ -46,9 +46,10 @@ static void sink(hm_log_level_t level, const char *line, void *arg) {
     snprintf(last_line, sizeof(last_line), "%s", line);
 }
 
-/* Wait for a child for up to 20 s: its exit status, 128+signal, or -1 (hung, killed). */
+/* Wait for a child for up to HM_TEST_HANG_SECONDS: its exit status,
+ * 128+signal, or -1 (hung, killed). */
 static int wait_child(pid_t pid) {
-    for (int i = 0; i < 2000; i++) {
+    for (int i = 0; i < HM_TEST_HANG_SECONDS * 100; i++) {
         int st;
         if (waitpid(pid, &st, WNOHANG) == pid)
             return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
@@ -137,7 +138,7 @@ static void test_socket_file_mode(void) {
 static pid_t peer_connect(const char *path, uid_t uid, hm_result_t want_connect) {
     pid_t pid = fork();
     if (pid != 0) return pid;
-    alarm(30);
+    alarm(HM_TEST_HANG_SECONDS);
     become(uid);
     hm_ipc_channel_t *c = NULL;
     hm_result_t r = hm_ipc_channel_connect(path, &c);
@@ -228,7 +229,7 @@ static void test_connect_refuses_other_listener(void) {
     pid_t pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) { /* the other user's listener: admits root, answers 4 peers */
-        alarm(30);
+        alarm(HM_TEST_HANG_SECONDS);
         close(ready[0]);
         become(OTHER_UID);
         hm_ipc_channel_t *l = NULL;

@@ -20,14 +20,11 @@
 static unsigned char handles[NALLOC][512];
 static size_t hlen[NALLOC];
 static hm_pool_t *shared;
-static double seconds = 1.5;
+/* Steps per importer thread (argv[1]): bounded work, whatever the speed. */
+static long iters = 5000;
+static _Atomic int importers_left = THREADS;
 static _Atomic long opens, hits_stale, failures, destroys;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 static uint64_t xs(uint64_t *s) { /* xorshift64 (Marsaglia 2003) */
     *s ^= *s << 13;
     *s ^= *s >> 7;
@@ -104,8 +101,7 @@ static int exporter(int out, int in) {
 static void *importer_thread(void *arg) {
     uint64_t s = (uint64_t)(uintptr_t)arg * 104729 + 3;
     void *held[4] = {0};
-    double end = now() + seconds;
-    while (now() < end) {
+    for (long step = 0; step < iters; step++) {
         int i = (int)(xs(&s) % NALLOC);
         if (xs(&s) % 16 == 0) { /* a private pool: open a few, leave some open, destroy */
             hm_pool_t *p = make_pool();
@@ -152,22 +148,25 @@ static void *importer_thread(void *arg) {
     }
     for (int k = 0; k < 4; k++)
         if (held[k] && hm_ipc_close(held[k]) != HM_SUCCESS) atomic_fetch_add(&failures, 1);
+    atomic_fetch_sub(&importers_left, 1);
     return NULL;
 }
 
-static void *limit_thread(void *arg) { /* the bound changes under everyone's feet */
+/* The bound changes under everyone's feet: every 100 opens, until the
+ * importers are done. */
+static void *limit_thread(void *arg) {
     (void)arg;
-    double end = now() + seconds;
     size_t lim[] = {4, 16, 1, 64, 8};
-    for (int k = 0; now() < end; k++) {
+    for (int k = 0; atomic_load(&importers_left) > 0; k++) {
         hm_ipc_set_cache_limits(lim[k % 5], (k % 3) ? 0 : 8 * ASIZE);
-        usleep(20000);
+        long o = atomic_load(&opens);
+        while (atomic_load(&opens) < o + 100 && atomic_load(&importers_left) > 0) usleep(500);
     }
     return NULL;
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1) seconds = atof(argv[1]);
+    if (argc > 1) iters = atol(argv[1]);
     {
         int pfd = (int)syscall(SYS_pidfd_open, getpid(), 0), f = -1;
         if (pfd >= 0) f = (int)syscall(SYS_pidfd_getfd, pfd, 0, 0);

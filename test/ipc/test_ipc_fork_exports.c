@@ -157,7 +157,7 @@ static void run_case(prov_kind_t vk, pool_kind_t pk, state_t stt) {
     pid_t child = fork();
     REQUIRE(child >= 0);
     if (child == 0) {
-        alarm(20);
+        alarm(HM_TEST_HANG_SECONDS);
         int bad = 0;
         /* A program run from the child: fork+exec and system(). */
         pid_t g = fork();
@@ -190,7 +190,7 @@ static void run_case(prov_kind_t vk, pool_kind_t pk, state_t stt) {
         }
         _exit(bad);
     }
-    int rc = wait_child(child, 30);
+    int rc = wait_child(child, HM_TEST_HANG_SECONDS + 10);
     CHECK_MSG(rc == 0, "child: %d (-1: it hung in fork and was killed; else a bit set of "
               "failed steps)", rc);
 

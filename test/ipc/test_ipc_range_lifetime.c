@@ -138,7 +138,7 @@ static void destroy_case(int pk, int file, int with_fork) {
         pid_t c = fork();
         REQUIRE(c >= 0);
         if (c == 0) {
-            alarm(20);
+            alarm(HM_TEST_HANG_SECONDS);
             /* The parent's handle is not the child's; the call settles the
              * range the parent held: given back to this child's provider. */
             int bad = hm_ipc_put(h) != HM_ERROR_INVALID_HANDLE;

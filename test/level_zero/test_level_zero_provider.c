@@ -585,7 +585,7 @@ static void test_fork_while_exporting(void) {
     atomic_store(&g_fork_stop, 0);
     pthread_t t[2];
     for (int i = 0; i < 2; i++) REQUIRE(pthread_create(&t[i], NULL, export_loop, pool) == 0);
-    alarm(60);
+    alarm(HM_TEST_HANG_SECONDS);
     int forks = 0;
     for (; forks < 300 && atomic_load(&g_fork_stop) == 0; forks++) {
         pid_t pid = fork();

@@ -48,7 +48,9 @@ typedef struct writer {
 
 static writer_t writers[N_WRITERS + 1]; /* the last one is the drainer */
 static char pool_tag[N_WRITERS + 1];
-static _Atomic int stop;
+static _Atomic int stop;       /* set when every writer has done its steps */
+static _Atomic int writers_left = N_WRITERS;
+static long g_steps;           /* stable+churn steps per writer: bounded work */
 static _Atomic long reader_misses, reader_wrong, reader_lookups;
 static _Atomic int ready;
 
@@ -162,11 +164,12 @@ static void churn_step(writer_t *wr) {
 static void *writer_main(void *arg) {
     writer_t *wr = arg;
     atomic_fetch_add(&ready, 1);
-    while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
+    for (long i = 0; i < g_steps; i++) {
         stable_step(wr);
         churn_step(wr);
         wr->ops += 2;
     }
+    if (atomic_fetch_sub(&writers_left, 1) == 1) atomic_store(&stop, 1);
     return NULL;
 }
 
@@ -200,7 +203,8 @@ static void *reader_main(void *arg) {
     uint64_t s = (uint64_t)(uintptr_t)arg * 0x9e3779b97f4a7c15ull + 1;
     long n = 0;
     atomic_fetch_add(&ready, 1);
-    while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
+    /* at least 3000 lookups, however late this thread starts */
+    while (n < 3000 || !atomic_load_explicit(&stop, memory_order_relaxed)) {
         int w = (int)below(&s, N_WRITERS + 1);
         const writer_t *wr = &writers[w];
         hm_tracker_entry_t e;
@@ -237,9 +241,13 @@ static int cmp_u64(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    double seconds = argc > 1 ? atof(argv[1]) : 3.0;
-    const char *env = getenv("HM_TEST_SECONDS");
-    if (env) seconds = atof(env);
+    /* Steps per writer (argv[1]); the drainer and the readers run until the
+     * writers are done. */
+    g_steps = 20000;
+#if defined(HM_SANITIZE_BUILD)
+    g_steps = 3000;
+#endif
+    if (argc > 1) g_steps = atol(argv[1]);
 
     for (int w = 0; w <= N_WRITERS; w++) {
         writer_t *wr = &writers[w];
@@ -267,21 +275,18 @@ int main(int argc, char **argv) {
     REQUIRE(!pthread_create(&th[N_WRITERS], NULL, drainer_main, &writers[N_WRITERS]));
     for (int r = 0; r < N_READERS; r++)
         REQUIRE(!pthread_create(&th[N_WRITERS + 1 + r], NULL, reader_main, (void *)(uintptr_t)(r + 1)));
-    struct timespec ts = {(time_t)seconds, (long)((seconds - (time_t)seconds) * 1e9)};
-    nanosleep(&ts, NULL);
-    atomic_store(&stop, 1);
     for (int i = 0; i < N_WRITERS + 1 + N_READERS; i++) pthread_join(th[i], NULL);
 
     long wops = 0;
     for (int w = 0; w <= N_WRITERS; w++) wops += writers[w].ops;
-    printf("%.1f s: %ld writer steps, %zu records drained, %ld lookups; %ld misses in stable "
+    printf("%ld steps each: %ld writer steps, %zu records drained, %ld lookups; %ld misses in stable "
            "regions, %ld wrong answers\n",
-           seconds, wops, drained, atomic_load(&reader_lookups), atomic_load(&reader_misses),
+           g_steps, wops, drained, atomic_load(&reader_lookups), atomic_load(&reader_misses),
            atomic_load(&reader_wrong));
     CHECK_EQ(atomic_load(&reader_misses), 0);
     CHECK_EQ(atomic_load(&reader_wrong), 0);
-    CHECK(wops > 100);
-    CHECK(atomic_load(&reader_lookups) > 1000);
+    CHECK(wops >= 2 * N_WRITERS * g_steps);
+    CHECK(atomic_load(&reader_lookups) >= 3000 * N_READERS);
 
     /* the writers' final state is exact */
     for (int w = 0; w < N_WRITERS; w++) {
