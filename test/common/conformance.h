@@ -30,7 +30,9 @@ typedef struct hm_test_suite_opts {
     int free_unsupported;
 } hm_test_suite_opts_t;
 
-/* Fill [p, p+n) with a pattern derived from seed; check it (1: intact). */
+/* Fill [p, p+n) with a pattern derived from seed; check it (1: intact).
+ * Up to 256 KiB every byte; above, one word in each 64 bytes (in sanitizer
+ * builds one in each 64 KiB) and the last 8 bytes. Check with the same n. */
 void hm_test_fill(void *p, size_t n, uint64_t seed);
 int hm_test_verify(const void *p, size_t n, uint64_t seed);
 
