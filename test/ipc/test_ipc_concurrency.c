@@ -21,7 +21,11 @@ static unsigned char handles[NALLOC][512];
 static size_t hlen[NALLOC];
 static hm_pool_t *shared;
 /* Steps per importer thread (argv[1]): bounded work, whatever the speed. */
+#if defined(HM_TSAN)
+static long iters = 2000;
+#else
 static long iters = 5000;
+#endif
 static _Atomic int importers_left = THREADS;
 static _Atomic long opens, hits_stale, failures, destroys;
 
