@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
 done
 
 src=$(pwd)
-rev=$(git rev-parse --short HEAD)
+rev=$(git rev-parse --short HEAD) # every run tests this commit
 pids=()
 stop_load() {
   [ ${#pids[@]} -gt 0 ] && kill "${pids[@]}" 2>/dev/null
@@ -38,7 +38,7 @@ trap stop_load EXIT
 one_run() { # $1: label, $2: number of busy loops
   local dir t0 rc secs
   dir=$(mktemp -d /tmp/hm-load-XXXXXX)
-  git clone -q "$src" "$dir/hetmem" || return 1
+  git clone -q "$src" "$dir/hetmem" && git -C "$dir/hetmem" checkout -q "$rev" || return 1
   for ((i = 0; i < $2; i++)); do
     bash -c 'while :; do :; done' &
     pids+=($!)
