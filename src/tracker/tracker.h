@@ -76,10 +76,10 @@
  * of every lookup and writer walk encloses every dereference of a record or
  * page list.
  *
- * Rules for callers: never call drain, flush or fini from inside an urcu-bp
- * read-side section or a call_rcu callback (they wait a grace period:
- * deadlock); writers may be called from a read-side section but should not
- * be; drain callbacks run outside any section. */
+ * Rules for callers: never call drain, flush, fini or a writer from inside
+ * an urcu-bp read-side section or a call_rcu callback (they may wait a
+ * grace period: deadlock; a writer waits one when the call_rcu queue is
+ * full); drain callbacks run outside any section. */
 #ifndef HM_TRACKER_H
 #define HM_TRACKER_H
 
