@@ -265,24 +265,12 @@ static void common_forgeries(uint64_t size, uint64_t dsz) {
 }
 
 static void run(const char *self) {
-    int sv[2];
-    REQUIRE(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        close(sv[0]);
-        char fdarg[16];
-        snprintf(fdarg, sizeof(fdarg), "%d", sv[1]);
-        execl(self, self, "importer", fdarg, (char *)NULL);
-        _exit(98);
-    }
-    close(sv[1]);
+    int sv0;
+    pid_t pid = hm_test_spawn_importer(self, NULL, &sv0);
     /* The importer reads this process's copy of each handle: under Yama's
      * ptrace_scope 1 it must be named (elsewhere this does nothing). */
     (void)hm_ipc_allow_importer(pid);
-    REQUIRE_OK(hm_ipc_channel_from_fd(sv[0], &g_ch));
+    REQUIRE_OK(hm_ipc_channel_from_fd(sv0, &g_ch));
 
     hm_provider_t *prov;
     hm_pool_t *pool;

@@ -4,12 +4,33 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 static _Atomic int passed, failed;
 static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
 static const char *_Atomic context;
 
 void hm_test_set_context(const char *c) { atomic_store(&context, c); }
+
+int hm_test_spawn_importer(const char *self, const char *extra, int *fd) {
+    int sv[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0); /* sv[1] crosses exec */
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        close(sv[0]);
+        char fdarg[16];
+        snprintf(fdarg, sizeof(fdarg), "%d", sv[1]);
+        execl(self, self, "importer", fdarg, extra, (char *)NULL);
+        _exit(98);
+    }
+    close(sv[1]);
+    *fd = sv[0];
+    return (int)pid;
+}
 
 void hm_test_record(int ok, const char *file, int line, const char *fmt, ...) {
     if (ok) {

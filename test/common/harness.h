@@ -24,6 +24,10 @@ int hm_test_passed_count(void);
 int hm_test_finish(void);
 /* Label printed with failures (e.g. the suite and provider in use). */
 void hm_test_set_context(const char *context);
+/* Run this program again as a peer process: `self importer <fd> [extra]`,
+ * where fd is its end of a SOCK_SEQPACKET socketpair. *fd receives this
+ * process's end; returns the child's pid (stops the test on failure). */
+int hm_test_spawn_importer(const char *self, const char *extra, int *fd);
 
 #ifdef __cplusplus
 }

@@ -473,20 +473,8 @@ static int importer(int sock) {
 
 static void test_ipc(const char *self) {
     hm_test_set_context("IPC");
-    int sv[2];
-    REQUIRE(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        close(sv[0]);
-        char fdarg[16];
-        snprintf(fdarg, sizeof(fdarg), "%d", sv[1]);
-        execl(self, self, "importer", fdarg, (char *)NULL);
-        _exit(98);
-    }
-    close(sv[1]);
+    int sv0;
+    pid_t pid = hm_test_spawn_importer(self, NULL, &sv0);
     hm_provider_t *prov;
     REQUIRE_OK(cu_provider(HM_CUDA_MEMORY_DEVICE, 0, &prov));
     hm_pool_t *pool;
@@ -498,7 +486,7 @@ static void test_ipc(const char *self) {
     size_t len = 0;
     REQUIRE_OK(hm_ipc_get(p, &h, &len));
     hm_ipc_channel_t *ch;
-    REQUIRE_OK(hm_ipc_channel_from_fd(sv[0], &ch));
+    REQUIRE_OK(hm_ipc_channel_from_fd(sv0, &ch));
     CHECK_OK(hm_ipc_channel_send(ch, h, len));
     char ack = 0;
     size_t got = 0;

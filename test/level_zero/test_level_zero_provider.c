@@ -500,21 +500,10 @@ static int importer(int sock, int transport) {
 
 static void test_ipc(const char *self, int transport) {
     hm_test_set_context(transport ? "IPC, descriptor over the channel" : "IPC, pidfd_getfd");
-    int sv[2];
-    REQUIRE(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0); /* sv[1] crosses exec */
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        close(sv[0]);
-        char fdarg[16], targ[4];
-        snprintf(fdarg, sizeof(fdarg), "%d", sv[1]);
-        snprintf(targ, sizeof(targ), "%d", transport);
-        execl(self, self, "importer", fdarg, targ, (char *)NULL);
-        _exit(98);
-    }
-    close(sv[1]);
+    char targ[4];
+    snprintf(targ, sizeof(targ), "%d", transport);
+    int sv0;
+    pid_t pid = hm_test_spawn_importer(self, targ, &sv0);
     hm_provider_t *prov;
     REQUIRE_OK(lz_provider(HM_LEVEL_ZERO_MEMORY_DEVICE, 0, &prov));
     hm_pool_t *pool;
@@ -526,7 +515,7 @@ static void test_ipc(const char *self, int transport) {
     size_t len = 0;
     REQUIRE_OK(hm_ipc_get(p, &h, &len));
     hm_ipc_channel_t *ch;
-    REQUIRE_OK(hm_ipc_channel_from_fd(sv[0], &ch));
+    REQUIRE_OK(hm_ipc_channel_from_fd(sv0, &ch));
     CHECK_OK(hm_ipc_channel_send(ch, h, len));
     char ack = 0;
     size_t got = 0;
