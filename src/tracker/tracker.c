@@ -310,14 +310,10 @@ static void free_list(retired_t *r) {
 
 static void reclaim_later(retired_t *list, size_t bytes);
 
-/* Append [head..tail] (n objects) to this thread's shard; maybe reclaim. */
-HM_RUN static void retire_list(retired_t *head, retired_t *tail, size_t n) {
+/* Append [head..tail] (n objects, bytes in all) to this thread's shard;
+ * maybe reclaim. */
+HM_RUN static void retire_list(retired_t *head, retired_t *tail, size_t n, size_t bytes) {
     if (!head) return;
-    size_t bytes = 0;
-    for (retired_t *r = head;; r = r->next) {
-        bytes += r->bytes;
-        if (r == tail) break;
-    }
     if (hm_unlikely(!t_shard))
         t_shard = 1 + atomic_fetch_add_explicit(&g_shard_rr, 1, memory_order_relaxed) %
                           RETIRE_SHARDS;
@@ -439,7 +435,7 @@ void hm__tracker_retire_stats(hm_tracker_retire_stats_t *st) {
 
 static void retire_one(retired_t *r) {
     r->next = NULL;
-    retire_list(r, r, 1);
+    retire_list(r, r, 1, r->bytes);
 }
 
 /* Detach every shard's list (to be freed after the caller's grace period). */
@@ -666,7 +662,7 @@ typedef struct op {
     size_t conflicts;  /* REPLACE: unexpected slots skipped */
     int collapsed;     /* a node was unpublished: bump g_cache_epoch */
     retired_t *retired_head, *retired_tail;
-    size_t n_retired;
+    size_t n_retired, bytes_retired;
 } op_t;
 
 static void op_retire(op_t *op, void *obj) {
@@ -678,6 +674,7 @@ static void op_retire(op_t *op, void *obj) {
         op->retired_head = r;
     op->retired_tail = r;
     op->n_retired++;
+    op->bytes_retired += r->bytes;
 }
 
 static int is_old(const op_t *op, const rec_t *r) {
@@ -1037,9 +1034,9 @@ static void op_publish_collapse(op_t *op) {
 
 static void op_flush_retired(op_t *op) {
     op_publish_collapse(op);
-    retire_list(op->retired_head, op->retired_tail, op->n_retired);
+    retire_list(op->retired_head, op->retired_tail, op->n_retired, op->bytes_retired);
     op->retired_head = op->retired_tail = NULL;
-    op->n_retired = 0;
+    op->n_retired = op->bytes_retired = 0;
 }
 
 static void op_report_conflicts(const op_t *op, const char *what, uintptr_t lo, uintptr_t hi) {
