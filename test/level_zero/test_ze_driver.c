@@ -70,6 +70,7 @@ static struct {
     hm_ze_test_call_count_fn call_count;
     hm_ze_test_fail_next_fn fail_next;
     hm_ze_test_set_mem_limit_fn set_mem_limit;
+    hm_ze_test_set_option_fn set_option;
 } ctl;
 
 #define ZE_EXPECT(expr, want)                                                          \
@@ -188,7 +189,10 @@ static void control(void) {
     *(void **)&ctl.call_count = dlsym(h, "hm_ze_test_call_count");
     *(void **)&ctl.fail_next = dlsym(h, "hm_ze_test_fail_next");
     *(void **)&ctl.set_mem_limit = dlsym(h, "hm_ze_test_set_mem_limit");
-    REQUIRE(ctl.reset && ctl.get_stats && ctl.call_count && ctl.fail_next && ctl.set_mem_limit);
+    *(void **)&ctl.set_option = dlsym(h, "hm_ze_test_set_option");
+    REQUIRE(ctl.reset && ctl.get_stats && ctl.call_count && ctl.fail_next && ctl.set_mem_limit &&
+            ctl.set_option);
+    CHECK_EQ(ctl.set_option("no_such_option", 1), -1);
     /* Only the getters and the control API are exported. */
     CHECK(dlsym(h, "d_init") == NULL);
     CHECK(dlsym(h, "zeInit") == NULL);
@@ -270,8 +274,8 @@ static void test_enumeration(void) {
         CHECK_EQ(p->vendorId, 0x8086);
         CHECK(p->deviceId != 0);
         CHECK(p->name[0] != '\0');
-        if (i == 0) limit = p->maxMemAllocSize;
-        CHECK_EQ(p->maxMemAllocSize, limit);
+        if (i == 0) limit = 2 * p->maxMemAllocSize; /* maxMemAllocSize: half the memory */
+        CHECK_EQ(p->maxMemAllocSize, limit / 2);
         for (uint32_t k = 0; k < i; k++)
             CHECK_MSG(memcmp(p->uuid.id, props[k].uuid.id, ZE_MAX_DEVICE_UUID_SIZE) != 0,
                       "devices %u and %u have the same UUID", k, i);
@@ -566,9 +570,32 @@ static void test_limits(void) {
     for (int i = 0; i < 4; i++) ZE_OK(ze.zeMemFree(ctx, p[i]));
     ZE_OK(alloc_dev(ctx, MIB, 0, 0, &p[4]));
     ZE_OK(ze.zeMemFree(ctx, p[4]));
-    /* larger than maxMemAllocSize */
+    /* larger than maxMemAllocSize (half the memory): refused without the
+     * relaxed limit, allowed with it up to the memory */
     x = NULL;
-    ZE_EXPECT(alloc_dev(ctx, 4 * MIB + 1, 0, 0, &x), ZE_RESULT_ERROR_UNSUPPORTED_SIZE);
+    ZE_EXPECT(alloc_dev(ctx, 2 * MIB + 1, 0, 0, &x), ZE_RESULT_ERROR_UNSUPPORTED_SIZE);
+    ZE_EXPECT(alloc_host(ctx, 2 * MIB + 1, 0, &x), ZE_RESULT_ERROR_UNSUPPORTED_SIZE);
+    ZE_EXPECT(alloc_shared(ctx, 2 * MIB + 1, 0, 0, &x), ZE_RESULT_ERROR_UNSUPPORTED_SIZE);
+    CHECK(x == NULL);
+    ze_relaxed_allocation_limits_exp_desc_t rx = {
+        ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXP_DESC, NULL,
+        ZE_RELAXED_ALLOCATION_LIMITS_EXP_FLAG_MAX_SIZE};
+    ze_device_mem_alloc_desc_t rdd = ddesc;
+    ze_host_mem_alloc_desc_t rhd = hdesc;
+    rdd.pNext = &rx;
+    rhd.pNext = &rx;
+    ZE_OK(ze.zeMemAllocDevice(ctx, &rdd, 3 * MIB, 0, devs[0], &x));
+    ZE_OK(ze.zeMemFree(ctx, x));
+    ZE_OK(ze.zeMemAllocShared(ctx, &rdd, &hdesc, 3 * MIB, 0, devs[0], &x));
+    ZE_OK(ze.zeMemFree(ctx, x));
+    ZE_OK(ze.zeMemAllocHost(ctx, &rhd, 3 * MIB, 0, &x));
+    ZE_OK(ze.zeMemFree(ctx, x));
+    x = NULL;
+    ZE_EXPECT(ze.zeMemAllocDevice(ctx, &rdd, 4 * MIB + 1, 0, devs[0], &x),
+              ZE_RESULT_ERROR_UNSUPPORTED_SIZE); /* above the memory itself */
+    rx.flags = 0; /* the descriptor without the flag relaxes nothing */
+    ZE_EXPECT(ze.zeMemAllocDevice(ctx, &rdd, 3 * MIB, 0, devs[0], &x),
+              ZE_RESULT_ERROR_UNSUPPORTED_SIZE);
     CHECK(x == NULL);
 
     for (int i = 0; i < 4; i++) ZE_OK(alloc_host(ctx, MIB, 0, &h[i]));
@@ -907,14 +934,26 @@ static void ipc_importer(int sock) {
     CHECK_EQ(len, msg.a_size);
     CHECK(all_bytes(l, pa, 0x5a, msg.a_size));
     CHECK_EQ(touch_in_child(pa, false), SIGSEGV);
-    /* a second open of the same handle: the same pointer, one more reference */
+    /* a second open of the same handle: a pointer of its own (ze_api.h:
+     * "unique pointers"), the same memory */
     void *pa2 = NULL;
     ZE_OK(ze.zeMemOpenIpcHandle(c, devs[0], ha, 0, &pa2));
-    CHECK(pa2 == pa);
+    CHECK(pa2 != NULL && pa2 != pa);
+    CHECK(all_bytes(l, pa2, 0x5a, msg.a_size));
     hm_ze_test_stats_t s1 = stats();
-    CHECK_EQ(s1.live_ipc_mappings, s0.live_ipc_mappings + 1);
+    CHECK_EQ(s1.live_ipc_mappings, s0.live_ipc_mappings + 2);
     CHECK_EQ(s1.live_ipc_refs, s0.live_ipc_refs + 2);
     CHECK(s1.ipc_open >= s0.ipc_open + 2);
+    ZE_OK(ze.zeMemCloseIpcHandle(c, pa2));
+    CHECK(all_bytes(l, pa, 0x5a, 64)); /* the first is its own mapping */
+    /* the lenient option: the same pointer with a reference (CUDA's way) */
+    CHECK_EQ(ctl.set_option("ipc_open_same_pointer", 1), 0);
+    ZE_OK(ze.zeMemOpenIpcHandle(c, devs[0], ha, 0, &pa2));
+    CHECK(pa2 == pa);
+    CHECK_EQ(ctl.set_option("ipc_open_same_pointer", 0), 0);
+    s1 = stats();
+    CHECK_EQ(s1.live_ipc_mappings, s0.live_ipc_mappings + 1);
+    CHECK_EQ(s1.live_ipc_refs, s0.live_ipc_refs + 2);
     /* no re-export, no free of an opened mapping */
     ze_ipc_mem_handle_t again;
     ZE_EXPECT(ze.zeMemGetIpcHandle(c, pa, &again), ZE_RESULT_ERROR_INVALID_ARGUMENT);
@@ -975,7 +1014,10 @@ static void test_ipc(void) {
     hm_test_set_context("ipc exporter");
     int sv[2];
     REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
-    /* The importer forks before the memory exists: it inherits no memfd. */
+    /* The importer forks before the memory exists: it inherits no memfd.
+     * It uses the driver as a fork child, which a real driver does not
+     * allow (the provider's IPC tests exec their importer): asked for. */
+    CHECK_EQ(ctl.set_option("fork_child_works", 1), 0);
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
@@ -990,6 +1032,7 @@ static void test_ipc(void) {
         _exit(failed ? 1 : 0);
     }
     close(sv[1]);
+    CHECK_EQ(ctl.set_option("fork_child_works", 0), 0);
     uint32_t exp_dev = ndev > 1 ? 1 : 0;
     struct ipc_msg msg;
     memset(&msg, 0, sizeof msg);
@@ -1206,7 +1249,25 @@ static void *busy(void *arg) {
 }
 
 static void test_fork_busy(void) {
-    hm_test_set_context("fork while busy");
+    hm_test_set_context("fork: the child has no driver");
+    fflush(stdout);
+    fflush(stderr);
+    pid_t cp = fork();
+    REQUIRE(cp >= 0);
+    if (cp == 0) {
+        void *p = NULL;
+        uint32_t n = 0;
+        int ok = alloc_dev(ctx, 4096, 0, 0, &p) == ZE_RESULT_ERROR_UNINITIALIZED && p == NULL;
+        (void)ze.zeInit(ZE_INIT_FLAG_GPU_ONLY); /* a new zeInit changes nothing */
+        ok = ok && ze.zeDeviceGet(drv, &n, NULL) == ZE_RESULT_ERROR_UNINITIALIZED;
+        _exit(ok ? 0 : 1);
+    }
+    int cst = 0;
+    REQUIRE(waitpid(cp, &cst, 0) == cp);
+    CHECK_MSG(WIFEXITED(cst) && WEXITSTATUS(cst) == 0, "fork child: status 0x%x", cst);
+
+    hm_test_set_context("fork while busy (option fork_child_works)");
+    CHECK_EQ(ctl.set_option("fork_child_works", 1), 0);
     busy_stop = 0;
     pthread_t t;
     REQUIRE(pthread_create(&t, NULL, busy, NULL) == 0);
@@ -1229,6 +1290,7 @@ static void test_fork_busy(void) {
     }
     busy_stop = 1;
     pthread_join(t, NULL);
+    CHECK_EQ(ctl.set_option("fork_child_works", 0), 0);
 }
 
 /* ---- a context destroyed with memory alive ---- */

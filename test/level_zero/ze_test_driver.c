@@ -28,6 +28,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -205,8 +206,25 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct driver g_driver = {.magic = 0x5a544452};
 static struct device g_devices[HM_ZE_TEST_MAX_DEVICES];
 
+/* Lenient behaviours a test asks for by name (hm_ze_test_set_option). */
+#define ZT_OPTIONS(X) X(fork_child_works) X(ipc_open_same_pointer)
+enum option {
+#define X(name) OPT_##name,
+    ZT_OPTIONS(X)
+#undef X
+    OPT_COUNT
+};
+static const char *const option_names[OPT_COUNT] = {
+#define X(name) #name,
+    ZT_OPTIONS(X)
+#undef X
+};
+
 static struct {
     bool initialized; /* the driver's zeInit ran */
+    bool forked;      /* this is a fork child of a process the driver ran in */
+    bool torn_down;   /* the library's destructor ran (exit or unload) */
+    int opt[OPT_COUNT];
     unsigned ndev;
     uint64_t limit; /* per device and for the host, bytes */
     uint64_t host_used;
@@ -250,8 +268,28 @@ static void fork_prepare(void) { lock(); }
 static void fork_parent(void) { unlock(); }
 static void fork_child(void) {
     g.nonce = new_nonce();
+    g.forked = true;
     unlock();
 }
+
+/* The driver's exit-time teardown (compute-runtime tears its driver down
+ * in a library destructor too): every later call is
+ * ZE_RESULT_ERROR_UNINITIALIZED, as loaders from 1.17 answer once they are
+ * in teardown (zelCheckIsLoaderInTearDown), and is reported with one line
+ * per call on the descriptor HM_ZE_TEST_TEARDOWN_REPORT names, if set. */
+static _Atomic uint64_t calls_after_teardown;
+static int teardown_report_fd = -1;
+__attribute__((destructor)) static void teardown(void) {
+    const char *s = getenv("HM_ZE_TEST_TEARDOWN_REPORT");
+    if (s && *s) teardown_report_fd = atoi(s);
+    pthread_mutex_lock(&g_lock);
+    g.torn_down = true;
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* maxMemAllocSize: half the memory (a real device's is below its memory
+ * too: 4 GiB on many Intel GPUs), at least a device page. */
+static uint64_t max_alloc(void) { return g.limit / 2 > DEVICE_PAGE ? g.limit / 2 : DEVICE_PAGE; }
 
 /* A size in bytes with an optional K, M or G suffix; 0 when malformed. */
 static uint64_t parse_size(const char *s) {
@@ -310,10 +348,25 @@ static ze_result_t enter(enum api a) {
     lock();
     g.calls[a]++;
     ze_result_t r = ZE_RESULT_SUCCESS;
-    if (g.inject[a].countdown && --g.inject[a].countdown == 0)
-        r = g.inject[a].result;
-    else if (a != API_zeInit && !g.initialized)
+    if (g.torn_down) {
+        uint64_t n = atomic_fetch_add(&calls_after_teardown, 1) + 1;
+        if (teardown_report_fd >= 0) {
+            char line[96];
+            int len = snprintf(line, sizeof line, "libze_test: %s after teardown (%llu)\n",
+                               api_names[a], (unsigned long long)n);
+            if (write(teardown_report_fd, line, (size_t)len) < 0) { /* nothing to do */ }
+        }
         r = ZE_RESULT_ERROR_UNINITIALIZED;
+    } else if (g.forked && !g.opt[OPT_fork_child_works]) {
+        /* The loader's zeInit is once per address space (a child inherits
+         * it done) and the driver's state is the parent's: nothing works
+         * (compute-runtime#954: the child deadlocks or sees no driver). */
+        r = ZE_RESULT_ERROR_UNINITIALIZED;
+    } else if (g.inject[a].countdown && --g.inject[a].countdown == 0) {
+        r = g.inject[a].result;
+    } else if (a != API_zeInit && !g.initialized) {
+        r = ZE_RESULT_ERROR_UNINITIALIZED;
+    }
     if (r != ZE_RESULT_SUCCESS) unlock();
     return r;
 }
@@ -530,7 +583,7 @@ static ze_result_t ZE_APICALL d_device_get_properties(ze_device_handle_t hDevice
     p->flags = 0;
     p->subdeviceId = 0;
     p->coreClockRate = 1000;
-    p->maxMemAllocSize = g.limit;
+    p->maxMemAllocSize = max_alloc();
     p->maxHardwareContexts = 64;
     p->maxCommandQueuePriority = ZE_COMMAND_QUEUE_PRIORITY_PRIORITY_HIGH;
     p->numThreadsPerEU = 8;
@@ -739,14 +792,24 @@ static void alloc_release(struct alloc *a) {
  * given, never from bytes of the handle that its peer could rewrite. */
 #define MEMFD_PREFIX "hm_ze_test" /* test/common/sized_memfd.h */
 
+/* The descriptor chain asks for sizes above maxMemAllocSize. */
+static bool relaxed_in(const void *pNext) {
+    for (const ze_base_desc_t *e = pNext; e; e = e->pNext)
+        if (e->stype == ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXP_DESC &&
+            (((const ze_relaxed_allocation_limits_exp_desc_t *)(const void *)e)->flags &
+             ZE_RELAXED_ALLOCATION_LIMITS_EXP_FLAG_MAX_SIZE))
+            return true;
+    return false;
+}
+
 static ze_result_t mem_alloc(struct context *c, ze_memory_type_t type, struct device *d,
-                             size_t size, size_t alignment, void **pptr) {
+                             size_t size, size_t alignment, bool relaxed, void **pptr) {
     if (size == 0) return ZE_RESULT_ERROR_UNSUPPORTED_SIZE;
     if ((alignment & (alignment - 1)) || alignment > MAX_ALIGNMENT)
         return ZE_RESULT_ERROR_UNSUPPORTED_ALIGNMENT;
     size_t page = type == ZE_MEMORY_TYPE_HOST ? HOST_PAGE : DEVICE_PAGE;
     uint64_t *used = charge_of(d);
-    if (size > g.limit) return ZE_RESULT_ERROR_UNSUPPORTED_SIZE; /* > maxMemAllocSize */
+    if (size > (relaxed ? g.limit : max_alloc())) return ZE_RESULT_ERROR_UNSUPPORTED_SIZE;
     size_t span = (size + page - 1) & ~(page - 1);
     if (*used > g.limit || span > g.limit - *used)
         return d ? ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY : ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
@@ -807,7 +870,8 @@ static ze_result_t ZE_APICALL d_mem_alloc_device(ze_context_handle_t hContext,
     if (!pptr) return leave(ZE_RESULT_ERROR_INVALID_NULL_POINTER);
     ze_result_t r = check_device_desc(desc);
     if (r != ZE_RESULT_SUCCESS) return leave(r);
-    return leave(mem_alloc(c, ZE_MEMORY_TYPE_DEVICE, d, size, alignment, pptr));
+    return leave(mem_alloc(c, ZE_MEMORY_TYPE_DEVICE, d, size, alignment, relaxed_in(desc->pNext),
+                           pptr));
 }
 
 static ze_result_t ZE_APICALL d_mem_alloc_host(ze_context_handle_t hContext,
@@ -818,7 +882,8 @@ static ze_result_t ZE_APICALL d_mem_alloc_host(ze_context_handle_t hContext,
     if (!pptr) return leave(ZE_RESULT_ERROR_INVALID_NULL_POINTER);
     ze_result_t r = check_host_desc(desc);
     if (r != ZE_RESULT_SUCCESS) return leave(r);
-    return leave(mem_alloc(c, ZE_MEMORY_TYPE_HOST, NULL, size, alignment, pptr));
+    return leave(mem_alloc(c, ZE_MEMORY_TYPE_HOST, NULL, size, alignment, relaxed_in(desc->pNext),
+                           pptr));
 }
 
 static ze_result_t ZE_APICALL d_mem_alloc_shared(ze_context_handle_t hContext,
@@ -837,7 +902,8 @@ static ze_result_t ZE_APICALL d_mem_alloc_shared(ze_context_handle_t hContext,
     ze_result_t r = check_device_desc(device_desc);
     if (r == ZE_RESULT_SUCCESS) r = check_host_desc(host_desc);
     if (r != ZE_RESULT_SUCCESS) return leave(r);
-    return leave(mem_alloc(c, ZE_MEMORY_TYPE_SHARED, d, size, alignment, pptr));
+    return leave(mem_alloc(c, ZE_MEMORY_TYPE_SHARED, d, size, alignment,
+                           relaxed_in(device_desc->pNext), pptr));
 }
 
 static ze_result_t mem_free(struct context *c, void *ptr) {
@@ -981,7 +1047,7 @@ static ze_result_t ipc_open(struct context *c, struct device *d, const ze_ipc_me
     size_t span = ((size_t)asked + DEVICE_PAGE - 1) & ~(DEVICE_PAGE - 1);
     if (asked == 0 || asked > SIZE_MAX - DEVICE_PAGE || st.st_size != (off_t)span)
         return ZE_RESULT_ERROR_INVALID_ARGUMENT;
-    for (size_t i = 0; i < g.nallocs; i++) {
+    for (size_t i = 0; g.opt[OPT_ipc_open_same_pointer] && i < g.nallocs; i++) {
         struct alloc *a = g.allocs[i];
         if (a->fd < 0 && a->ctx == c && a->exp_pid == pid && a->exp_nonce == nonce &&
             a->exp_id == id) {
@@ -1816,6 +1882,18 @@ EXPORT int hm_ze_test_fail_next(const char *api_name, unsigned nth, ze_result_t 
     g.inject[i].result = result;
     unlock();
     return 0;
+}
+
+EXPORT int hm_ze_test_set_option(const char *name, int value) {
+    pthread_once(&g_once, setup);
+    for (int i = 0; name && i < OPT_COUNT; i++)
+        if (strcmp(option_names[i], name) == 0) {
+            lock();
+            g.opt[i] = value;
+            unlock();
+            return 0;
+        }
+    return -1;
 }
 
 EXPORT void hm_ze_test_set_mem_limit(uint64_t bytes) {

@@ -24,10 +24,17 @@
  *  - Limits: device + shared memory count against their device, host memory
  *    (and shared memory with no device) against a host limit. Both are
  *    HM_ZE_TEST_DEVICE_MEM bytes (suffix K, M or G allowed; default 256 MiB)
- *    until hm_ze_test_set_mem_limit() changes them. A request larger than
- *    the limit is ZE_RESULT_ERROR_UNSUPPORTED_SIZE (maxMemAllocSize), one
- *    that does not fit in what is left ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY
- *    (ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY for the host limit).
+ *    until hm_ze_test_set_mem_limit() changes them. maxMemAllocSize is half
+ *    the limit (at least 64 KiB): real devices' is below their memory (4 GiB
+ *    on many Intel GPUs; compute-runtime's "Allocations greater than 4GB").
+ *    A request above it is ZE_RESULT_ERROR_UNSUPPORTED_SIZE unless the
+ *    descriptor's pNext chain holds ze_relaxed_allocation_limits_exp_desc_t
+ *    with ZE_RELAXED_ALLOCATION_LIMITS_EXP_FLAG_MAX_SIZE (ze_api.h: the
+ *    device descriptor for device and shared memory, the host descriptor
+ *    for host memory), which lets it go up to the limit. One that does not
+ *    fit in what is left is ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY
+ *    (ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY for the host limit): ze_api.h lists
+ *    both for zeMemAllocDevice/Shared/Host.
  *  - Every allocation (and every opened IPC mapping) gets an id unique in
  *    the process for its life; ids are never reused.
  *  - Pointers belong to their context: zeMemFree, zeMemGetAllocProperties,
@@ -65,14 +72,22 @@
  *    and the allocation's size (the spec: "Retrieves the base address
  *    and/or size of an allocation"), read from the memfd, never from the
  *    handle's size bytes, which a peer may rewrite (a real driver sizes an
- *    imported dma-buf from the kernel object). A second open of the same handle
- *    (exporter pid, nonce, allocation id) in the same context while the
- *    first is open returns the same pointer and takes a reference; each
- *    zeMemCloseIpcHandle drops one, the last one unmaps. A handle stays
+ *    imported dma-buf from the kernel object). Every open maps anew and
+ *    returns a pointer of its own (ze_api.h, zeMemOpenIpcHandle: "Multiple
+ *    calls to this function with the same IPC handle will return unique
+ *    pointers"), each closed by its own zeMemCloseIpcHandle; option
+ *    "ipc_open_same_pointer" makes a second open in the same context while
+ *    the first is open return the same pointer with a reference (CUDA's
+ *    way), each close dropping one. A handle stays
  *    openable as long as some process holds its fd: the memfd keeps the
- *    pages after the exporter's zeMemFree, as a dma-buf does.
+ *    pages after the exporter's zeMemFree, as a dma-buf does. After the
+ *    exporter frees an allocation and a new one lands at the same address,
+ *    its handle differs (another fd, allocation id, st_ino): an importer
+ *    that keys opened mappings by the exporter's address alone maps the
+ *    old memory (MPICH's false cache hits; the notes' "unique id").
  *  - Command lists: immediate lists run each command before the call
- *    returns; regular lists record commands, run them at
+ *    returns (the driver has no asynchronous engine: see the note on
+ *    synchronisation in docs/level_zero-audit.md); regular lists record commands, run them at
  *    zeCommandQueueExecuteCommandLists (closed lists only) and re-check
  *    their memory then (memory freed since: ZE_RESULT_ERROR_DEVICE_LOST, as
  *    a GPU page fault is). Fill (power-of-two patterns of 1..128 bytes; a
@@ -89,8 +104,22 @@
  *    never reads through an unknown handle.
  *  - Calls before the driver's zeInit are ZE_RESULT_ERROR_UNINITIALIZED.
  *    zeInit is idempotent and thread-safe. All entry points are thread-safe
- *    (one mutex); a fork child keeps working (the mutex is taken around
- *    fork by pthread_atfork handlers).
+ *    (one mutex, taken around fork by pthread_atfork handlers so that a
+ *    child never inherits it held).
+ *  - Fork: in a fork child every call, zeInit included, is
+ *    ZE_RESULT_ERROR_UNINITIALIZED. The loader runs zeInit once per address
+ *    space (a child inherits it done) and the driver's device state is the
+ *    parent's: intel/compute-runtime#954 ("fork() is broken for Level Zero
+ *    on Linux when the parent has already initialized the driver ... the
+ *    child either deadlocks on its first GPU call or gets 0 drivers").
+ *    Option "fork_child_works" keeps the child working on the parent's
+ *    state. A process started by exec is new: the driver works there.
+ *  - Teardown: the library's destructor (at exit, or when the loader
+ *    unloads it) tears the driver down; every later call is
+ *    ZE_RESULT_ERROR_UNINITIALIZED (what loaders from 1.17 answer in
+ *    teardown, zelCheckIsLoaderInTearDown; loader 1.8 has no such check and
+ *    calls through freed state) and writes one line to the descriptor
+ *    named by HM_ZE_TEST_TEARDOWN_REPORT, where set.
  *  - Every zes and zet table is empty; so are the Fence, Image, Kernel,
  *    Module, ModuleBuildLog, PhysicalMem, Sampler and VirtualMem tables.
  *    Loader 1.8.12 answers a call to an empty slot with
@@ -162,6 +191,18 @@ typedef uint64_t (*hm_ze_test_call_count_fn)(const char *api_name);
  * `result` of ZE_RESULT_SUCCESS. */
 int hm_ze_test_fail_next(const char *api_name, unsigned nth, ze_result_t result);
 typedef int (*hm_ze_test_fail_next_fn)(const char *api_name, unsigned nth, ze_result_t result);
+
+/* Lenient behaviours, off by default, by name; value 1 turns one on, 0 off.
+ * Returns 0, or -1 for an unknown name. The options are inherited by fork
+ * children (set them before fork()).
+ *   "fork_child_works"       a fork child keeps using the driver and the
+ *                            parent's handles (a real driver does not)
+ *   "ipc_open_same_pointer"  a second zeMemOpenIpcHandle of a handle that is
+ *                            open in the context returns the same pointer
+ *                            and takes a reference (CUDA's behaviour; the
+ *                            Level Zero spec promises unique pointers) */
+int hm_ze_test_set_option(const char *name, int value);
+typedef int (*hm_ze_test_set_option_fn)(const char *name, int value);
 
 /* The limit of every device and of host memory, in bytes (> 0), for the
  * allocations that follow; live memory stays. Also what
