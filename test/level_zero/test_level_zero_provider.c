@@ -351,6 +351,177 @@ static void test_policies_resident(void) {
     CHECK_OK(hm_provider_destroy(d1));
 }
 
+/* Sizes above the device's maxMemAllocSize (the driver's: half its memory)
+ * carry the relaxed-limits descriptor: they succeed up to the memory, and
+ * beyond it are HM_ERROR_OUT_OF_MEMORY. */
+static void test_relaxed_limit(void) {
+    hm_test_set_context("above maxMemAllocSize");
+    drv.set_limit(32 * MIB); /* maxMemAllocSize 16 MiB */
+    const hm_level_zero_memory_type_t types[] = {HM_LEVEL_ZERO_MEMORY_DEVICE,
+                                                 HM_LEVEL_ZERO_MEMORY_HOST,
+                                                 HM_LEVEL_ZERO_MEMORY_SHARED};
+    for (int t = 0; t < 3; t++) {
+        hm_provider_t *d;
+        REQUIRE_OK(lz_provider(types[t], 0, &d));
+        void *p = NULL;
+        hm_result_t r = hm_provider_alloc(d, 24 * MIB, 0, &p);
+        CHECK_MSG(r == HM_SUCCESS && p, "%s: 24 MiB above a 16 MiB maxMemAllocSize: %s (0x%llx)",
+                  type_name(types[t]), hm_result_string(r),
+                  (unsigned long long)hm_last_native_error(NULL));
+        if (p) {
+            if (types[t] == HM_LEVEL_ZERO_MEMORY_DEVICE) {
+                CHECK_OK(hm_provider_fill(d, (char *)p + 24 * MIB - 4096, 0x3c, 4096));
+                CHECK_OK(hm_provider_copy(d, g_buf, (char *)p + 24 * MIB - 4096, 4096));
+                CHECK(g_buf[0] == 0x3c && g_buf[4095] == 0x3c);
+            }
+            CHECK_OK(hm_provider_free(d, p, 24 * MIB));
+        }
+        void *q = NULL;
+        CHECK_RES(hm_provider_alloc(d, 40 * MIB, 0, &q), HM_ERROR_OUT_OF_MEMORY);
+        CHECK(q == NULL);
+        CHECK_OK(hm_provider_destroy(d));
+    }
+    drv.set_limit(256 * MIB);
+}
+
+/* A fork child: Level Zero does not work there (the driver answers
+ * UNINITIALIZED to every call). The provider calls nothing: allocation,
+ * fill, copy, create answer HM_ERROR_NOT_SUPPORTED with one log line; free
+ * and destroy forget the parent's memory. */
+static _Atomic int g_log_lines;
+static void count_sink(hm_log_level_t level, const char *line, void *arg) {
+    (void)arg;
+    if (level >= HM_LOG_ERROR && strstr(line, "Level Zero provider") && strstr(line, "fork child"))
+        atomic_fetch_add(&g_log_lines, 1);
+}
+static int fork_child_steps(hm_provider_t *d, hm_pool_t *pool, void *blk, void *pblk) {
+    hm_log_set_sink(count_sink, NULL);
+    hm_log_set_level(HM_LOG_ERROR);
+    hm_ze_test_stats_t s0 = stats();
+    uint64_t c0 = drv.calls("zeMemAllocDevice") + drv.calls("zeMemFree") +
+                  drv.calls("zeCommandListAppendMemoryFill") +
+                  drv.calls("zeCommandListAppendMemoryCopy") + drv.calls("zeContextDestroy") +
+                  drv.calls("zeCommandListDestroy") + drv.calls("zeDriverGet");
+    void *p = (void *)1;
+    if (hm_provider_alloc(d, 4096, 0, &p) != HM_ERROR_NOT_SUPPORTED || p) return 10;
+    if (hm_provider_fill(d, blk, 1, 4096) != HM_ERROR_NOT_SUPPORTED) return 11;
+    if (hm_provider_copy(d, g_buf, blk, 4096) != HM_ERROR_NOT_SUPPORTED) return 12;
+    hm_level_zero_allocation_t ai;
+    if (hm_level_zero_allocation_info(d, blk, &ai) != HM_ERROR_NOT_SUPPORTED) return 13;
+    hm_provider_t *other = NULL;
+    if (lz_provider(HM_LEVEL_ZERO_MEMORY_DEVICE, 0, &other) != HM_ERROR_NOT_SUPPORTED || other)
+        return 14;
+    if (hm_provider_free(d, blk, 4096) != HM_SUCCESS) return 15;
+    (void)pblk; /* the pool's block: destroyed with the pool */
+    if (hm_pool_destroy(pool) != HM_SUCCESS) return 16;
+    if (hm_provider_destroy(d) != HM_SUCCESS) return 17;
+    uint64_t c1 = drv.calls("zeMemAllocDevice") + drv.calls("zeMemFree") +
+                  drv.calls("zeCommandListAppendMemoryFill") +
+                  drv.calls("zeCommandListAppendMemoryCopy") + drv.calls("zeContextDestroy") +
+                  drv.calls("zeCommandListDestroy") + drv.calls("zeDriverGet");
+    if (c1 != c0) return 18; /* no driver call at all */
+    if (stats().live_allocs != s0.live_allocs) return 19;
+    if (atomic_load(&g_log_lines) != 1) return 20 + (atomic_load(&g_log_lines) > 1);
+    return 0;
+}
+static void test_fork_child(void) {
+    hm_test_set_context("fork child");
+    hm_provider_t *d, *pd;
+    REQUIRE_OK(lz_provider(HM_LEVEL_ZERO_MEMORY_DEVICE, 0, &d));
+    REQUIRE_OK(lz_provider(HM_LEVEL_ZERO_MEMORY_DEVICE, 0, &pd));
+    hm_pool_t *pool;
+    REQUIRE_OK(pool_over(1, pd, HM_POOL_FLAG_OWN_PROVIDER, &pool));
+    void *blk = NULL;
+    REQUIRE_OK(hm_provider_alloc(d, 4096, 0, &blk));
+    CHECK_OK(hm_provider_fill(d, blk, 7, 4096)); /* the command list exists */
+    void *pblk = hm_pool_malloc(pool, 1000);
+    REQUIRE(pblk);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) _exit(fork_child_steps(d, pool, blk, pblk));
+    int st = 0;
+    REQUIRE(waitpid(pid, &st, 0) == pid);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "fork child failed at step %d (status 0x%x)",
+              WIFEXITED(st) ? WEXITSTATUS(st) : -1, st);
+    /* the parent's memory is untouched */
+    CHECK_OK(hm_provider_copy(d, g_buf, blk, 4096));
+    CHECK(g_buf[0] == 7 && g_buf[4095] == 7);
+    CHECK_OK(hm_pool_free(pool, pblk));
+    CHECK_OK(hm_pool_destroy(pool));
+    CHECK_OK(hm_provider_free(d, blk, 4096));
+    CHECK_OK(hm_provider_destroy(d));
+}
+
+/* Teardown at exit: pools destroyed by an atexit handler registered before
+ * the first provider (it runs after the provider's) and by a destructor of
+ * the executable: no call reaches a torn-down driver (it reports any on
+ * HM_ZE_TEST_TEARDOWN_REPORT), no crash, every destroy succeeds. Run in an
+ * exec'd child whose exit the parent watches. (The executable's destructors
+ * run before those of the libraries it needs, the driver's included; a
+ * destructor of a library loaded before the loader is the case that reaches
+ * a torn-down driver.) */
+static hm_pool_t *g_exit_pool[2];
+static int g_report_fd = -1;
+static void report(const char *what, hm_result_t r) {
+    char line[128];
+    int n = snprintf(line, sizeof line, "%s: %s\n", what, hm_result_string(r));
+    if (g_report_fd >= 0 && write(g_report_fd, line, (size_t)n) < 0) { /* nothing to do */ }
+}
+static void exit_destroy(void) {
+    if (g_exit_pool[0]) report("atexit destroy", hm_pool_destroy(g_exit_pool[0]));
+}
+__attribute__((destructor)) static void dtor_destroy(void) {
+    if (g_exit_pool[1]) report("destructor destroy", hm_pool_destroy(g_exit_pool[1]));
+}
+static int teardown_child(void) {
+    const char *fd = getenv("HM_ZE_TEST_TEARDOWN_REPORT");
+    if (!fd) return 2;
+    g_report_fd = atoi(fd);
+    if (atexit(exit_destroy) != 0) return 3;
+    for (int i = 0; i < 2; i++) {
+        hm_provider_t *d;
+        if (lz_provider(HM_LEVEL_ZERO_MEMORY_DEVICE, 0, &d) != HM_SUCCESS) return 4;
+        if (pool_over(1, d, HM_POOL_FLAG_OWN_PROVIDER, &g_exit_pool[i]) != HM_SUCCESS) return 5;
+        void *p = hm_pool_malloc(g_exit_pool[i], 100 * KIB); /* left allocated */
+        if (!p || hm_provider_fill(d, p, 1, 100 * KIB) != HM_SUCCESS) return 6;
+    }
+    return 0; /* exit: the atexit handler, then destructors */
+}
+static void test_teardown(const char *self) {
+    hm_test_set_context("teardown at exit");
+    int pfd[2];
+    REQUIRE(pipe(pfd) == 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        char num[16];
+        snprintf(num, sizeof num, "%d", pfd[1]);
+        setenv("HM_ZE_TEST_TEARDOWN_REPORT", num, 1);
+        execl(self, self, "teardown", (char *)NULL);
+        _exit(99);
+    }
+    close(pfd[1]);
+    char out[4096];
+    size_t len = 0;
+    ssize_t n;
+    while (len < sizeof out - 1 && (n = read(pfd[0], out + len, sizeof out - 1 - len)) > 0)
+        len += (size_t)n;
+    out[len] = '\0';
+    close(pfd[0]);
+    int st = 0;
+    REQUIRE(waitpid(pid, &st, 0) == pid);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "teardown child: status 0x%x; it reported:\n%s",
+              st, out);
+    CHECK_MSG(strstr(out, "after teardown") == NULL, "calls after the driver's teardown:\n%s", out);
+    CHECK_MSG(strstr(out, "atexit destroy: success") && strstr(out, "destructor destroy: success"),
+              "destroys at exit:\n%s", out);
+}
+
 /* Without a loader: a clear NOT_SUPPORTED (in a child, before it loads one). */
 static void test_no_loader(const char *self) {
     hm_test_set_context("no loader");
@@ -640,6 +811,7 @@ static void test_two_drivers(void) {
 int main(int argc, char **argv) {
     g_part = argc > 1 ? argv[1] : "unit";
     if (strcmp(g_part, "noloader") == 0) return no_loader_child();
+    if (strcmp(g_part, "teardown") == 0) return teardown_child();
     if (strcmp(g_part, "importer") == 0 && argc > 3) return importer(atoi(argv[2]), atoi(argv[3]));
     hm_provider_t *probe;
     if (strcmp(g_part, "hardware") == 0) {
@@ -673,6 +845,9 @@ int main(int argc, char **argv) {
         test_identity();
         test_alloc();
         test_policies_resident();
+        test_relaxed_limit();
+        test_fork_child();
+        test_teardown(argv[0]);
         test_no_loader(argv[0]);
     }
     if (PART("provider")) {

@@ -14,8 +14,24 @@
  * first fill or copy, under cl_lock, which also serialises its use: a
  * command list is not thread-safe).
  *
+ * Where the driver cannot be called, the provider does not call it:
+ *  - in a fork child (the epoch hm__prim_fork_epoch() differs from the one
+ *    at load): Level Zero's handles and mappings are the parent's, and the
+ *    loader's zeInit is done once per address space, so the child's calls
+ *    reach no initialised driver (intel/compute-runtime#954: the child
+ *    deadlocks or sees no driver). Allocation, fill, copy and IPC export and
+ *    open answer HM_ERROR_NOT_SUPPORTED (one log line per process); free,
+ *    IPC put and close and fini forget what they are given.
+ *  - once exit() has begun (an atexit handler registered right after the
+ *    loader was opened, so it runs before the loader's own exit-time
+ *    destructors): a pool destroyed later at exit, or from a destructor,
+ *    would call into a torn-down loader and driver. The same answers as in
+ *    a fork child; the kernel takes the memory back with the process.
+ *
  * Concurrency:
  *   ze (entry points)     written once under pthread_once, then read-only
+ *   ze_epoch, ze_exiting  ze_epoch written once under pthread_once;
+ *                         ze_exiting set once by the atexit handler
  *   owned_ctx list        ctx_lock (create/fini only)
  *   provider state        immutable after init, except the command list
  *                         (cl_lock)
@@ -84,6 +100,30 @@ static const hm_dl_sym_t ze_syms[] = {
 
 static pthread_once_t ze_once = PTHREAD_ONCE_INIT;
 static hm_result_t ze_loaded = HM_ERROR_NOT_SUPPORTED;
+static unsigned ze_epoch;          /* hm__prim_fork_epoch() when the loader was opened */
+static _Atomic bool ze_exiting;    /* exit() has begun */
+static _Atomic unsigned ze_refused; /* the fork epoch + 1 whose refusal was logged */
+
+static void ze_at_exit(void) { atomic_store(&ze_exiting, true); }
+
+/* The driver may not be called here (the file's comment: fork child, exit). */
+static inline bool ze_gone(void) {
+    return hm_unlikely(hm__prim_fork_epoch() != ze_epoch ||
+                       atomic_load_explicit(&ze_exiting, memory_order_relaxed));
+}
+
+/* The answer of an op that needs the driver where it cannot be called;
+ * logged once per process (a fork child logs its own). */
+static HM_NOINLINE hm_result_t ze_refuse(const char *op) {
+    unsigned e = hm__prim_fork_epoch() + 1;
+    if (atomic_exchange(&ze_refused, e) != e)
+        HM_LOG_ERROR("Level Zero provider: %s %s: the driver cannot be called there (%s)", op,
+                     hm__prim_fork_epoch() != ze_epoch ? "in a fork child" : "during exit",
+                     hm__prim_fork_epoch() != ze_epoch
+                         ? "Level Zero does not work after fork(); start a new process"
+                         : "the loader tears down at exit");
+    return HM_ERROR_NOT_SUPPORTED;
+}
 
 static void ze_load(void) {
     hm_dl_lib_t *lib;
@@ -98,6 +138,13 @@ static void ze_load(void) {
         HM_LOG_INFO("Level Zero: zeInit failed (0x%x): no GPU driver", (unsigned)zr);
         return;
     }
+    /* Registered after the loader's exit-time handlers (made while it
+     * loaded): runs before them. */
+    if (atexit(ze_at_exit) != 0) {
+        HM_LOG_ERROR("Level Zero: atexit failed: no provider");
+        return;
+    }
+    ze_epoch = hm__prim_fork_epoch();
     ze_loaded = HM_SUCCESS;
 }
 
@@ -280,6 +327,7 @@ typedef struct lz {
     int32_t ordinal;
     uint8_t uuid[HM_DEVICE_UUID_SIZE];
     size_t page;
+    uint64_t max_alloc; /* the device's maxMemAllocSize: larger needs the relaxed limit */
     pthread_mutex_t cl_lock;
     ze_command_list_handle_t cl; /* NULL until the first fill or copy */
 } lz_t;
@@ -381,6 +429,7 @@ static hm_result_t lz_init(const void *params, void **state) {
         HM_LOG_INFO("Level Zero provider: no loader or no GPU driver");
         return HM_ERROR_NOT_SUPPORTED;
     }
+    if (ze_gone()) return ze_refuse("create");
     lz_t *z = calloc(1, sizeof(*z));
     if (!z) return HM_ERROR_OUT_OF_HOST_MEMORY;
     z->type = p->type;
@@ -408,6 +457,7 @@ static hm_result_t lz_init(const void *params, void **state) {
         goto fail_ctx;
     }
     memcpy(z->uuid, dp.uuid.id, sizeof(z->uuid));
+    z->max_alloc = dp.maxMemAllocSize ? dp.maxMemAllocSize : UINT64_MAX;
     if (z->policy != HM_LEVEL_ZERO_FREE_DEFAULT) {
         ze_driver_memory_free_ext_properties_t fp = {
             .stype = ZE_STRUCTURE_TYPE_DRIVER_MEMORY_FREE_EXT_PROPERTIES};
@@ -443,6 +493,11 @@ fail:
 
 static void lz_fini(void *state) {
     lz_t *z = state;
+    if (ze_gone()) { /* the command list and context go with the process */
+        pthread_mutex_destroy(&z->cl_lock);
+        free(z);
+        return;
+    }
     if (z->cl) {
         ze_result_t zr = ze.zeCommandListDestroy(z->cl);
         if (zr != ZE_RESULT_SUCCESS) (void)ze_fail(zr, "zeCommandListDestroy");
@@ -485,9 +540,23 @@ static void lz_get_device(void *state, hm_device_id_t *device) {
     memcpy(device->uuid, z->uuid, sizeof(device->uuid));
 }
 
+/* Sizes above maxMemAllocSize (4 GiB on many Intel GPUs: compute-runtime's
+ * "Allocations greater than 4GB") are refused with
+ * ZE_RESULT_ERROR_UNSUPPORTED_SIZE unless the descriptor chains
+ * ze_relaxed_allocation_limits_exp_desc_t with FLAG_MAX_SIZE (ze_api.h: "may
+ * be passed to zeMemAllocShared or zeMemAllocDevice, via pNext of
+ * ze_device_mem_alloc_desc_t ... also to zeMemAllocHost"). Only such sizes
+ * carry it: the memory behind them is the same, but kernels that address
+ * it need the >4 GiB build flag, which is the program's concern. */
 static hm_result_t alloc_raw(lz_t *z, size_t size, size_t align, void **ptr) {
-    ze_device_mem_alloc_desc_t dd = {.stype = ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC};
-    ze_host_mem_alloc_desc_t hd = {.stype = ZE_STRUCTURE_TYPE_HOST_MEM_ALLOC_DESC};
+    ze_relaxed_allocation_limits_exp_desc_t relaxed = {
+        .stype = ZE_STRUCTURE_TYPE_RELAXED_ALLOCATION_LIMITS_EXP_DESC,
+        .flags = ZE_RELAXED_ALLOCATION_LIMITS_EXP_FLAG_MAX_SIZE};
+    const void *ext = (uint64_t)size > z->max_alloc ? &relaxed : NULL;
+    ze_device_mem_alloc_desc_t dd = {.stype = ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC,
+                                     .pNext = ext};
+    ze_host_mem_alloc_desc_t hd = {.stype = ZE_STRUCTURE_TYPE_HOST_MEM_ALLOC_DESC,
+                                   .pNext = z->type == HM_LEVEL_ZERO_MEMORY_HOST ? ext : NULL};
     ze_result_t zr;
     const char *call;
     switch (z->type) {
@@ -528,6 +597,10 @@ static hm_result_t free_raw(lz_t *z, void *ptr) {
 
 static hm_result_t lz_alloc(void *state, size_t size, size_t alignment, void **ptr) {
     lz_t *z = state;
+    if (ze_gone()) {
+        *ptr = NULL;
+        return ze_refuse("allocation");
+    }
     hm_result_t r = alloc_raw(z, size, alignment, ptr);
     if (r != HM_SUCCESS) return r;
     if (z->type != HM_LEVEL_ZERO_MEMORY_HOST) {
@@ -546,6 +619,7 @@ static hm_result_t lz_alloc(void *state, size_t size, size_t alignment, void **p
 
 static hm_result_t lz_free(void *state, void *ptr, size_t size) {
     (void)size;
+    if (ze_gone()) return HM_SUCCESS; /* the parent's memory, or the process ends */
     return free_raw(state, ptr);
 }
 
@@ -600,6 +674,7 @@ static hm_result_t cl_sync(lz_t *z) {
 
 static hm_result_t lz_fill(void *state, void *ptr, uint8_t value, size_t size) {
     lz_t *z = state;
+    if (ze_gone()) return ze_refuse("fill");
     hm__mutex_lock(&z->cl_lock);
     hm_result_t r = cl_get(z);
     if (r == HM_SUCCESS) {
@@ -613,6 +688,7 @@ static hm_result_t lz_fill(void *state, void *ptr, uint8_t value, size_t size) {
 
 static hm_result_t lz_copy(void *state, void *dst, const void *src, size_t size) {
     lz_t *z = state;
+    if (ze_gone()) return ze_refuse("copy");
     hm__mutex_lock(&z->cl_lock);
     hm_result_t r = cl_get(z);
     if (r == HM_SUCCESS) {
@@ -632,6 +708,7 @@ static size_t lz_ipc_handle_size(void *state) {
 
 static hm_result_t lz_ipc_get(void *state, void *ptr, size_t size, void *payload, int *fd) {
     lz_t *z = state;
+    if (ze_gone()) return ze_refuse("IPC export");
     if (z->type != HM_LEVEL_ZERO_MEMORY_DEVICE) {
         HM_LOG_ERROR("Level Zero provider: no IPC of %s memory",
                      z->type == HM_LEVEL_ZERO_MEMORY_HOST ? "host" : "shared");
@@ -660,6 +737,7 @@ static hm_result_t lz_ipc_get(void *state, void *ptr, size_t size, void *payload
 
 static hm_result_t lz_ipc_put(void *state, void *payload) {
     lz_t *z = state;
+    if (ze_gone()) return HM_SUCCESS;
     if (!ze.zeMemPutIpcHandle) return HM_SUCCESS; /* loaders before 1.10: nothing to release */
     lz_payload_t pl;
     memcpy(&pl, payload, sizeof(pl));
@@ -671,6 +749,7 @@ static hm_result_t lz_ipc_put(void *state, void *payload) {
 
 static hm_result_t lz_ipc_compatible(void *state, const void *payload) {
     lz_t *z = state;
+    if (ze_gone()) return ze_refuse("IPC open");
     lz_payload_t pl;
     memcpy(&pl, payload, sizeof(pl));
     if (pl.magic != LZ_MAGIC || pl.type != HM_LEVEL_ZERO_MEMORY_DEVICE) return HM_ERROR_INVALID_HANDLE;
@@ -706,6 +785,7 @@ static hm_result_t lz_ipc_open(void *state, const void *payload, int fd, size_t 
                                void **ptr) {
     lz_t *z = state;
     *ptr = NULL;
+    if (ze_gone()) return ze_refuse("IPC open");
     lz_payload_t pl;
     memcpy(&pl, payload, sizeof(pl));
     if (pl.magic != LZ_MAGIC || pl.type != HM_LEVEL_ZERO_MEMORY_DEVICE || !size ||
@@ -746,6 +826,7 @@ static hm_result_t lz_ipc_open(void *state, const void *payload, int fd, size_t 
 static hm_result_t lz_ipc_close(void *state, void *ptr, size_t size) {
     lz_t *z = state;
     (void)size;
+    if (ze_gone()) return HM_SUCCESS;
     ze_result_t zr = ze.zeMemCloseIpcHandle(z->ctx, ptr);
     return zr == ZE_RESULT_SUCCESS ? HM_SUCCESS : ze_fail(zr, "zeMemCloseIpcHandle");
 }
@@ -797,6 +878,7 @@ hm_result_t hm_level_zero_allocation_info(hm_provider_t *provider, const void *p
         HM_LOG_ERROR("hm_level_zero_allocation_info: not a Level Zero provider");
         return HM_ERROR_INVALID_ARGUMENT;
     }
+    if (ze_gone()) return ze_refuse("hm_level_zero_allocation_info");
     lz_t *z = hm_provider_get_state(provider);
     ze_memory_allocation_properties_t mp = {.stype = ZE_STRUCTURE_TYPE_MEMORY_ALLOCATION_PROPERTIES};
     ze_device_handle_t d = NULL;
