@@ -26,6 +26,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -40,8 +41,8 @@
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags);
 
 #define MIB ((size_t)1 << 20)
-#define CHILD_ALARM_S 20 /* a child's own limit; the parent kills at CHILD_KILL_S */
-#define CHILD_KILL_S 30
+#define CHILD_ALARM_S 12 /* a child's own limit; the parent kills at CHILD_KILL_S */
+#define CHILD_KILL_S 15
 #define IPC_SIZE MIB
 
 /* ---- the driver, by exact versioned names ---- */
@@ -401,6 +402,11 @@ static pid_t spawn(const char *scenario, int out, int fd1, int fd2) {
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
+        /* Every descriptor is close-on-exec; the child keeps only its own, so
+         * that one peer's death is end-of-file to the other. */
+        const int keep[3] = {out, fd1, fd2};
+        for (int i = 0; i < 3; i++)
+            if (keep[i] >= 0 && fcntl(keep[i], F_SETFD, 0) != 0) _exit(127);
         execl("/proc/self/exe", g_self, "--child", scenario, a, b, c, (char *)NULL);
         _exit(127);
     }
@@ -475,7 +481,7 @@ static int collect(int fd, const char *const *names, const char *how) {
 
 static int run_one(const char *scenario, const char *const *names) {
     int p[2];
-    if (pipe(p) != 0) return 1;
+    if (pipe2(p, O_CLOEXEC) != 0) return 1;
     pid_t pid = spawn(scenario, p[1], -1, -1);
     close(p[1]);
     char how[64];
@@ -486,7 +492,9 @@ static int run_one(const char *scenario, const char *const *names) {
 
 static int run_ipc(const char *const *names) {
     int p[2], sv[2], go[2];
-    if (pipe(p) != 0 || pipe(go) != 0 || socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) != 0) return 1;
+    if (pipe2(p, O_CLOEXEC) != 0 || pipe2(go, O_CLOEXEC) != 0 ||
+        socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+        return 1;
     pid_t e = spawn("exporter", p[1], sv[0], -1);
     pid_t i = spawn("importer", p[1], sv[1], go[0]);
     close(p[1]);
@@ -504,6 +512,7 @@ static int run_ipc(const char *const *names) {
 }
 
 static int probe(const char *csv) {
+    signal(SIGPIPE, SIG_IGN); /* a child that died early: write() fails instead */
     int lr = load_driver();
     if (lr == -1) {
         printf("cuda_probe: no CUDA driver (%s): skipped\n", g_load_error);
@@ -540,6 +549,11 @@ static int probe(const char *csv) {
                                              NULL};
     static const char *const teardown_names[] = {"teardown", NULL};
 
+    FILE *f = csv ? fopen(csv, "w") : NULL;
+    if (csv && !f) {
+        perror(csv);
+        return 1;
+    }
     char line[256];
     snprintf(line, sizeof line, "driver_version,%d,%s", version, name);
     g_lines[g_nlines++] = strdup(line);
@@ -547,22 +561,25 @@ static int probe(const char *csv) {
     snprintf(line, sizeof line, "device_count,%s,", obs);
     g_lines[g_nlines++] = strdup(line);
 
-    int missing = run_one("alloc", alloc_names);
-    missing += run_one("hostmem", host_names);
-    missing += run_ipc(ipc_names);
-    missing += run_one("fork", fork_names);
-    missing += run_one("teardown", teardown_names);
-
-    FILE *f = csv ? fopen(csv, "w") : NULL;
-    if (csv && !f) {
-        perror(csv);
-        return 1;
-    }
+    /* Lines are written after each scenario: a probe stopped from outside
+     * still leaves what it learnt. */
+    int missing = 0, shown = 0;
     printf("behaviour,observed,detail\n");
     if (f) fprintf(f, "behaviour,observed,detail\n");
-    for (int i = 0; i < g_nlines; i++) {
-        printf("%s\n", g_lines[i]);
-        if (f) fprintf(f, "%s\n", g_lines[i]);
+    for (int s = 0; s < 6; s++) {
+        switch (s) {
+        case 1: missing += run_one("alloc", alloc_names); break;
+        case 2: missing += run_one("hostmem", host_names); break;
+        case 3: missing += run_ipc(ipc_names); break;
+        case 4: missing += run_one("fork", fork_names); break;
+        case 5: missing += run_one("teardown", teardown_names); break;
+        }
+        for (; shown < g_nlines; shown++) {
+            printf("%s\n", g_lines[shown]);
+            if (f) fprintf(f, "%s\n", g_lines[shown]);
+        }
+        fflush(stdout);
+        if (f) fflush(f);
     }
     if (f && fclose(f) != 0) return 1;
     if (missing) fprintf(stderr, "cuda_probe: %d behaviour(s) not recorded\n", missing);
