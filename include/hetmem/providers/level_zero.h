@@ -47,6 +47,27 @@
  * the driver lacks fails at create with HM_ERROR_NOT_SUPPORTED.
  * Resident devices (hm_level_zero_params_set_resident_devices): every
  * allocation is made resident on them (zeContextMakeMemoryResident).
+ * Sizes: above the device's maxMemAllocSize (4 GiB on many Intel GPUs) the
+ * allocation carries ze_relaxed_allocation_limits_exp_desc_t
+ * (ZE_RELAXED_ALLOCATION_LIMITS_EXP_FLAG_MAX_SIZE); kernels that address
+ * such memory need the driver's >4 GiB build option, which is the
+ * program's.
+ * IPC: every zeMemOpenIpcHandle maps anew (the spec: "unique pointers");
+ * the IPC layer's cache of opened mappings is what shares one open between
+ * pools of one context.
+ *
+ * Fork: Level Zero does not work in a fork child (the loader's zeInit is
+ * done once per address space and the handles are the parent's). There a
+ * provider made before the fork calls no driver: alloc, fill, copy, IPC
+ * export and open, hm_level_zero_allocation_info and a new create answer
+ * HM_ERROR_NOT_SUPPORTED (one log line per process); free, IPC close and
+ * put and destroy succeed and forget the parent's memory. A process started
+ * by exec is new: create works there.
+ * Exit: once exit() has begun (an atexit handler the provider registers
+ * when it opens the loader, which runs before the loader's own exit-time
+ * teardown), the same holds: pools destroyed from later atexit handlers or
+ * destructors succeed without calling the driver; the memory goes back with
+ * the process.
  *
  * Driver errors are logged with the native ze_result_t, kept in
  * hm_last_native_error(), and returned as HM_ERROR_DRIVER;
