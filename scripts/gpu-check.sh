@@ -289,7 +289,12 @@ run_check() {
     export HM_CUDA_DRIVER=$dir/testdriver/libcuda.so.1
     export LD_LIBRARY_PATH=$dir/testdriver${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   fi
-  [ -n "${HM_CUDA_DRIVER:-}" ] || hw=1
+  if [ -z "${HM_CUDA_DRIVER:-}" ]; then
+    hw=1
+    unset HM_CUDA_DRIVER # set but empty is a test driver to the suites
+  fi
+  # Whatever carried the folder here may have dropped the executable bits.
+  chmod u+x "$dir"/bin/* 2>/dev/null
   export HWLOC_PLUGINS_PATH=$dir/lib/hwloc
   echo "step,status,seconds,detail" >"$out/gpu-check.csv"
   trap 'echo "gpu-check: interrupted" >&2; status=1; summary; exit 1' INT TERM
@@ -358,11 +363,11 @@ case "$mode" in
       esac
     done
     if [ -z "$dir" ]; then # DIR/gpu-check.sh --run: its own folder
-      if [ -x "$(dirname "$self")/bin/cuda_probe" ]; then dir=$(dirname "$self")
+      if [ -f "$(dirname "$self")/bin/cuda_probe" ]; then dir=$(dirname "$self")
       else dir=$(cd "$(dirname "$self")/.." && pwd)/gpu-check; fi
     fi
     dir=$(cd "$dir" 2>/dev/null && pwd) || { echo "gpu-check: no folder $dir" >&2; exit 1; }
-    [ -x "$dir/bin/cuda_probe" ] ||
+    [ -f "$dir/bin/cuda_probe" ] ||
       { echo "gpu-check: $dir is not a prepared folder (scripts/gpu-check.sh --prepare)" >&2; exit 1; }
     if [ -n "${OUT:-}" ]; then out=$OUT
     elif [ -n "$given_out" ]; then out=$given_out

@@ -280,8 +280,8 @@ static int child_exporter(int sock) {
     return 0; /* exit with A2 and B allocated: the driver tears them down */
 }
 
-/* The importer: a repeat open, an interior close, an open of a reused
- * address while the old mapping is open and after it is closed, and an open
+/* The importer: a repeat open, an open of a reused address while the old
+ * mapping is open and after it is closed, an interior close, and an open
  * after the exporter has exited (the parent says when, on `go`). */
 static int child_importer(int sock, int go) {
     if (ctx_up()) return 1;
@@ -307,13 +307,9 @@ static int child_importer(int sock, int go) {
          "the importer's mapping 0x%llx against the exporter's address 0x%llx",
          (unsigned long long)p1, (unsigned long long)exported);
 
-    CUresult rc = cu.cuIpcCloseMemHandle(p1 + 4096);
-    emit("interior_close", rc_str(rc, obs), "cuIpcCloseMemHandle(base + 4096)%s",
-         rc ? "" : ": succeeded; what it closed is unknown");
-
     if (send_msg(sock, MSG_REALLOC, NULL, 0) || recv_msg(sock, MSG_HANDLE, &m)) return 1;
     CUdeviceptr p3 = 0;
-    rc = cu.cuIpcOpenMemHandle_v2(&p3, m.handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    CUresult rc = cu.cuIpcOpenMemHandle_v2(&p3, m.handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
     emit("reuse_open_while_mapped", rc_str(rc, obs),
          "the exporter's new allocation %s its freed one; the old mapping 0x%llx still open here; "
          "result 0x%llx", m.ptr == exported ? "reuses the address of" : "does not reuse",
@@ -332,7 +328,14 @@ static int child_importer(int sock, int go) {
     CUdeviceptr p4 = 0;
     rc = cu.cuIpcOpenMemHandle_v2(&p4, m.handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
     emit("reuse_open_after_close", rc_str(rc, obs), "the new handle once the old mapping is closed");
-    if (rc == CUDA_SUCCESS) cu.cuIpcCloseMemHandle(p4);
+    if (rc == CUDA_SUCCESS) { /* last: what a successful interior close does is unknown */
+        rc = cu.cuIpcCloseMemHandle(p4 + 4096);
+        emit("interior_close", rc_str(rc, obs), "cuIpcCloseMemHandle(base + 4096)%s",
+             rc ? "" : ": succeeded; what it closed is unknown");
+        cu.cuIpcCloseMemHandle(p4);
+    } else {
+        emit("interior_close", "no_mapping", "the reopened handle failed: nothing to close");
+    }
 
     if (send_msg(sock, MSG_DONE, NULL, 0) || recv_msg(sock, MSG_HANDLE, &m)) return 1;
     char byte;
