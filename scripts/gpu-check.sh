@@ -108,8 +108,8 @@ prepare() {
     echo "gpu-check: $out is not empty and not a gpu-check folder: not touching it" >&2
     return 1
   fi
-  rm -rf "${out:?}"/bin "$out"/lib "$out"/testdriver "$out"/results "$out"/MANIFEST \
-    "$out"/gpu-check.sh "$out"/nvidia_expected.csv
+  rm -rf "${out:?}"/bin "${out:?}"/lib "${out:?}"/testdriver "${out:?}"/results \
+    "${out:?}"/MANIFEST "${out:?}"/gpu-check.sh "${out:?}"/nvidia_expected.csv
 
   jobs=$(nproc 2>/dev/null || echo 2)
   [ "$jobs" -gt 16 ] && jobs=16
@@ -169,7 +169,9 @@ prepare() {
   } >"$out/MANIFEST"
   local kib
   kib=$(du -sk "$out" | cut -f1)
-  echo "gpu-check: $out ready ($kib KiB; bundled: $(cd "$out/lib" && ls | grep -v '^hwloc$' | tr '\n' ' ')hwloc/$(ls "$out/lib/hwloc" | tr '\n' ' '))"
+  local libs=()
+  for f in "$out"/lib/*.so.* "$out"/lib/hwloc/*.so; do [ -f "$f" ] && libs+=("${f#"$out"/lib/}"); done
+  echo "gpu-check: $out ready ($kib KiB; bundled: ${libs[*]})"
   if [ "$kib" -gt $((64 * 1024)) ]; then
     echo "gpu-check: $out is over 64 MiB" >&2
     return 1
@@ -187,7 +189,7 @@ prepare() {
 T_LIBS=10 T_PROBE=50 T_EXPECT=5 T_HARDWARE=90 T_PROVIDER=30 T_POOLS=40 T_IPC=30 T_EXAMPLE=20
 T_BENCH=45 T_SMI=10
 
-steps=() status=0 nogpu=0 out= dir=
+steps=() status=0 nogpu=0 out='' dir=''
 declare -A st_status st_seconds st_detail
 
 csvq() { local s=${1//\"/\'}; printf '"%s"' "$s"; }
