@@ -47,6 +47,12 @@
 #       as heap corruption in test_jemalloc_isolation); without retain it
 #       checks the arena of every neighbour, asks the hook for exactly what it
 #       needs, and gives whole extents back to the provider after decay.
+#   --disable-cache-oblivious (5.3.0 has no run-time option for it)
+#       otherwise jemalloc pads every large allocation with a page so that
+#       the block can start at a random cache line of it (sz_large_pad);
+#       on a provider that rounds to 2 MiB (device memory) an 8 MiB block
+#       then takes 10 MiB, a fifth of the device. Large blocks start
+#       page-aligned instead, as the native pool's do.
 # The archive is then linked, together with src/pools/jemalloc/je_fast.c (our
 # own fast paths, compiled here against jemalloc's internal headers, which the
 # cache keeps for that; see that file), into one relocatable object in which
@@ -102,7 +108,7 @@ set(_hm_je_configure_args
   --disable-initial-exec-tls --disable-cxx --disable-prof --disable-fill --disable-libdl
   --disable-doc --disable-shared --enable-static --with-lg-page=12 --with-lg-hugepage=21
   --with-lg-vaddr=${_hm_je_lg_vaddr}
-  --with-malloc-conf=narenas:1,dss:disabled,retain:false
+  --with-malloc-conf=narenas:1,dss:disabled,retain:false --disable-cache-oblivious
   --with-version=5.3.0-0-g54eaed1d8b56b1aa528be3bdd1877e59c56fa90c)
 # The only symbols the pool calls; everything else becomes local.
 set(_hm_je_keep hm_je_mallocx hm_je_dallocx hm_je_sdallocx hm_je_rallocx hm_je_xallocx

@@ -47,12 +47,14 @@ int64_t hm_last_native_error(const char **message) {
     return last_native.code;
 }
 
-static void set_native(int64_t code, const char *fmt, va_list ap) {
+/* errno_text: the code is an errno value, whose strerror() text is
+ * appended; a driver's code (CUresult, ze_result_t) gets none. */
+static void set_native(int64_t code, bool errno_text, const char *fmt, va_list ap) {
     last_native.code = code;
     int n = vsnprintf(last_native.message, sizeof(last_native.message), fmt, ap);
     if (n < 0) last_native.message[0] = 0;
     size_t len = strlen(last_native.message);
-    if (code > 0 && code < 4096 && len + 4 < sizeof(last_native.message))
+    if (errno_text && code > 0 && code < 4096 && len + 4 < sizeof(last_native.message))
         snprintf(last_native.message + len, sizeof(last_native.message) - len, ": %s",
                  strerror((int)code));
 }
@@ -61,9 +63,20 @@ hm_result_t hm__native_error(int64_t code, const char *fmt, ...) {
     int saved = errno;
     va_list ap;
     va_start(ap, fmt);
-    set_native(code, fmt, ap);
+    set_native(code, true, fmt, ap);
     va_end(ap);
     HM_LOG_WARN("native error %lld: %s", (long long)code, last_native.message);
+    errno = saved;
+    return HM_ERROR_DRIVER;
+}
+
+hm_result_t hm__driver_error(int64_t code, const char *fmt, ...) {
+    int saved = errno;
+    va_list ap;
+    va_start(ap, fmt);
+    set_native(code, false, fmt, ap);
+    va_end(ap);
+    HM_LOG_WARN("driver error %lld: %s", (long long)code, last_native.message);
     errno = saved;
     return HM_ERROR_DRIVER;
 }
@@ -72,7 +85,7 @@ hm_result_t hm__errno_result(int err, const char *fmt, ...) {
     int saved = errno;
     va_list ap;
     va_start(ap, fmt);
-    set_native(err, fmt, ap);
+    set_native(err, true, fmt, ap);
     va_end(ap);
     HM_LOG_WARN("native error %d: %s", err, last_native.message);
     errno = saved;

@@ -74,6 +74,9 @@ extern _Atomic int hm__log_level; /* current threshold */
  * naming the failed call, and log it once at WARN. Returns HM_ERROR_DRIVER
  * so callers can `return hm__native_error(errno, "mmap(%zu)", size);` */
 hm_result_t hm__native_error(int64_t code, const char *fmt, ...) HM_PRINTF(2, 3);
+/* The same for a driver's own result code (CUresult, ze_result_t): the
+ * message is the caller's alone, with no strerror() text of the number. */
+hm_result_t hm__driver_error(int64_t code, const char *fmt, ...) HM_PRINTF(2, 3);
 
 /* The native pools' fork hooks (pools/native/native.c): the NATIVE slot of
  * the library's fork list (fork.h), filled by init.c. */

@@ -3,6 +3,7 @@
  * SPDX-License-Identifier: MIT */
 #include "pool_internal.h"
 #include "ipc/ipc_internal.h"
+#include "platform/prim.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -12,6 +13,32 @@ static void *malloc_via_fast(hm_pool_t *pool, size_t size);
 static void *malloc_checked(hm_pool_t *pool, size_t size);
 static hm_result_t free_via_op(hm_pool_t *pool, void *ptr);
 static hm_result_t free_checked(hm_pool_t *pool, void *ptr);
+static void *fork_malloc_entry(hm_pool_t *pool, size_t size);
+
+/* A driver whose memory and calls do not survive fork() (CUDA: "CUDA does
+ * not support fork", every call in the child failing; Level Zero's handles
+ * are the parent's process's). */
+static bool fork_bound_provider(const hm_provider_t *prov) {
+    return prov->info.family == HM_PROVIDER_FAMILY_CUDA ||
+           prov->info.family == HM_PROVIDER_FAMILY_LEVEL_ZERO;
+}
+
+/* A fork child's allocation from a pool over such a driver: refused, even
+ * from blocks the pool still caches (they are the parent's device memory,
+ * which no call of the child can use). Logged once per process. */
+static HM_NOINLINE __attribute__((cold)) bool fork_refuses(hm_pool_t *pool) {
+    if (hm_likely(hm__prim_fork_epoch() == pool->fork_epoch)) return false;
+    static _Atomic unsigned logged_epoch;
+    unsigned e = hm__prim_fork_epoch() + 1;
+    if (atomic_exchange_explicit(&logged_epoch, e, memory_order_relaxed) != e)
+        HM_LOG_ERROR("pool '%s': no allocation in a fork child from a pool of provider '%s' "
+                     "(its driver does not work after fork; start a new process)",
+                     pool->ops.name, pool->provider->info.name);
+    return true;
+}
+static inline bool child_refuses(hm_pool_t *pool) {
+    return hm_unlikely(pool->fork_bound) && fork_refuses(pool);
+}
 
 HM_RUN
 hm_result_t hm_pool_create(const hm_pool_ops_t *ops, hm_provider_t *provider, const void *params,
@@ -56,12 +83,18 @@ hm_result_t hm_pool_create(const hm_pool_ops_t *ops, hm_provider_t *provider, co
     pool->base_free_entry = pool->check_owner ? free_checked : free_via_op;
     atomic_init(&pool->free_entry, pool->base_free_entry);
     pool->cpu_accessible = hm_provider_cpu_accessible(provider);
+    pool->fork_bound = fork_bound_provider(provider);
+    pool->fork_epoch = hm__prim_fork_epoch();
     hm__tracker_index_init(&pool->index);
     hm_result_t r = ops->init(pool, params, &pool->state);
     if (r != HM_SUCCESS) {
         HM_LOG_INFO("pool '%s' init failed: %s", ops->name ? ops->name : "?",
                     hm_result_string(r));
         goto fail_init;
+    }
+    if (pool->fork_bound) {
+        pool->inner_malloc_entry = pool->malloc_entry;
+        pool->malloc_entry = fork_malloc_entry;
     }
     if (!hm__handle_register(pool, HM_HANDLE_POOL)) {
         r = HM_ERROR_OUT_OF_HOST_MEMORY;
@@ -91,8 +124,9 @@ static void reclaim_range(void *arg, const hm_tracker_entry_t *e) {
     if (e->flags & HM_TRACK_IMPORTED) return; /* the IPC layer closes its own mappings */
     hm_provider_t *prov = lr->pool->provider;
     if (hm__ipc_range_take(lr->pool, (void *)e->base, e->size)) return; /* an export holds it */
-    if (prov->ops.free && prov->ops.free(prov->state, (void *)e->base, e->size) == HM_SUCCESS)
-        lr->freed++;
+    if (!prov->ops.free) return;
+    if (prov->ops.free(prov->state, (void *)e->base, e->size) == HM_SUCCESS) lr->freed++;
+    else hm__pool_note_refused(lr->pool);
 }
 
 hm_result_t hm_pool_destroy(hm_pool_t *pool) {
@@ -104,6 +138,7 @@ hm_result_t hm_pool_destroy(hm_pool_t *pool) {
         HM_LOG_ERROR("hm_pool_destroy(%p): not a live pool (double destroy?)", (void *)pool);
         return HM_ERROR_INVALID_ARGUMENT;
     }
+    unsigned refused = atomic_load_explicit(&pool->refused, memory_order_relaxed);
     hm__ipc_pool_destroy(pool); /* its cached exports and opened mappings */
     pool->ops.fini(pool->state);
     /* Whatever the pool did not give back is a leak: forget it, report it
@@ -120,10 +155,19 @@ hm_result_t hm_pool_destroy(hm_pool_t *pool) {
                     pool->provider->info.name);
     hm__tracker_index_fini(&pool->index);
     hm_result_t r = HM_SUCCESS;
+    unsigned now = atomic_load_explicit(&pool->refused, memory_order_relaxed);
+    if (now != refused) {
+        HM_LOG_ERROR("pool '%s' destroyed, but provider '%s' refused %u frees or IPC closes "
+                     "(logged above): that memory may stay allocated or mapped",
+                     pool->ops.name, pool->provider->info.name, now - refused);
+        r = HM_ERROR_DRIVER;
+    }
     /* An owned provider whose ranges the IPC layer holds for exports goes
      * after their last put (importers still map those bytes). */
-    if ((pool->flags & HM_POOL_FLAG_OWN_PROVIDER) && !hm__ipc_provider_defer(pool->provider))
-        r = hm_provider_destroy(pool->provider);
+    if ((pool->flags & HM_POOL_FLAG_OWN_PROVIDER) && !hm__ipc_provider_defer(pool->provider)) {
+        hm_result_t pr = hm_provider_destroy(pool->provider);
+        if (r == HM_SUCCESS) r = pr;
+    }
     free(pool);
     return r;
 }
@@ -145,10 +189,32 @@ void *hm__malloc_via(hm_result_t (*alloc)(void *state, size_t size, size_t align
     return p;
 }
 
+/* The pool's alloc op; where the provider is out of memory and the pool
+ * can give back what it caches (trim), once more after the trim. hetmem's
+ * own caching pools (native, jemalloc) do this inside their alloc paths,
+ * and a user pool gets it here: device memory has no swap to fall back
+ * on, so memory a pool caches must not make an allocation fail (PyTorch's
+ * CUDA caching allocator frees its cached blocks and retries for the same
+ * reason). */
+static hm_result_t alloc_or_trim(hm_pool_t *pool, size_t size, size_t alignment, void **p) {
+    hm_result_t r = pool->ops.alloc(pool->state, size, alignment, p);
+    if (hm_likely(r != HM_ERROR_OUT_OF_MEMORY) || !pool->ops.trim) return r;
+    (void)pool->ops.trim(pool->state);
+    return pool->ops.alloc(pool->state, size, alignment, p);
+}
+
 /* The entries (hm_pool.malloc_entry): pool is not NULL. */
 HM_RUN static HM_NOINLINE void *malloc_checked(hm_pool_t *pool, size_t size) {
     if (hm_unlikely(!size)) return fail_errno(HM_ERROR_INVALID_ARGUMENT);
-    return hm__malloc_via(pool->alloc, pool->state, size);
+    void *p;
+    hm_result_t r = alloc_or_trim(pool, size, 0, &p);
+    if (hm_unlikely(r != HM_SUCCESS)) return fail_errno(r);
+    return p;
+}
+
+static HM_NOINLINE void *fork_malloc_entry(hm_pool_t *pool, size_t size) {
+    if (child_refuses(pool)) return fail_errno(HM_ERROR_NOT_SUPPORTED);
+    return pool->inner_malloc_entry(pool, size);
 }
 
 HM_RUN static void *malloc_via_fast(hm_pool_t *pool, size_t size) {
@@ -174,8 +240,9 @@ HM_RUN void *hm_pool_aligned_malloc(hm_pool_t *pool, size_t size, size_t alignme
                          alignment);
         return fail_errno(HM_ERROR_INVALID_ARGUMENT);
     }
+    if (child_refuses(pool)) return fail_errno(HM_ERROR_NOT_SUPPORTED);
     void *p;
-    hm_result_t r = pool->ops.alloc(pool->state, size, alignment, &p);
+    hm_result_t r = alloc_or_trim(pool, size, alignment, &p);
     if (hm_unlikely(r != HM_SUCCESS)) return fail_errno(r);
     return p;
 }
@@ -188,17 +255,18 @@ HM_RUN void *hm_pool_calloc(hm_pool_t *pool, size_t num, size_t size) {
     size_t total;
     if (__builtin_mul_overflow(num, size, &total)) return fail_errno(HM_ERROR_OUT_OF_MEMORY);
     if (!total) return fail_errno(HM_ERROR_INVALID_ARGUMENT);
+    if (child_refuses(pool)) return fail_errno(HM_ERROR_NOT_SUPPORTED);
     void *p = NULL;
     hm_result_t r;
     if (pool->ops.calloc) {
         r = pool->ops.calloc(pool->state, total, &p);
     } else if (pool->cpu_accessible) {
-        r = pool->ops.alloc(pool->state, total, 0, &p);
+        r = alloc_or_trim(pool, total, 0, &p);
         if (r == HM_SUCCESS) memset(p, 0, total);
     } else if (pool->provider->ops.fill) {
         /* Memory the CPU may not touch: zeroed by the provider (its driver's
          * memset). */
-        r = pool->ops.alloc(pool->state, total, 0, &p);
+        r = alloc_or_trim(pool, total, 0, &p);
         if (r == HM_SUCCESS) {
             r = hm_provider_fill(pool->provider, p, 0, total);
             if (r != HM_SUCCESS) {
@@ -251,7 +319,7 @@ static HM_NOINLINE void *realloc_held(hm_pool_t *pool, void *ptr, size_t size,
         return fail_errno(HM_ERROR_BUSY);
     }
     void *out = NULL;
-    hm_result_t r = pool->ops.alloc(pool->state, size, 0, &out);
+    hm_result_t r = alloc_or_trim(pool, size, 0, &out);
     if (r != HM_SUCCESS) return fail_errno(r);
     r = copy_block(pool, out, ptr, old < size ? old : size);
     if (r != HM_SUCCESS) {
@@ -286,6 +354,7 @@ HM_RUN void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size) {
         hm_pool_free(pool, ptr);
         return NULL;
     }
+    if (child_refuses(pool)) return fail_errno(HM_ERROR_NOT_SUPPORTED);
     void *out = NULL;
     hm_result_t r;
     hm_tracker_entry_t e;
@@ -303,7 +372,7 @@ HM_RUN void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size) {
             return fail_errno(HM_ERROR_INVALID_ARGUMENT);
         }
         if (old >= size && old / 2 <= size) return ptr; /* fits, not wastefully */
-        r = pool->ops.alloc(pool->state, size, 0, &out);
+        r = alloc_or_trim(pool, size, 0, &out);
         if (r == HM_SUCCESS) {
             r = copy_block(pool, out, ptr, old < size ? old : size);
             pool->ops.free(pool->state, r == HM_SUCCESS ? ptr : out);
@@ -504,6 +573,7 @@ HM_RUN hm_result_t hm_pool_provider_free(hm_pool_t *pool, void *ptr, size_t size
     if (hm_unlikely(hm__ipc_range_take(pool, ptr, size))) return HM_SUCCESS;
     if (hm_unlikely(hm__ipc_range_release(pool, ptr, size))) return HM_SUCCESS;
     hm_result_t r = prov->ops.free(prov->state, ptr, size);
+    if (r != HM_SUCCESS) hm__pool_note_refused(pool);
     if (r != HM_SUCCESS && pool->tracked) {
         /* Still allocated: keep knowing it. */
         if (hm__tracker_insert(&pool->index, pool, prov, (uintptr_t)ptr, size, track_flags(pool),

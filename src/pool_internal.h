@@ -58,8 +58,25 @@ struct hm_pool {
     uint32_t flags;
     bool tracked;
     bool cpu_accessible;
+    /* Memory of a driver that does not work in a fork child (CUDA, Level
+     * Zero): in a child (fork_epoch differs) every allocation is refused,
+     * malloc_entry being fork_malloc_entry and inner_malloc_entry the
+     * pool's own. */
+    bool fork_bound;
+    unsigned fork_epoch;
+    hm_pool_malloc_entry_t inner_malloc_entry;
+    /* Frees of provider ranges and closes of IPC mappings of this pool that
+     * the provider refused (hm__pool_note_refused): a destroy during which
+     * it grows answers HM_ERROR_DRIVER. */
+    _Atomic unsigned refused;
     hm_tracker_index_t index;
 } HM_CACHE_ALIGNED;
+
+/* The provider refused to free a range of the pool or to close one of its
+ * IPC mappings (logged by the caller). */
+static inline void hm__pool_note_refused(hm_pool_t *pool) {
+    atomic_fetch_add_explicit(&pool->refused, 1, memory_order_relaxed);
+}
 
 /* For a pool's init op: make malloc_entry and (unless the front end must
  * check pointers, hm_pool.check_owner) free_entry the pool's own. */

@@ -106,13 +106,24 @@ HM_API hm_result_t hm_pool_create(const hm_pool_ops_t *ops, hm_provider_t *provi
 /* Destroy. Allocations still live are reported (one log line, count and
  * bytes), forgotten by the tracker and returned to the provider where it can
  * free. Double destroy returns HM_ERROR_INVALID_ARGUMENT. Must not run
- * concurrently with other calls on the same pool. */
+ * concurrently with other calls on the same pool. The pool is gone whatever
+ * the result; HM_ERROR_DRIVER says that the provider refused to free a
+ * range or to close an IPC mapping of the pool (logged, with the driver's
+ * code in hm_last_native_error()): that memory may stay allocated or
+ * mapped until the process ends. */
 HM_API hm_result_t hm_pool_destroy(hm_pool_t *pool);
 
 /* The malloc family: NULL and errno (ENOMEM, EINVAL; ENOTSUP where the pool
  * cannot use the memory, e.g. provider memory at addresses it does not
- * cover) on failure.
- * hm_pool_malloc(pool, 0) returns NULL with errno EINVAL. */
+ * cover, or in a fork child a pool of a GPU provider) on failure.
+ * hm_pool_malloc(pool, 0) returns NULL with errno EINVAL.
+ * Out of memory: when the provider is out of memory, the pool gives back
+ * the freed memory it caches (as hm_pool_trim does) and tries once more
+ * before failing: memory a pool caches never makes an allocation fail
+ * that the provider could serve after a trim. hetmem's pools do this
+ * themselves; for a pool of one's own the front end does it around the
+ * alloc op when the pool has a trim op (a malloc_fast op must do it
+ * itself). */
 HM_API void *hm_pool_malloc(hm_pool_t *pool, size_t size);
 HM_API void *hm_pool_calloc(hm_pool_t *pool, size_t num, size_t size);
 HM_API void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size);

@@ -550,9 +550,11 @@ static void keep_unclosed(hm_pool_t *pool, uintptr_t local, size_t size) {
     bool kept = pi->nunclosed < pi->capunclosed;
     if (kept) pi->unclosed[pi->nunclosed++] = (struct unclosed){local, size};
     hm__mutex_unlock(&pi->lock);
-    if (!kept)
+    if (!kept) {
+        hm__pool_note_refused(pool);
         HM_LOG_ERROR("IPC: no memory to remember [%p, +%zu) for another close: left mapped",
                      (void *)local, size);
+    }
 }
 
 /* Close again what failed to close before, now that a close succeeded. */
@@ -627,6 +629,7 @@ static void closing_finish(closing_t *cl, hm_pool_t *pool) {
     hm_provider_t *prov = pool->provider;
     if (cl->n) {
         hm_result_t r = prov->ops.ipc.close_many(prov->state, cl->ptr, cl->size, cl->n);
+        if (r != HM_SUCCESS) hm__pool_note_refused(pool);
         if (r != HM_SUCCESS)
             HM_LOG_ERROR("IPC: provider '%s' failed to close some of %zu mappings: %s",
                          prov->info.name, cl->n, hm_result_string(r));
@@ -761,6 +764,66 @@ static imp_t *unlink_stale(hm_ipc_pool_t *pi, imp_t *e) {
     lunlink(pi, e);
     imp_kill(e);
     return e;
+}
+
+static inline bool ranges_overlap(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen) {
+    return a < b + blen && b < a + alen;
+}
+
+/* Does cached entry e hold another allocation of w's exporter that
+ * overlaps w's remote range? */
+static bool stale_overlap(const imp_t *e, const hm_wire_t *w) {
+    return e->pid == w->pid && e->nonce == w->nonce && e->family == w->family &&
+           !(e->rbase == w->base && e->alloc_id == w->alloc_id) &&
+           ranges_overlap(e->rbase, e->size, w->base, w->size);
+}
+
+/* The provider refused to open w (HM_ERROR_BUSY: CUDA_ERROR_ALREADY_MAPPED)
+ * because the driver maps an import at the exporter's address and a mapping
+ * of an older allocation of that exporter still overlaps it: the exporter
+ * freed the memory and allocated the address again. Every cached entry of
+ * that exporter overlapping w's range (in pool, or for a shared mapping in
+ * every pool over the context) is stale: each leaves the key index, the
+ * unused ones are closed now, the others at their last close. Returns
+ * whether any was closed (then the open is worth another try). UCX's CUDA
+ * IPC cache does the same on CUDA_ERROR_ALREADY_MAPPED
+ * (uct/cuda/cuda_ipc/cuda_ipc_cache.c, UCX PR 2738). */
+/* One stale entry of evict_overlapping's kind, out of the key index: the
+ * unused one found first, killed (the caller retires it), or NULL when
+ * none is left unused (those in use are marked on the way). */
+static imp_t *take_overlapping(hm_pool_t *pool, hm_ipc_pool_t *pi, const hm_wire_t *w) {
+    imp_t *v = NULL;
+    uint64_t ctx = pool->provider->ipc_context;
+    if (ctx) {
+        hm__mutex_lock(&shared_maps.lock);
+        for (size_t b = 0; b < shared_maps.cap && !v; b++) {
+            for (smap_t *m = shared_maps.kb[b]; m && !v; m = m->knext) {
+                if (m->ctx != ctx || m->state != SM_READY || !m->n ||
+                    !stale_overlap(m->mem[0], w))
+                    continue;
+                for (size_t k = 0; k < m->n && !v; k++) {
+                    imp_t *e = m->mem[k];
+                    hm__mutex_lock(&e->pi->lock);
+                    if (e->in_key) v = unlink_stale(e->pi, e);
+                    hm__mutex_unlock(&e->pi->lock);
+                }
+            }
+        }
+        hm__mutex_unlock(&shared_maps.lock);
+        return v;
+    }
+    hm__mutex_lock(&pi->lock);
+    for (size_t b = 0; b < pi->cap && !v; b++)
+        for (imp_t *e = pi->lb[b]; e && !v; e = e->lnext)
+            if (e->in_key && stale_overlap(e, w)) v = unlink_stale(pi, e);
+    hm__mutex_unlock(&pi->lock);
+    return v;
+}
+
+static bool evict_overlapping(hm_pool_t *pool, hm_ipc_pool_t *pi, const hm_wire_t *w) {
+    bool any = false;
+    for (imp_t *v; (v = take_overlapping(pool, pi, w)) != NULL; any = true) retire(v);
+    return any;
 }
 
 /* One more reference (pi->lock held). false: the count is saturated. */
@@ -915,21 +978,35 @@ static HM_NOINLINE hm_result_t open_miss(hm_pool_t *pool, hm_ipc_pool_t *pi, con
      * every pool over that context: joined, nothing is opened. */
     smap_t *made = NULL;
     uintptr_t local = 0;
-    if (prov->ipc_context) {
-        r = map_join(prov->ipc_context, w, e, &made, &local);
-        if (r != HM_SUCCESS) {
-            imp_free(e);
-            return r;
+    for (int attempt = 0;; attempt++) {
+        if (prov->ipc_context) {
+            r = map_join(prov->ipc_context, w, e, &made, &local);
+            if (r != HM_SUCCESS) {
+                imp_free(e);
+                return r;
+            }
         }
-    }
-    if (!local) {
+        if (local) break;
         r = open_mapping(pool, w, fd_in, &local);
-        if (r != HM_SUCCESS) {
-            if (made) map_abort(made);
-            imp_free(e);
-            return r;
+        if (r == HM_SUCCESS) {
+            if (made) map_ready(made, local, pool);
+            break;
         }
-        if (made) map_ready(made, local, pool);
+        if (made) map_abort(made);
+        made = NULL;
+        /* The driver maps at the exporter's address and refuses while an
+         * older mapping of that exporter overlaps: close the stale ones
+         * and try once more. */
+        if (r == HM_ERROR_BUSY && attempt == 0 && evict_overlapping(pool, pi, w)) continue;
+        if (r == HM_ERROR_BUSY)
+            HM_LOG_ERROR("hm_ipc_open: an earlier mapping of memory the exporter (pid %llu) "
+                         "had at [0x%llx, +%llu) is still open here and in use: the exporter "
+                         "freed that memory and allocated the address again; close the old "
+                         "mapping (hm_ipc_close) before opening the new handle",
+                         (unsigned long long)w->pid, (unsigned long long)w->base,
+                         (unsigned long long)w->size);
+        imp_free(e);
+        return r;
     }
     e->local = local;
 
@@ -1304,7 +1381,8 @@ void hm__ipc_import_pool_destroy(hm_pool_t *pool, hm_ipc_pool_t *pi) {
     while (atomic_load_explicit(&pi->evictors, memory_order_acquire)) sched_yield();
     /* Mappings whose close failed before (in this destroy too): the last try. */
     for (size_t i = 0; i < pi->nunclosed; i++)
-        (void)provider_close(pool, pi->unclosed[i].local, pi->unclosed[i].size, "left mapped");
+        if (!provider_close(pool, pi->unclosed[i].local, pi->unclosed[i].size, "left mapped"))
+            hm__pool_note_refused(pool);
     hm__ipc_import_pool_fini(pi);
 }
 

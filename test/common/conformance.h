@@ -28,6 +28,9 @@ typedef struct hm_test_suite_opts {
     /* Pool suite: hm_pool_free() answers HM_ERROR_NOT_SUPPORTED (the proxy
      * pool over a provider that cannot free); otherwise it must succeed. */
     int free_unsupported;
+    /* Provider suite: no request of an impossible size (2^52 bytes and
+     * more): a real driver may take long or hang on one (managed memory). */
+    int skip_huge;
 } hm_test_suite_opts_t;
 
 /* Fill [p, p+n) with a pattern derived from seed; check it (1: intact).

@@ -106,7 +106,7 @@ typedef struct psuite {
     hm_test_provider_factory make;
     void *arg;
     size_t max_alloc, max_alignment, capacity;
-    int threads, can_free;
+    int threads, can_free, skip_huge;
     char context[256];
 } psuite_t;
 
@@ -351,6 +351,7 @@ static void case_sizes(psuite_t *s) {
 }
 
 static void case_huge(psuite_t *s) {
+    if (s->skip_huge) return;
     set_case(s, "huge sizes");
     hm_provider_t *p = fresh(s);
     if (!p) return;
@@ -765,6 +766,7 @@ void hm_test_provider_suite(const char *label, hm_test_provider_factory make, vo
         .capacity = o.capacity,
         .threads = o.threads > 0 ? o.threads : 4,
         .can_free = o.can_free,
+        .skip_huge = o.skip_huge,
     };
     printf("provider suite: %s\n", s.label);
     fflush(stdout);

@@ -55,6 +55,18 @@
  * successful forced purge the provider's memory must read as zero
  * (MADV_DONTNEED / hole punch semantics), as jemalloc assumes.
  *
+ * Provider pages: jemalloc asks the hook for each large block's extent (from
+ * 16 KiB) and for slabs of small blocks, at its own sizes; a provider rounds
+ * each request up to its min_page_size. Large blocks start page-aligned
+ * (the private build has no cache-oblivious padding), so a block of a
+ * multiple of the provider's page costs nothing more: 8 MiB blocks fill a
+ * CUDA device's 2 MiB pages exactly. Over such a provider a large block that
+ * is not a multiple of 2 MiB takes its size rounded up to one (a 32 KiB
+ * block: a 2 MiB range; measured in test_cuda_scenarios): for many blocks
+ * under 2 MiB on device memory, use the native pool, which carves them from
+ * slabs. Out of memory: the pool gives back the extents it caches
+ * (hm_pool_trim) and asks jemalloc once more before failing.
+ *
  * Fast paths: small allocations and frees (up to 4 KiB) go straight to the
  * thread's tcache of the pool through the pool's own code written against
  * jemalloc 5.3.0's internals (src/pools/jemalloc/je_fast.c), without

@@ -31,16 +31,46 @@
  *            (cuMemsetD8_v2, cuMemcpy, then cuStreamSynchronize of the
  *            legacy stream) let pools zero and move it.
  *   HOST     HM_MEMORY_HOST_PINNED; flags HM_CUDA_HOST_PORTABLE, _MAPPED,
- *            _WRITE_COMBINED (cuMemHostAlloc's).
+ *            _WRITE_COMBINED (cuMemHostAlloc's). hetmem hands out the host
+ *            pointer; fill and copy use the CPU (memset, memcpy). With
+ *            _WRITE_COMBINED the device's address of the memory differs
+ *            from the host pointer (cuda.h, cuMemHostAlloc): pass kernels
+ *            hm_cuda_allocation_info's device_ptr. The CPU reads
+ *            write-combined memory slowly; write it, do not read it.
  *   MANAGED  HM_MEMORY_SHARED; attach HM_CUDA_ATTACH_GLOBAL (default) or
  *            _HOST (cuMemAllocManaged's).
  * IPC (device memory only; host-pinned and managed: hm_ipc_get answers
  * HM_ERROR_NOT_SUPPORTED): cuIpcGetMemHandle, the 64-byte handle carried by
  * value in hetmem's handle (no descriptor moves), cuIpcOpenMemHandle_v2 with
- * lazy peer access in the importer, cuIpcCloseMemHandle. The driver opens a
- * handle once per context: pools over providers of one context share that
- * mapping (provider.h, ipc_context). An importer opens memory of its own
- * device, or of a device it can access as a peer (cuDeviceCanAccessPeer).
+ * lazy peer access in the importer, cuIpcCloseMemHandle (of the mapping's
+ * base, which the driver reports: any provider of the context may close
+ * what another opened). The driver opens a handle once per context: pools
+ * over providers of one context share that mapping (provider.h,
+ * ipc_context). An importer opens memory of its own device, or of a device
+ * it can access as a peer (cuDeviceCanAccessPeer). The driver maps an
+ * import at the exporter's address and refuses (CUDA_ERROR_ALREADY_MAPPED)
+ * while an earlier mapping of the same exporter overlaps it, which is the
+ * case once an exporter frees memory and allocates the address again: the
+ * open closes the importer's unused cached mappings of that exporter that
+ * overlap and tries once more; if one is still in use (not closed by its
+ * hm_ipc_close), hm_ipc_open answers HM_ERROR_BUSY.
+ *
+ * Frees do not wait for the GPU. A pool's free of device memory makes the
+ * block available to the next allocation at once; only a free that reaches
+ * the driver (cuMemFree_v2) synchronises. Work a stream still does on a
+ * freed block (a kernel, an asynchronous copy) races with its next owner:
+ * synchronise the stream (cuStreamSynchronize, cudaDeviceSynchronize)
+ * before hm_free/hm_pool_free, or use stream-ordered allocation, which
+ * orders the free after the stream's work.
+ *
+ * Fork: CUDA does not work in a child of a process that initialised it
+ * (every driver call there answers CUDA_ERROR_NOT_INITIALIZED). In a fork
+ * child, pools over CUDA providers refuse every allocation
+ * (HM_ERROR_NOT_SUPPORTED, one log line, also for blocks a pool still
+ * caches), IPC export and open, fill and copy; the child may free what it
+ * inherited and destroy the pools and providers, which forgets the parent's
+ * memory without a driver call (it stays the parent's). Start a new process
+ * (exec) for GPU work.
  *
  * Alignment: any power of two. The driver's own alignment is used where it
  * is enough (large allocations come 2 MiB aligned); otherwise the provider
@@ -52,7 +82,10 @@
  * Driver errors are logged with the native CUresult and its name
  * (cuGetErrorName where the driver has it), kept in hm_last_native_error(),
  * and returned as HM_ERROR_DRIVER; CUDA_ERROR_OUT_OF_MEMORY is
- * HM_ERROR_OUT_OF_MEMORY.
+ * HM_ERROR_OUT_OF_MEMORY (the pool front end then trims the pool and tries
+ * once more, pool.h), CUDA_ERROR_INVALID_VALUE HM_ERROR_INVALID_ARGUMENT.
+ * A free or close the driver refuses during hm_pool_destroy makes the
+ * destroy answer HM_ERROR_DRIVER (the pool is gone all the same).
  *
  * Thread safety: every op is thread-safe. */
 #ifndef HETMEM_PROVIDERS_CUDA_H
@@ -113,6 +146,10 @@ typedef struct hm_cuda_allocation {
     uint64_t buffer_id;  /* unique in the process for its life */
     uint64_t base;       /* the driver's allocation (before any alignment offset) */
     size_t size;
+    /* The address of ptr that kernels and the driver's device calls take:
+     * ptr itself, but for write-combined host memory, whose device address
+     * differs from its host pointer (cuMemHostGetDevicePointer_v2). */
+    uint64_t device_ptr;
 } hm_cuda_allocation_t;
 HM_API hm_result_t hm_cuda_allocation_info(hm_provider_t *provider, const void *ptr,
                                            hm_cuda_allocation_t *info);

@@ -885,6 +885,24 @@ static void jp_fini(void *state) {
  * hm__je_fast_free (state = jp, whose first member is the key); they come
  * here when the fast path does not apply: no tcache yet, cache empty or full,
  * not small, aligned, or the thread's jemalloc data not usable. */
+static hm_result_t jp_trim(void *state);
+
+/* mallocx, and where the provider is out of memory while the arena caches
+ * freed extents, once more after giving them back (jp_trim): device memory
+ * has no swap to fall back on. PyTorch's CUDA caching allocator frees its
+ * cached blocks and retries cudaMalloc for the same reason
+ * (c10/cuda/CUDACachingAllocator.cpp, release_cached_blocks). */
+static void *mallocx_or_trim(jpool_t *jp, size_t size, int flags) {
+    tl_hook_refused = false;
+    void *p = hm_je_mallocx(size, flags);
+    tcache_refresh(jp);
+    if (hm_likely(p != NULL) || tl_hook_refused) return p;
+    (void)jp_trim(jp);
+    p = hm_je_mallocx(size, flags);
+    tcache_refresh(jp);
+    return p;
+}
+
 hm_result_t hm__je_alloc_slow(void *state, size_t size, size_t alignment, void **ptr) {
     jpool_t *jp = state;
     int flags = flags_of(jp);
@@ -892,9 +910,7 @@ hm_result_t hm__je_alloc_slow(void *state, size_t size, size_t alignment, void *
         if (hm_unlikely(alignment > ((size_t)1 << 62))) return HM_ERROR_OUT_OF_MEMORY;
         flags |= MALLOCX_ALIGN(alignment);
     }
-    tl_hook_refused = false;
-    void *p = hm_je_mallocx(size, flags);
-    tcache_refresh(jp);
+    void *p = mallocx_or_trim(jp, size, flags);
     if (hm_unlikely(!p)) return hook_result();
     *ptr = p;
     return HM_SUCCESS;
@@ -972,9 +988,7 @@ static HM_NOINLINE hm_result_t realloc_device(jpool_t *jp, void *ptr, size_t siz
 static hm_result_t jp_calloc(void *state, size_t size, void **ptr) {
     jpool_t *jp = state;
     if (!jp->cpu) return calloc_device(jp, size, ptr);
-    tl_hook_refused = false;
-    void *p = hm_je_mallocx(size, flags_of(jp) | MALLOCX_ZERO);
-    tcache_refresh(jp);
+    void *p = mallocx_or_trim(jp, size, flags_of(jp) | MALLOCX_ZERO);
     if (!p) return hook_result();
     *ptr = p;
     return HM_SUCCESS;
@@ -998,6 +1012,11 @@ static hm_result_t jp_realloc(void *state, void *ptr, size_t size, void **out) {
     tl_hook_refused = false;
     void *p = hm_je_rallocx(ptr, size, flags);
     tcache_refresh(jp);
+    if (!p && !tl_hook_refused) { /* as mallocx_or_trim */
+        (void)jp_trim(jp);
+        p = hm_je_rallocx(ptr, size, flags);
+        tcache_refresh(jp);
+    }
     if (!p) return hook_result();
     *out = p;
     return HM_SUCCESS;

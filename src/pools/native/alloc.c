@@ -252,6 +252,34 @@ HM_INLINE uintptr_t alloc_fast(nv_pool_t *nv, size_t size, nv_heap_t **hp, nv_cl
     return alloc_pop(cl);
 }
 
+static hm_result_t nv_trim(void *state);
+
+/* The provider is out of memory while the pool may cache freed memory
+ * (empty slabs, large blocks): give it back (nv_trim) and try once more.
+ * Device memory has no swap to fall back on; PyTorch's CUDA caching
+ * allocator frees its cached blocks and retries cudaMalloc for the same
+ * reason (c10/cuda/CUDACachingAllocator.cpp, release_cached_blocks). */
+static HM_NOINLINE __attribute__((cold)) hm_result_t oom_retry_refill(nv_heap_t *h, unsigned c,
+                                                                     void **out) {
+    (void)nv_trim(h->nv);
+    return alloc_refill(h, c, out);
+}
+static HM_NOINLINE __attribute__((cold)) hm_result_t oom_retry_slow(nv_pool_t *nv, size_t size,
+                                                                   size_t align, void **out) {
+    (void)nv_trim(nv);
+    return alloc_slow(nv, size, align, out);
+}
+HM_RUN static hm_result_t refill_or_trim(nv_heap_t *h, unsigned c, void **out) {
+    hm_result_t r = alloc_refill(h, c, out);
+    if (hm_likely(r != HM_ERROR_OUT_OF_MEMORY)) return r;
+    return oom_retry_refill(h, c, out);
+}
+HM_RUN static hm_result_t slow_or_trim(nv_pool_t *nv, size_t size, size_t align, void **out) {
+    hm_result_t r = alloc_slow(nv, size, align, out);
+    if (hm_likely(r != HM_ERROR_OUT_OF_MEMORY)) return r;
+    return oom_retry_slow(nv, size, align, out);
+}
+
 HM_RUN static hm_result_t nv_alloc(void *state, size_t size, size_t align, void **out) {
     nv_pool_t *nv = state;
     if (hm_likely(align <= 8)) {
@@ -262,7 +290,7 @@ HM_RUN static hm_result_t nv_alloc(void *state, size_t size, size_t align, void 
             *out = (void *)p;
             return HM_SUCCESS;
         }
-        if (h) return alloc_refill(h, (unsigned)(cl - h->cls), out);
+        if (h) return refill_or_trim(h, (unsigned)(cl - h->cls), out);
     }
-    return alloc_slow(nv, size, align, out);
+    return slow_or_trim(nv, size, align, out);
 }

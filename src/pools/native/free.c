@@ -339,7 +339,7 @@ HM_RUN static HM_NOINLINE void *malloc_fast_refill(nv_heap_t *h, nv_cls_t *cl) {
     uintptr_t p = stk_pop(h, cl);
     if (p) return (void *)p;
     void *q;
-    hm_result_t r = alloc_refill(h, (unsigned)(cl - h->cls), &q);
+    hm_result_t r = refill_or_trim(h, (unsigned)(cl - h->cls), &q);
     if (hm_unlikely(r != HM_SUCCESS)) {
         errno = hm__result_errno(r);
         return NULL;

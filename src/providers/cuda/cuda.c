@@ -5,8 +5,10 @@
  * resolved once per process by their exact versioned names (cuda_api.h)
  * into `cu`. State per provider: the context (retained primary context, or
  * the caller's), the device, its UUID, the memory type and flags, and a
- * table of the allocations and mappings that do not start where the driver
- * put them (over-aligned ones: aligned address -> the driver's base).
+ * table of the allocations that do not start where the driver put them
+ * (over-aligned ones: aligned address -> the driver's base). IPC mappings
+ * are not in it: their base is the driver's (cuMemGetAddressRange_v2),
+ * since another provider of the context may close them.
  *
  * Context switching (ctx_enter / ctx_leave): one cuCtxGetCurrent; a push
  * and a pop only when another context (or none) is current.
@@ -54,15 +56,19 @@ static void cu_load(void) {
     cu_loaded = HM_SUCCESS;
 }
 
-/* A driver failure as a result: logged with its name, recorded. */
+/* A driver failure as a result: logged with its name, recorded.
+ * CUDA_ERROR_ALREADY_MAPPED (an IPC open whose range overlaps a mapping
+ * of the same exporter that is still open here) is HM_ERROR_BUSY: the IPC
+ * layer closes the stale mappings it caches and tries once more. */
 static hm_result_t cu_fail(hm_cu_result_t r, const char *call) {
     const char *name = NULL;
     if (cu.GetErrorName && cu.GetErrorName(r, &name) != HM_CUDA_SUCCESS) name = NULL;
-    hm_result_t res = hm__native_error((int64_t)r, "CUDA %s failed: %s (CUresult %u)", call,
+    hm_result_t res = hm__driver_error((int64_t)r, "CUDA %s failed: %s (CUresult %u)", call,
                                        name ? name : "?", r);
     switch (r) {
     case HM_CUDA_ERROR_OUT_OF_MEMORY: return HM_ERROR_OUT_OF_MEMORY;
     case HM_CUDA_ERROR_INVALID_VALUE: return HM_ERROR_INVALID_ARGUMENT;
+    case HM_CUDA_ERROR_ALREADY_MAPPED: return HM_ERROR_BUSY;
     default: return res;
     }
 }
@@ -151,6 +157,7 @@ typedef struct cuprov {
     unsigned flags;
     uint8_t uuid[HM_DEVICE_UUID_SIZE];
     size_t page;
+    unsigned epoch; /* hm__prim_fork_epoch() at init: another one is a fork child */
     pthread_mutex_t off_lock;
     off_ent_t *off;
     size_t noff_cap;
@@ -175,6 +182,16 @@ static void ctx_leave(bool pushed) {
     hm_cu_context_t popped;
     hm_cu_result_t r = cu.CtxPopCurrent(&popped);
     if (r != HM_CUDA_SUCCESS) (void)cu_fail(r, "cuCtxPopCurrent_v2");
+}
+
+/* A fork child of the process that made the provider: the driver does not
+ * work there (every call is CUDA_ERROR_NOT_INITIALIZED) and the memory is
+ * the parent's context's. */
+static bool in_child(const cuprov_t *c) { return hm__prim_fork_epoch() != c->epoch; }
+static hm_result_t refuse_in_child(const char *op) {
+    HM_LOG_ERROR("CUDA provider: %s in a fork child: CUDA does not work after fork() (the "
+                 "child may only free and destroy what it inherited)", op);
+    return HM_ERROR_NOT_SUPPORTED;
 }
 
 /* The offset table: aligned address -> the driver's base. */
@@ -288,6 +305,7 @@ static hm_result_t cu_init(const void *params, void **state) {
     memcpy(c->uuid, u.bytes, sizeof(c->uuid));
     size_t sys = hm__prim_page_size();
     c->page = c->type == HM_CUDA_MEMORY_HOST ? sys : (size_t)2 << 20;
+    c->epoch = hm__prim_fork_epoch();
     pthread_mutex_init(&c->off_lock, NULL);
     *state = c;
     return HM_SUCCESS;
@@ -392,6 +410,10 @@ static hm_result_t raw_free(cuprov_t *c, uintptr_t base) {
 
 static hm_result_t cu_alloc(void *state, size_t size, size_t alignment, void **ptr) {
     cuprov_t *c = state;
+    if (hm_unlikely(in_child(c))) {
+        *ptr = NULL;
+        return refuse_in_child("alloc");
+    }
     if (!alignment) alignment = c->page;
     bool pushed;
     hm_result_t res = ctx_enter(c, &pushed);
@@ -419,10 +441,14 @@ static hm_result_t cu_alloc(void *state, size_t size, size_t alignment, void **p
     return res;
 }
 
+/* In a fork child the memory is the parent's: forgotten, never freed (the
+ * driver would refuse every call). */
 static hm_result_t cu_free(void *state, void *ptr, size_t size) {
     cuprov_t *c = state;
     (void)size;
-    return raw_free(c, off_base(c, (uintptr_t)ptr, true));
+    uintptr_t base = off_base(c, (uintptr_t)ptr, true);
+    if (hm_unlikely(in_child(c))) return HM_SUCCESS;
+    return raw_free(c, base);
 }
 
 /* ---- fill and copy ---- */
@@ -432,8 +458,18 @@ static hm_result_t cu_sync(void) {
     return r == HM_CUDA_SUCCESS ? HM_SUCCESS : cu_fail(r, "cuStreamSynchronize");
 }
 
+/* Host-pinned memory is the CPU's: filled and copied with memset and
+ * memcpy (write-combined memory has a device address of its own, and the
+ * host pointer is not one the driver's memset takes). Device and managed
+ * memory: the driver's calls, then a synchronisation of the legacy stream
+ * (cuMemsetD8_v2 is asynchronous for device memory). */
 static hm_result_t cu_fill(void *state, void *ptr, uint8_t value, size_t size) {
     cuprov_t *c = state;
+    if (c->type == HM_CUDA_MEMORY_HOST) {
+        memset(ptr, value, size);
+        return HM_SUCCESS;
+    }
+    if (hm_unlikely(in_child(c))) return refuse_in_child("fill");
     bool pushed;
     hm_result_t res = ctx_enter(c, &pushed);
     if (res != HM_SUCCESS) return res;
@@ -445,6 +481,11 @@ static hm_result_t cu_fill(void *state, void *ptr, uint8_t value, size_t size) {
 
 static hm_result_t cu_copy(void *state, void *dst, const void *src, size_t size) {
     cuprov_t *c = state;
+    if (c->type == HM_CUDA_MEMORY_HOST) {
+        memcpy(dst, src, size);
+        return HM_SUCCESS;
+    }
+    if (hm_unlikely(in_child(c))) return refuse_in_child("copy");
     bool pushed;
     hm_result_t res = ctx_enter(c, &pushed);
     if (res != HM_SUCCESS) return res;
@@ -481,6 +522,7 @@ static hm_result_t cu_ipc_get(void *state, void *ptr, size_t size, void *payload
                      c->type == HM_CUDA_MEMORY_HOST ? "host-pinned" : "managed");
         return HM_ERROR_NOT_SUPPORTED;
     }
+    if (hm_unlikely(in_child(c))) return refuse_in_child("IPC export");
     cu_payload_t pl = {.magic = CU_MAGIC, .size = size};
     memcpy(pl.uuid, c->uuid, sizeof(pl.uuid));
     uintptr_t base = off_base(c, (uintptr_t)ptr, false);
@@ -556,6 +598,7 @@ static hm_result_t cu_ipc_open(void *state, const void *payload, int fd, size_t 
      * what it cannot map. */
     hm_result_t res = cu_ipc_compatible(state, payload);
     if (res != HM_SUCCESS) return res;
+    if (hm_unlikely(in_child(c))) return refuse_in_child("IPC open");
     bool pushed;
     res = ctx_enter(c, &pushed);
     if (res != HM_SUCCESS) return res;
@@ -575,8 +618,6 @@ static hm_result_t cu_ipc_open(void *state, const void *payload, int fd, size_t 
                      "driver mapped with %zu bytes: refused", (unsigned long long)pl.offset,
                      (unsigned long long)pl.size, len);
         res = HM_ERROR_INVALID_HANDLE;
-    } else if (pl.offset && !off_add(c, (uintptr_t)(d + pl.offset), (uintptr_t)d)) {
-        res = HM_ERROR_OUT_OF_HOST_MEMORY;
     }
     if (res != HM_SUCCESS) {
         r = cu.IpcCloseMemHandle(d);
@@ -589,16 +630,28 @@ static hm_result_t cu_ipc_open(void *state, const void *payload, int fd, size_t 
     return HM_SUCCESS;
 }
 
+/* ptr is what open handed out: the mapping's base plus the exporter's
+ * alignment offset. The base is the driver's (cuMemGetAddressRange_v2 of
+ * ptr), not a record of this provider's: pools of one context share a
+ * mapping, and the provider that closes it may not be the one that opened
+ * it (provider.h, ipc_context). */
 static hm_result_t cu_ipc_close(void *state, void *ptr, size_t size) {
     cuprov_t *c = state;
     (void)size;
-    uintptr_t base = off_base(c, (uintptr_t)ptr, true);
+    if (hm_unlikely(in_child(c))) return HM_SUCCESS; /* the parent's mapping */
     bool pushed;
     hm_result_t res = ctx_enter(c, &pushed);
     if (res != HM_SUCCESS) return res;
-    hm_cu_result_t r = cu.IpcCloseMemHandle((hm_cu_ptr_t)base);
+    hm_cu_ptr_t base = 0;
+    hm_cu_result_t r = cu.MemGetAddressRange(&base, NULL, (hm_cu_ptr_t)(uintptr_t)ptr);
+    if (r != HM_CUDA_SUCCESS) {
+        res = cu_fail(r, "cuMemGetAddressRange_v2");
+    } else {
+        r = cu.IpcCloseMemHandle(base);
+        res = r == HM_CUDA_SUCCESS ? HM_SUCCESS : cu_fail(r, "cuIpcCloseMemHandle");
+    }
     ctx_leave(pushed);
-    return r == HM_CUDA_SUCCESS ? HM_SUCCESS : cu_fail(r, "cuIpcCloseMemHandle");
+    return res;
 }
 
 static uint64_t cu_ipc_context(void *state) {
@@ -674,6 +727,20 @@ hm_result_t hm_cuda_allocation_info(hm_provider_t *provider, const void *ptr,
     info->type = managed ? HM_CUDA_MEMORY_MANAGED
                  : mtype == HM_CU_MEMORYTYPE_HOST ? HM_CUDA_MEMORY_HOST
                                                   : HM_CUDA_MEMORY_DEVICE;
+    info->device_ptr = (uint64_t)(uintptr_t)ptr;
+    if (info->type == HM_CUDA_MEMORY_HOST && cu.MemHostGetDevicePointer) {
+        /* The device's address of host-pinned memory: the host pointer but
+         * for write-combined memory, whose device address is its own
+         * (cuda.h, cuMemHostAlloc). Asked for the allocation's start. */
+        hm_cu_ptr_t dbase = 0;
+        uintptr_t hbase = start ? (uintptr_t)start : (uintptr_t)ptr;
+        res = ctx_enter(c, &pushed);
+        if (res != HM_SUCCESS) return res;
+        r = cu.MemHostGetDevicePointer(&dbase, (void *)hbase, 0);
+        ctx_leave(pushed);
+        if (r != HM_CUDA_SUCCESS) return cu_fail(r, "cuMemHostGetDevicePointer_v2");
+        info->device_ptr = (uint64_t)dbase + ((uintptr_t)ptr - hbase);
+    }
     info->device = ordinal;
     info->context = ctx;
     info->buffer_id = id;

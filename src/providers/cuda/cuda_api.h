@@ -38,6 +38,7 @@ enum {
     HM_CUDA_ERROR_INVALID_VALUE = 1,
     HM_CUDA_ERROR_OUT_OF_MEMORY = 2,
     HM_CUDA_ERROR_NOT_INITIALIZED = 3,
+    HM_CUDA_ERROR_DEINITIALIZED = 4,
     HM_CUDA_ERROR_NO_DEVICE = 100,
     HM_CUDA_ERROR_INVALID_DEVICE = 101,
     HM_CUDA_ERROR_INVALID_CONTEXT = 201,
@@ -107,6 +108,8 @@ enum {
 
 /* Optional. */
 #define HM_CU_FN_OPTIONAL(X)                                                                  \
-    X(GetErrorName, cuGetErrorName, hm_cu_result_t, (hm_cu_result_t error, const char **str))
+    X(GetErrorName, cuGetErrorName, hm_cu_result_t, (hm_cu_result_t error, const char **str)) \
+    X(MemHostGetDevicePointer, cuMemHostGetDevicePointer_v2, hm_cu_result_t,                \
+      (hm_cu_ptr_t *pdptr, void *p, unsigned int flags))
 
 #endif
