@@ -73,6 +73,19 @@ static hm_result_t cu_fail(hm_cu_result_t r, const char *call) {
     }
 }
 
+/* CUDA_ERROR_DEINITIALIZED: the driver has shut down (at exit, before
+ * destructors that run later, e.g. a static object's freeing device
+ * memory). Its memory and mappings went with it: a free or close then is
+ * done, not failed. Logged once. */
+static bool torn_down(hm_cu_result_t r) {
+    static _Atomic int logged;
+    if (r != HM_CUDA_ERROR_DEINITIALIZED) return false;
+    if (!atomic_exchange_explicit(&logged, 1, memory_order_relaxed))
+        HM_LOG_INFO("CUDA provider: the driver has shut down (process exit); frees and closes "
+                    "after it are no-ops, its memory went with it");
+    return true;
+}
+
 /* ---- params ---- */
 
 struct hm_cuda_params {
@@ -319,9 +332,9 @@ fail:
 
 static void cu_fini(void *state) {
     cuprov_t *c = state;
-    if (c->primary) {
+    if (c->primary && !in_child(c)) {
         hm_cu_result_t r = cu.DevicePrimaryCtxRelease(c->dev);
-        if (r != HM_CUDA_SUCCESS) (void)cu_fail(r, "cuDevicePrimaryCtxRelease_v2");
+        if (r != HM_CUDA_SUCCESS && !torn_down(r)) (void)cu_fail(r, "cuDevicePrimaryCtxRelease_v2");
     }
     pthread_mutex_destroy(&c->off_lock);
     free(c->off);
@@ -396,6 +409,7 @@ static hm_cu_result_t raw_free_call(cuprov_t *c, uintptr_t base) {
  * free made again. */
 static hm_result_t raw_free(cuprov_t *c, uintptr_t base) {
     hm_cu_result_t r = raw_free_call(c, base);
+    if (torn_down(r)) return HM_SUCCESS;
     if (r == HM_CUDA_ERROR_INVALID_CONTEXT) {
         bool pushed;
         hm_result_t res = ctx_enter(c, &pushed);
@@ -639,6 +653,8 @@ static hm_result_t cu_ipc_close(void *state, void *ptr, size_t size) {
     cuprov_t *c = state;
     (void)size;
     if (hm_unlikely(in_child(c))) return HM_SUCCESS; /* the parent's mapping */
+    hm_cu_context_t cur;
+    if (torn_down(cu.CtxGetCurrent(&cur))) return HM_SUCCESS;
     bool pushed;
     hm_result_t res = ctx_enter(c, &pushed);
     if (res != HM_SUCCESS) return res;

@@ -150,7 +150,7 @@ static void ze_load(void) {
 
 /* A driver's answer as a result: logged, recorded as the native error. */
 static hm_result_t ze_fail(ze_result_t zr, const char *call) {
-    hm_result_t r = hm__native_error((int64_t)zr, "Level Zero %s failed (ze_result_t 0x%x)", call,
+    hm_result_t r = hm__driver_error((int64_t)zr, "Level Zero %s failed (ze_result_t 0x%x)", call,
                                      (unsigned)zr);
     switch (zr) {
     case ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY:
