@@ -59,36 +59,36 @@ static void set_native(int64_t code, bool errno_text, const char *fmt, va_list a
                  strerror((int)code));
 }
 
-hm_result_t hm__native_error(int64_t code, const char *fmt, ...) {
+/* Record and log a native error (errno is kept as the caller had it). */
+static void record(int64_t code, bool errno_text, const char *fmt, va_list ap) {
     int saved = errno;
+    set_native(code, errno_text, fmt, ap);
+    HM_LOG_WARN("%s error %lld: %s", errno_text ? "native" : "driver", (long long)code,
+                last_native.message);
+    errno = saved;
+}
+
+hm_result_t hm__native_error(int64_t code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    set_native(code, true, fmt, ap);
+    record(code, true, fmt, ap);
     va_end(ap);
-    HM_LOG_WARN("native error %lld: %s", (long long)code, last_native.message);
-    errno = saved;
     return HM_ERROR_DRIVER;
 }
 
 hm_result_t hm__driver_error(int64_t code, const char *fmt, ...) {
-    int saved = errno;
     va_list ap;
     va_start(ap, fmt);
-    set_native(code, false, fmt, ap);
+    record(code, false, fmt, ap);
     va_end(ap);
-    HM_LOG_WARN("driver error %lld: %s", (long long)code, last_native.message);
-    errno = saved;
     return HM_ERROR_DRIVER;
 }
 
 hm_result_t hm__errno_result(int err, const char *fmt, ...) {
-    int saved = errno;
     va_list ap;
     va_start(ap, fmt);
-    set_native(err, true, fmt, ap);
+    record(err, true, fmt, ap);
     va_end(ap);
-    HM_LOG_WARN("native error %d: %s", err, last_native.message);
-    errno = saved;
     switch (err) {
     case ENOMEM: return HM_ERROR_OUT_OF_MEMORY;
     case EINVAL: return HM_ERROR_INVALID_ARGUMENT;
