@@ -45,7 +45,11 @@
 #define MIB ((size_t)1 << 20)
 #define GRANULARITY HM_CUDA_TEST_GRANULARITY
 #define HOST_PAGE (4 * KIB)
-#define DEFAULT_DEVICES 2
+#define DEFAULT_DEVICES 1
+#define DEFAULT_VA_BASE ((uintptr_t)0x7e8000000000) /* TSan's high app range, ASan's HighMem */
+#define VA_SIZE ((size_t)64 << 30)
+#define LIFO_MAX 64   /* freed ranges remembered for reuse */
+#define QUEUE_MAX 1024 /* queued memsets and copies before a forced run */
 #define DEFAULT_MEM_LIMIT ((uint64_t)256 * MIB)
 #define CTX_STACK_MAX 64
 #define IPC_MAGIC 0x55434d48u /* "HMCU" little-endian */
@@ -73,6 +77,7 @@
     X(cuCtxGetDevice) X(cuCtxGetDevice_v2) X(cuCtxSynchronize) X(cuCtxSynchronize_v2)   \
     X(cuMemAlloc_v2) X(cuMemAlloc) X(cuMemFree_v2) X(cuMemFree)                         \
     X(cuMemAllocHost_v2) X(cuMemAllocHost) X(cuMemHostAlloc) X(cuMemFreeHost)           \
+    X(cuMemHostGetDevicePointer_v2) X(cuMemHostGetDevicePointer)                        \
     X(cuMemAllocManaged) X(cuMemGetAddressRange_v2) X(cuMemGetAddressRange)             \
     X(cuMemGetInfo_v2) X(cuMemGetInfo) X(cuMemGetAllocationGranularity)                 \
     X(cuMemsetD8_v2) X(cuMemsetD8) X(cuMemcpy) X(cuMemcpyHtoD_v2) X(cuMemcpyHtoD)       \
@@ -122,7 +127,9 @@ struct device {
     struct pool pool;
 };
 
-enum mkind { M_DEVICE, M_ASYNC, M_HOST, M_MANAGED, M_IPC };
+/* M_WCDEV: the device address of write-combined host memory, the twin of
+ * its M_HOST record. */
+enum mkind { M_DEVICE, M_ASYNC, M_HOST, M_MANAGED, M_IPC, M_WCDEV };
 
 struct alloc {
     uintptr_t base;
@@ -135,6 +142,8 @@ struct alloc {
     dev_t fsdev;
     uint64_t id;   /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
     enum mkind kind;
+    bool in_va;    /* mapped inside the reservation (given back when freed) */
+    struct alloc *twin; /* write-combined memory: host record <-> device record */
     struct ctx *ctx;
     struct device *dev;
     uint64_t charged;
@@ -149,9 +158,36 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct device g_devices[HM_CUDA_TEST_MAX_DEVICES];
 
+struct range {
+    uintptr_t lo, hi; /* [lo, hi) */
+};
+
+/* A queued memset (src NULL) or copy of device memory, through aliases. */
+struct op {
+    char *dst;
+    const char *src;
+    size_t n;
+    int value;
+};
+
 static struct {
     bool initialized; /* cuInit(0) succeeded */
+    bool forked;      /* a fork child of an initialized process */
+    bool deinit;      /* torn down (exit, or hm_cuda_test_teardown) */
+    bool atexit_set;
     bool strict_ipc;
+    unsigned lenient; /* HM_CUDA_TEST_LENIENT_* */
+    CUresult sticky;  /* CUDA_SUCCESS: none */
+    /* the reservation: [va_base, va_base + VA_SIZE) once reserved */
+    uintptr_t va_base;
+    bool va_reserved;
+    struct range *va_free; /* free ranges, sorted, coalesced */
+    size_t va_nfree, va_capfree;
+    struct range lifo[LIFO_MAX]; /* freed ranges, most recent last */
+    unsigned nlifo;
+    uintptr_t va_cursor; /* LENIENT_NO_REUSE: where the next search starts */
+    struct op *q;
+    size_t nq, qcap;
     unsigned ndev;
     uint64_t next_id;
     uint64_t nonce;   /* this process's, new in a fork child */
@@ -160,6 +196,7 @@ static struct {
     struct {
         unsigned countdown; /* 0: none pending */
         CUresult result;
+        bool sticky;
     } inject[API_COUNT];
     uint64_t ipc_open_repeats;
     uint64_t leaks;
@@ -198,7 +235,45 @@ static void fork_prepare(void) { lock(); }
 static void fork_parent(void) { unlock(); }
 static void fork_child(void) {
     g.nonce = new_nonce();
+    /* The parent's queued work is the parent's: the child never runs it. */
+    g.nq = 0;
+    if (g.initialized && !(g.lenient & HM_CUDA_TEST_LENIENT_FORK)) g.forked = true;
     unlock();
+}
+
+static const struct {
+    const char *name;
+    unsigned bit;
+} lenient_names[] = {
+    {"align", HM_CUDA_TEST_LENIENT_ALIGN},
+    {"no-reuse", HM_CUDA_TEST_LENIENT_NO_REUSE},
+    {"ipc-anywhere", HM_CUDA_TEST_LENIENT_IPC_ANYWHERE},
+    {"sync", HM_CUDA_TEST_LENIENT_SYNC},
+    {"fork", HM_CUDA_TEST_LENIENT_FORK},
+    {"exit", HM_CUDA_TEST_LENIENT_EXIT},
+    {"wc", HM_CUDA_TEST_LENIENT_WC},
+    {"all", HM_CUDA_TEST_LENIENT_ALL},
+};
+
+/* HM_CUDA_TEST_LENIENT: names separated by commas; unknown ones are
+ * reported and ignored. */
+static unsigned parse_lenient(const char *s) {
+    unsigned bits = 0;
+    while (s && *s) {
+        size_t n = strcspn(s, ",");
+        bool known = n == 0;
+        for (size_t i = 0; i < sizeof lenient_names / sizeof lenient_names[0]; i++)
+            if (strlen(lenient_names[i].name) == n && strncmp(s, lenient_names[i].name, n) == 0) {
+                bits |= lenient_names[i].bit;
+                known = true;
+            }
+        if (!known)
+            fprintf(stderr, "libcuda (hetmem test): HM_CUDA_TEST_LENIENT: unknown option '%.*s'\n",
+                    (int)n, s);
+        s += n;
+        if (*s == ',') s++;
+    }
+    return bits;
 }
 
 /* A size in bytes with an optional K, M or G suffix; 0 when malformed. */
@@ -242,6 +317,19 @@ static void setup(void) {
     }
     s = getenv("HM_CUDA_TEST_STRICT_IPC");
     g.strict_ipc = s && strcmp(s, "1") == 0;
+    g.lenient = parse_lenient(getenv("HM_CUDA_TEST_LENIENT"));
+    g.va_base = DEFAULT_VA_BASE;
+    s = getenv("HM_CUDA_TEST_VA_BASE");
+    if (s && *s) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(s, &end, 0);
+        if (!errno && *end == '\0' && v && v % GRANULARITY == 0 && v <= UINTPTR_MAX - VA_SIZE)
+            g.va_base = (uintptr_t)v;
+        else
+            fprintf(stderr, "libcuda (hetmem test): HM_CUDA_TEST_VA_BASE=%s is not a 2 MiB "
+                    "aligned address; using %#llx\n", s, (unsigned long long)g.va_base);
+    }
     for (unsigned i = 0; i < HM_CUDA_TEST_MAX_DEVICES; i++) {
         struct device *d = &g_devices[i];
         d->index = i;
@@ -262,13 +350,24 @@ static void setup(void) {
 /* The start of every entry point: count the call; an injected failure, or
  * NOT_INITIALIZED when `needs_init`, returns at once (lock released);
  * otherwise CUDA_SUCCESS with g_lock held, to be released by leave(). */
+static bool sticky_exempt(enum api a) {
+    return a == API_cuGetErrorName || a == API_cuGetErrorString || a == API_cuDriverGetVersion;
+}
+
 static CUresult enter(enum api a, bool needs_init) {
     pthread_once(&g_once, setup);
     lock();
     g.calls[a]++;
     CUresult r = CUDA_SUCCESS;
-    if (g.inject[a].countdown && --g.inject[a].countdown == 0)
+    if (g.forked)
+        r = CUDA_ERROR_NOT_INITIALIZED;
+    else if (g.deinit)
+        r = CUDA_ERROR_DEINITIALIZED;
+    else if (g.inject[a].countdown && --g.inject[a].countdown == 0) {
         r = g.inject[a].result;
+        if (g.inject[a].sticky) g.sticky = r;
+    } else if (g.sticky != CUDA_SUCCESS && !sticky_exempt(a))
+        r = g.sticky;
     else if (needs_init && !g.initialized)
         r = CUDA_ERROR_NOT_INITIALIZED;
     if (r != CUDA_SUCCESS) unlock();
@@ -359,8 +458,8 @@ static bool span_overlaps(uintptr_t p, size_t n) {
     return a->base + a->span > p;
 }
 
-static bool table_reserve(void) {
-    if (g.nallocs < g.cap) return true;
+static bool table_reserve(size_t n) {
+    if (g.nallocs + n <= g.cap) return true;
     size_t cap = g.cap ? 2 * g.cap : 64;
     struct alloc **v = realloc(g.allocs, cap * sizeof *v);
     if (!v) return false;
@@ -391,41 +490,229 @@ static void table_remove(struct alloc *a) {
 }
 
 /* len bytes at an address aligned to `align` (a power of two >= the host
- * page): fd mapped MAP_SHARED, or anonymous private memory when fd < 0. */
-static char *map_aligned(int fd, size_t len, size_t align, int prot) {
+ * page), anonymous private memory outside the reservation. */
+static char *map_aligned(size_t len, size_t align, int prot) {
     size_t span = len + align;
     char *r = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (r == MAP_FAILED) return NULL;
     char *p = (char *)(((uintptr_t)r + align - 1) & ~(uintptr_t)(align - 1));
     if (p > r) munmap(r, (size_t)(p - r));
     if (r + span > p + len) munmap(p + len, (size_t)(r + span - (p + len)));
-    void *m = fd >= 0 ? mmap(p, len, prot, MAP_SHARED | MAP_FIXED, fd, 0)
-                      : mmap(p, len, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
-    if (m == MAP_FAILED) {
+    if (mmap(p, len, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED) {
         munmap(p, len);
         return NULL;
     }
     return p;
 }
 
-/* fd as device memory: *view PROT_NONE for the caller, *cpu read-write for
- * the driver. */
-static bool map_device(int fd, size_t span, char **view, char **cpu) {
-    *view = map_aligned(fd, span, GRANULARITY, PROT_NONE);
-    if (!*view) return false;
-    *cpu = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (*cpu == MAP_FAILED) {
-        munmap(*view, span);
-        return false;
+/* ---- the reservation: one range of addresses for device memory ---- */
+
+/* What an allocation of `size` bytes spans and how it is aligned: 4 KiB
+ * below 2 MiB, 2 MiB from 2 MiB on (LENIENT_ALIGN: 2 MiB always). */
+static size_t span_of(size_t size) {
+    const size_t page = size >= GRANULARITY || (g.lenient & HM_CUDA_TEST_LENIENT_ALIGN)
+                            ? GRANULARITY : HOST_PAGE;
+    return (size + page - 1) & ~(page - 1);
+}
+
+static size_t align_of(size_t size) {
+    return size >= GRANULARITY || (g.lenient & HM_CUDA_TEST_LENIENT_ALIGN) ? GRANULARITY : HOST_PAGE;
+}
+
+static CUresult va_reserve(void) {
+    if (g.va_reserved) return CUDA_SUCCESS;
+    void *p = mmap((void *)g.va_base, VA_SIZE, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    if (p == MAP_FAILED || p != (void *)g.va_base) {
+        if (p != MAP_FAILED) munmap(p, VA_SIZE); /* a kernel without MAP_FIXED_NOREPLACE */
+        fprintf(stderr, "libcuda (hetmem test): cannot reserve %#llx..%#llx: %s\n",
+                (unsigned long long)g.va_base, (unsigned long long)(g.va_base + VA_SIZE),
+                p == MAP_FAILED ? strerror(errno) : "taken");
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    g.va_free = malloc(16 * sizeof *g.va_free);
+    if (!g.va_free) {
+        munmap(p, VA_SIZE);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    g.va_capfree = 16;
+    g.va_free[0] = (struct range){g.va_base, g.va_base + VA_SIZE};
+    g.va_nfree = 1;
+    g.va_cursor = g.va_base;
+    g.va_reserved = true;
+    return CUDA_SUCCESS;
+}
+
+/* Index of the free range that holds all of [lo, hi), or -1. */
+static long va_holder(uintptr_t lo, uintptr_t hi) {
+    for (size_t i = 0; i < g.va_nfree; i++)
+        if (g.va_free[i].lo <= lo && hi <= g.va_free[i].hi) return (long)i;
+    return -1;
+}
+
+static bool va_grow(void) {
+    if (g.va_nfree < g.va_capfree) return true;
+    struct range *v = realloc(g.va_free, 2 * g.va_capfree * sizeof *v);
+    if (!v) return false;
+    g.va_free = v;
+    g.va_capfree *= 2;
+    return true;
+}
+
+/* Takes [lo, hi), which lies in free range i, out of the free set. */
+static bool va_take(long i, uintptr_t lo, uintptr_t hi) {
+    struct range *r = &g.va_free[i];
+    if (r->lo < lo && hi < r->hi) { /* a hole in the middle: one range more */
+        if (!va_grow()) return false;
+        r = &g.va_free[i];
+        memmove(r + 2, r + 1, (g.va_nfree - (size_t)i - 1) * sizeof *r);
+        r[1] = (struct range){hi, r->hi};
+        r->hi = lo;
+        g.va_nfree++;
+    } else if (r->lo == lo && hi == r->hi) {
+        memmove(r, r + 1, (g.va_nfree - (size_t)i - 1) * sizeof *r);
+        g.va_nfree--;
+    } else if (r->lo == lo) {
+        r->lo = hi;
+    } else {
+        r->hi = lo;
     }
     return true;
 }
 
-/* Unmaps and forgets a. */
+/* Gives [lo, hi) back: PROT_NONE again, and free for the next allocation,
+ * remembered as the most recently freed range. */
+static void va_give(uintptr_t lo, uintptr_t hi) {
+    if (mmap((void *)lo, hi - lo, PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+        die("re-reserving %#llx: %s", (unsigned long long)lo, strerror(errno));
+    size_t i = 0;
+    while (i < g.va_nfree && g.va_free[i].lo < lo) i++;
+    const bool left = i > 0 && g.va_free[i - 1].hi == lo;
+    const bool right = i < g.va_nfree && g.va_free[i].lo == hi;
+    if (left && right) {
+        g.va_free[i - 1].hi = g.va_free[i].hi;
+        memmove(&g.va_free[i], &g.va_free[i + 1], (g.va_nfree - i - 1) * sizeof *g.va_free);
+        g.va_nfree--;
+    } else if (left) {
+        g.va_free[i - 1].hi = hi;
+    } else if (right) {
+        g.va_free[i].lo = lo;
+    } else {
+        if (!va_grow()) die("out of memory for the reservation's free list");
+        memmove(&g.va_free[i + 1], &g.va_free[i], (g.va_nfree - i) * sizeof *g.va_free);
+        g.va_free[i] = (struct range){lo, hi};
+        g.va_nfree++;
+    }
+    if (g.nlifo == LIFO_MAX) {
+        memmove(&g.lifo[0], &g.lifo[1], (LIFO_MAX - 1) * sizeof g.lifo[0]);
+        g.nlifo--;
+    }
+    g.lifo[g.nlifo++] = (struct range){lo, hi};
+}
+
+/* A free range of len bytes aligned to `align`, taken: the most recently
+ * freed range that fits, else the lowest address that fits
+ * (LENIENT_NO_REUSE: the next address above the last one handed out). */
+static uintptr_t va_alloc(size_t len, size_t align) {
+    if (!g.va_reserved) return 0;
+    if (!(g.lenient & HM_CUDA_TEST_LENIENT_NO_REUSE)) {
+        for (unsigned k = g.nlifo; k-- > 0;) {
+            const struct range e = g.lifo[k];
+            long i = va_holder(e.lo, e.hi);
+            if (i < 0) { /* handed out again since: forget it */
+                memmove(&g.lifo[k], &g.lifo[k + 1], (g.nlifo - k - 1) * sizeof e);
+                g.nlifo--;
+                continue;
+            }
+            if (e.lo % align || e.hi - e.lo < len) continue;
+            if (!va_take(i, e.lo, e.lo + len)) return 0;
+            memmove(&g.lifo[k], &g.lifo[k + 1], (g.nlifo - k - 1) * sizeof e);
+            g.nlifo--;
+            return e.lo;
+        }
+    }
+    const bool next = g.lenient & HM_CUDA_TEST_LENIENT_NO_REUSE;
+    for (int pass = 0; pass < 2; pass++) {
+        const uintptr_t from = next && pass == 0 ? g.va_cursor : g.va_base;
+        for (size_t i = 0; i < g.va_nfree; i++) {
+            uintptr_t lo = g.va_free[i].lo < from ? from : g.va_free[i].lo;
+            lo = (lo + align - 1) & ~(uintptr_t)(align - 1);
+            if (lo >= g.va_free[i].hi || g.va_free[i].hi - lo < len) continue;
+            if (!va_take((long)i, lo, lo + len)) return 0;
+            g.va_cursor = lo + len;
+            return lo;
+        }
+        if (!next) break;
+    }
+    return 0;
+}
+
+/* fd's first len bytes at addr (taken from the reservation) as device
+ * memory: PROT_NONE for the caller. */
+static bool map_at(uintptr_t addr, int fd, size_t len) {
+    return mmap((void *)addr, len, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, 0) != MAP_FAILED;
+}
+
+/* ---- queued work: memsets and copies of device memory ---- */
+
+static void queue_run(void) {
+    for (size_t i = 0; i < g.nq; i++) {
+        const struct op *o = &g.q[i];
+        if (o->src)
+            memmove(o->dst, o->src, o->n);
+        else
+            memset(o->dst, o->value, o->n);
+    }
+    g.nq = 0;
+    if (g.qcap > 64) { /* keep the queue small between bursts */
+        free(g.q);
+        g.q = NULL;
+        g.qcap = 0;
+    }
+}
+
+/* Queues (or, with LENIENT_SYNC, runs) one memset (src NULL) or copy. A
+ * full queue runs first, as a real driver's full push buffer blocks. */
+static void queue_push(char *dst, const char *src, size_t n, int value) {
+    if (!(g.lenient & HM_CUDA_TEST_LENIENT_SYNC)) {
+        if (g.nq == QUEUE_MAX) queue_run();
+        if (g.nq == g.qcap) {
+            size_t cap = g.qcap ? 2 * g.qcap : 16;
+            struct op *v = realloc(g.q, cap * sizeof *v);
+            if (v) {
+                g.q = v;
+                g.qcap = cap;
+            }
+        }
+        if (g.nq < g.qcap) {
+            g.q[g.nq++] = (struct op){dst, src, n, value};
+            return;
+        }
+        queue_run(); /* no room: synchronous */
+    }
+    if (src)
+        memmove(dst, src, n);
+    else
+        memset(dst, value, n);
+}
+
+/* Unmaps and forgets a (and its twin), after the queued work, which may
+ * touch it. */
 static void alloc_release(struct alloc *a) {
+    queue_run();
+    if (a->twin) {
+        struct alloc *t = a->twin;
+        a->twin = NULL;
+        t->twin = NULL;
+        alloc_release(t);
+    }
     table_remove(a);
-    if (a->cpu != (char *)a->base) munmap(a->cpu, a->span);
-    munmap((void *)a->base, a->span);
+    if (a->cpu != (char *)a->base && a->kind != M_WCDEV) munmap(a->cpu, a->span);
+    if (a->in_va)
+        va_give(a->base, a->base + a->span);
+    else
+        munmap((void *)a->base, a->span);
     if (a->fd >= 0) close(a->fd);
     if (a->dev) a->dev->used -= a->charged;
     free(a);
@@ -440,28 +727,47 @@ static void alloc_release(struct alloc *a) {
  * contains the input pointer"). */
 #define MEMFD_PREFIX "hm_cuda_test" /* test/common/sized_memfd.h */
 
-/* A new allocation of `kind` (not M_IPC) in context c. */
-static CUresult mem_alloc(struct ctx *c, enum mkind kind, size_t size, struct alloc **out) {
+/* A sealed memfd of `size` bytes asked, `span` long; -1 on failure. */
+static int memfd_for(size_t size, size_t span, struct stat *st) {
+    int fd = sized_memfd_create(MEMFD_PREFIX, size);
+    if (fd < 0) return -1;
+    if (ftruncate(fd, (off_t)span) != 0 || !sized_memfd_seal(fd) || fstat(fd, st) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* A new allocation of `kind` (M_DEVICE, M_ASYNC, M_HOST, M_MANAGED) in
+ * context c; `wc`: write-combined host memory, with a device address of its
+ * own. */
+static CUresult mem_alloc(struct ctx *c, enum mkind kind, size_t size, bool wc, struct alloc **out) {
     if (size == 0) return CUDA_ERROR_INVALID_VALUE;
     const bool device = kind == M_DEVICE || kind == M_ASYNC;
-    const size_t page = kind == M_HOST ? HOST_PAGE : GRANULARITY;
-    if (size > SIZE_MAX - page) return CUDA_ERROR_OUT_OF_MEMORY;
-    const size_t span = (size + page - 1) & ~(page - 1);
+    if (size > SIZE_MAX - GRANULARITY) return CUDA_ERROR_OUT_OF_MEMORY;
+    const size_t span = device ? span_of(size)
+                        : kind == M_HOST ? (size + HOST_PAGE - 1) & ~(HOST_PAGE - 1)
+                                         : (size + GRANULARITY - 1) & ~(GRANULARITY - 1);
     struct device *d = c->dev;
     if (device && (d->used > d->limit || span > d->limit - d->used)) return CUDA_ERROR_OUT_OF_MEMORY;
 
-    struct alloc *a = calloc(1, sizeof *a);
-    if (!a || !table_reserve()) goto fail_alloc;
+    struct alloc *a = calloc(1, sizeof *a), *t = NULL;
+    if (!a || !table_reserve(wc ? 2 : 1)) goto fail_alloc;
     a->fd = -1;
-    char *view;
+    uintptr_t at = 0;
     if (device) {
-        a->fd = sized_memfd_create(MEMFD_PREFIX, size);
-        if (a->fd < 0) goto fail_alloc;
         struct stat st;
-        if (ftruncate(a->fd, (off_t)span) != 0 || !sized_memfd_seal(a->fd) ||
-            fstat(a->fd, &st) != 0)
-            goto fail_fd;
-        if (!map_device(a->fd, span, &view, &a->cpu)) goto fail_fd;
+        a->fd = memfd_for(size, span, &st);
+        if (a->fd < 0) goto fail_alloc;
+        a->cpu = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
+        if (a->cpu == MAP_FAILED) goto fail_fd;
+        at = va_alloc(span, align_of(size));
+        if (!at) goto fail_cpu;
+        if (!map_at(at, a->fd, span)) {
+            va_give(at, at + span);
+            goto fail_cpu;
+        }
+        a->in_va = true;
         a->ino = st.st_ino;
         a->fsdev = st.st_dev;
         if (kind == M_ASYNC) { /* never exported: no fd kept */
@@ -470,12 +776,36 @@ static CUresult mem_alloc(struct ctx *c, enum mkind kind, size_t size, struct al
         }
         a->charged = span;
         d->used += span;
+    } else if (wc) {
+        /* One memfd mapped twice: read-write at the host pointer, PROT_NONE
+         * at a device address inside the reservation. */
+        struct stat st;
+        int fd = memfd_for(size, span, &st);
+        if (fd < 0) goto fail_alloc;
+        t = calloc(1, sizeof *t);
+        char *host = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        uintptr_t dev = host == MAP_FAILED || !t ? 0 : va_alloc(span, HOST_PAGE);
+        if (!dev || !map_at(dev, fd, span)) {
+            if (dev) va_give(dev, dev + span);
+            if (host != MAP_FAILED) munmap(host, span);
+            close(fd);
+            free(t);
+            goto fail_alloc;
+        }
+        close(fd); /* the mappings hold the file */
+        at = (uintptr_t)host;
+        a->cpu = host;
+        *t = (struct alloc){.base = dev, .size = size, .span = span, .cpu = host, .fd = -1,
+                            .id = 0, .kind = M_WCDEV, .in_va = true, .twin = a, .ctx = c,
+                            .dev = d};
+        a->twin = t;
     } else {
-        view = map_aligned(-1, span, page, PROT_READ | PROT_WRITE);
+        char *view = map_aligned(span, kind == M_HOST ? HOST_PAGE : GRANULARITY, PROT_READ | PROT_WRITE);
         if (!view) goto fail_alloc;
+        at = (uintptr_t)view;
         a->cpu = view;
     }
-    a->base = (uintptr_t)view;
+    a->base = at;
     a->size = size;
     a->span = span;
     a->id = g.next_id++;
@@ -483,9 +813,15 @@ static CUresult mem_alloc(struct ctx *c, enum mkind kind, size_t size, struct al
     a->ctx = c;
     a->dev = d;
     table_insert(a);
+    if (t) {
+        t->id = a->id;
+        table_insert(t);
+    }
     *out = a;
     return CUDA_SUCCESS;
 
+fail_cpu:
+    munmap(a->cpu, span);
 fail_fd:
     close(a->fd);
 fail_alloc:
@@ -497,26 +833,37 @@ fail_alloc:
  * IPC mappings go, each counted as a leak. */
 static void ctx_drop_memory(struct ctx *c) {
     for (size_t i = g.nallocs; i-- > 0;) {
+        if (i >= g.nallocs) continue; /* a twin went with its host record */
         struct alloc *a = g.allocs[i];
-        if (a->ctx == c && a->kind != M_ASYNC) {
+        if (a->ctx == c && a->kind != M_ASYNC && a->kind != M_WCDEV) {
             g.leaks++;
             alloc_release(a);
         }
     }
 }
 
+/* Whether the driver's memory a lives on a device: queued work touches it. */
+static bool on_device(const struct alloc *a) {
+    return a && (a->kind == M_DEVICE || a->kind == M_ASYNC || a->kind == M_IPC);
+}
+
 /* Where the driver reads or writes n > 0 bytes at p: the driver's memory
- * (through the alias for device memory) or, unless `driver_only`, plain
- * process memory that meets no driver mapping. */
-static CUresult resolve(CUdeviceptr ptr, size_t n, bool driver_only, char **cpu) {
+ * (through the alias for device memory) or, unless `device_side`, plain
+ * process memory that meets no driver mapping. A device-side argument must
+ * be the driver's memory, and not the host pointer of write-combined memory
+ * (its device address is another). *owner: the allocation, or NULL. */
+static CUresult resolve(CUdeviceptr ptr, size_t n, bool device_side, char **cpu,
+                        const struct alloc **owner) {
     uintptr_t p = (uintptr_t)ptr;
     struct alloc *a = alloc_at(p);
+    *owner = a;
     if (a) {
         if (n > a->size - (p - a->base)) return CUDA_ERROR_INVALID_VALUE;
+        if (device_side && a->twin && a->kind == M_HOST) return CUDA_ERROR_INVALID_VALUE;
         *cpu = a->cpu + (p - a->base);
         return CUDA_SUCCESS;
     }
-    if (driver_only || p == 0 || n - 1 > UINTPTR_MAX - p || span_overlaps(p, n))
+    if (device_side || p == 0 || n - 1 > UINTPTR_MAX - p || span_overlaps(p, n))
         return CUDA_ERROR_INVALID_VALUE;
     *cpu = (char *)p;
     return CUDA_SUCCESS;
@@ -524,10 +871,28 @@ static CUresult resolve(CUdeviceptr ptr, size_t n, bool driver_only, char **cpu)
 
 /* ---- initialization, version, errors ---- */
 
+/* The process's end: the queued work runs, then every entry point is
+ * CUDA_ERROR_DEINITIALIZED (for atexit handlers registered before cuInit,
+ * which run after this one). */
+static void at_exit(void) {
+    lock();
+    if (g.initialized && !g.forked && !(g.lenient & HM_CUDA_TEST_LENIENT_EXIT)) {
+        queue_run();
+        g.deinit = true;
+    }
+    unlock();
+}
+
 EXPORT CUresult cuInit(unsigned int Flags) {
     ENTER_BEFORE_INIT(cuInit);
     if (Flags != 0) return leave(CUDA_ERROR_INVALID_VALUE);
     if (g.ndev == 0) return leave(CUDA_ERROR_NO_DEVICE);
+    CUresult r = va_reserve();
+    if (r != CUDA_SUCCESS) return leave(r);
+    if (!g.atexit_set) {
+        if (atexit(at_exit) != 0) return leave(CUDA_ERROR_OUT_OF_MEMORY);
+        g.atexit_set = true;
+    }
     g.initialized = true;
     return leave(CUDA_SUCCESS);
 }
@@ -842,13 +1207,16 @@ EXPORT CUresult cuCtxSynchronize(void) {
     ENTER(cuCtxSynchronize);
     CURRENT(c);
     (void)c;
+    queue_run();
     return leave(CUDA_SUCCESS);
 }
 
 EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
     ENTER(cuCtxSynchronize_v2);
     struct ctx *c;
-    return leave(ctx_named(ctx, &c));
+    CUresult r = ctx_named(ctx, &c);
+    if (r == CUDA_SUCCESS) queue_run();
+    return leave(r);
 }
 
 /* ---- memory ---- */
@@ -858,7 +1226,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
     CURRENT(c);
     if (!dptr) return leave(CUDA_ERROR_INVALID_VALUE);
     struct alloc *a;
-    CUresult r = mem_alloc(c, M_DEVICE, bytesize, &a);
+    CUresult r = mem_alloc(c, M_DEVICE, bytesize, false, &a);
     if (r == CUDA_SUCCESS) *dptr = (CUdeviceptr)a->base;
     return leave(r);
 }
@@ -881,7 +1249,8 @@ static CUresult host_alloc(void **pp, size_t bytesize, unsigned flags) {
                            CU_MEMHOSTALLOC_WRITECOMBINED;
     if (!pp || (flags & ~known)) return leave(CUDA_ERROR_INVALID_VALUE);
     struct alloc *a;
-    CUresult r = mem_alloc(c, M_HOST, bytesize, &a);
+    const bool wc = (flags & CU_MEMHOSTALLOC_WRITECOMBINED) && !(g.lenient & HM_CUDA_TEST_LENIENT_WC);
+    CUresult r = mem_alloc(c, M_HOST, bytesize, wc, &a);
     if (r == CUDA_SUCCESS) *pp = (void *)a->base;
     return leave(r);
 }
@@ -906,13 +1275,25 @@ EXPORT CUresult cuMemFreeHost(void *p) {
     return leave(CUDA_SUCCESS);
 }
 
+EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags) {
+    ENTER(cuMemHostGetDevicePointer_v2);
+    CURRENT(c);
+    (void)c;
+    if (!pdptr || Flags != 0) return leave(CUDA_ERROR_INVALID_VALUE);
+    const struct alloc *a = alloc_at((uintptr_t)p);
+    if (!a || a->kind != M_HOST) return leave(CUDA_ERROR_INVALID_VALUE);
+    const uintptr_t dev = a->twin ? a->twin->base : a->base;
+    *pdptr = (CUdeviceptr)(dev + ((uintptr_t)p - a->base));
+    return leave(CUDA_SUCCESS);
+}
+
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
     ENTER(cuMemAllocManaged);
     CURRENT(c);
     if (!dptr || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
         return leave(CUDA_ERROR_INVALID_VALUE);
     struct alloc *a;
-    CUresult r = mem_alloc(c, M_MANAGED, bytesize, &a);
+    CUresult r = mem_alloc(c, M_MANAGED, bytesize, false, &a);
     if (r == CUDA_SUCCESS) *dptr = (CUdeviceptr)a->base;
     return leave(r);
 }
@@ -961,20 +1342,36 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
     (void)c;
     if (N == 0) return leave(CUDA_SUCCESS);
     char *dst;
-    CUresult r = resolve(dstDevice, N, true, &dst);
-    if (r == CUDA_SUCCESS) memset(dst, uc, N);
-    return leave(r);
+    const struct alloc *a;
+    CUresult r = resolve(dstDevice, N, true, &dst, &a);
+    if (r != CUDA_SUCCESS) return leave(r);
+    if (on_device(a)) { /* done at the next synchronising call */
+        queue_push(dst, NULL, N, uc);
+    } else { /* host-pinned or managed memory: synchronous */
+        queue_run();
+        memset(dst, uc, N);
+    }
+    return leave(CUDA_SUCCESS);
 }
 
-static CUresult copy(CUdeviceptr dst, bool dst_driver, CUdeviceptr src, bool src_driver, size_t n) {
+/* A copy between device memory is queued; one with a host side (plain,
+ * pinned or managed memory) runs the queue and then itself. */
+static CUresult copy(CUdeviceptr dst, bool dst_device, CUdeviceptr src, bool src_device, size_t n) {
     CURRENT(c);
     (void)c;
     if (n == 0) return leave(CUDA_SUCCESS);
     char *d, *s;
-    CUresult r = resolve(dst, n, dst_driver, &d);
-    if (r == CUDA_SUCCESS) r = resolve(src, n, src_driver, &s);
-    if (r == CUDA_SUCCESS) memmove(d, s, n);
-    return leave(r);
+    const struct alloc *da, *sa;
+    CUresult r = resolve(dst, n, dst_device, &d, &da);
+    if (r == CUDA_SUCCESS) r = resolve(src, n, src_device, &s, &sa);
+    if (r != CUDA_SUCCESS) return leave(r);
+    if (on_device(da) && on_device(sa)) {
+        queue_push(d, s, n, 0);
+    } else {
+        queue_run();
+        memmove(d, s, n);
+    }
+    return leave(CUDA_SUCCESS);
 }
 
 EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
@@ -1035,12 +1432,15 @@ static CUresult attr_get(const struct alloc *a, CUpointer_attribute at, uintptr_
     switch (at) {
     case CU_POINTER_ATTRIBUTE_CONTEXT: v.ctx = (CUcontext)(void *)a->ctx; break;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-        v.u = a->kind == M_HOST ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+        v.u = a->kind == M_HOST || a->kind == M_WCDEV ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
         break;
-    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: v.dp = (CUdeviceptr)p; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: /* write-combined: the other address */
+        v.dp = (CUdeviceptr)(a->kind == M_HOST && a->twin ? a->twin->base + (p - a->base) : p);
+        break;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
-        if (a->kind != M_HOST && a->kind != M_MANAGED) return CUDA_ERROR_INVALID_VALUE;
-        v.ptr = (void *)p;
+        if (a->kind != M_HOST && a->kind != M_MANAGED && a->kind != M_WCDEV)
+            return CUDA_ERROR_INVALID_VALUE;
+        v.ptr = (void *)(a->kind == M_WCDEV ? a->twin->base + (p - a->base) : p);
         break;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID: v.ull = a->id; break;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED: v.u = a->kind == M_MANAGED; break;
@@ -1095,9 +1495,9 @@ enum {
     IPC_NONCE = 32,    /* u64 */
     IPC_INO = 40,      /* u64 */
     IPC_FSDEV = 48,    /* u64 */
-    IPC_RESERVED = 56, /* 8 zero bytes */
+    IPC_BASE = 56,     /* u64: the allocation's address in the exporter */
 };
-_Static_assert(IPC_RESERVED + 8 == CU_IPC_HANDLE_SIZE, "the handle is 64 bytes");
+_Static_assert(IPC_BASE + 8 == CU_IPC_HANDLE_SIZE, "the handle is 64 bytes");
 
 static void put32(CUipcMemHandle *h, size_t at, uint32_t v) { memcpy(h->reserved + at, &v, 4); }
 static void put64(CUipcMemHandle *h, size_t at, uint64_t v) { memcpy(h->reserved + at, &v, 8); }
@@ -1132,6 +1532,7 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
     put64(&h, IPC_NONCE, g.nonce);
     put64(&h, IPC_INO, (uint64_t)a->ino);
     put64(&h, IPC_FSDEV, (uint64_t)a->fsdev);
+    put64(&h, IPC_BASE, (uint64_t)a->base);
     *pHandle = h;
     return leave(CUDA_SUCCESS);
 }
@@ -1140,7 +1541,8 @@ static CUresult ipc_open(struct ctx *c, const CUipcMemHandle *h, CUdeviceptr *pd
     const uint32_t pid = get32(h, IPC_PID), hdev = get32(h, IPC_DEVICE);
     const int32_t fd_there = (int32_t)get32(h, IPC_FD);
     const uint64_t id = get64(h, IPC_ID), size = get64(h, IPC_SIZE), nonce = get64(h, IPC_NONCE);
-    if (get32(h, IPC_MAGIC_AT) != IPC_MAGIC || get64(h, IPC_RESERVED) != 0 || pid == 0 ||
+    const uint64_t there = get64(h, IPC_BASE);
+    if (get32(h, IPC_MAGIC_AT) != IPC_MAGIC || there == 0 || there % HOST_PAGE || pid == 0 ||
         fd_there < 0 || hdev >= HM_CUDA_TEST_MAX_DEVICES || size == 0 ||
         size > SIZE_MAX - GRANULARITY)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1170,27 +1572,55 @@ static CUresult ipc_open(struct ctx *c, const CUipcMemHandle *h, CUdeviceptr *pd
     int fd = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) return CUDA_ERROR_INVALID_HANDLE; /* exporter gone, or the fd */
     /* The size is the allocation's, read from its memfd (sized_memfd_create), not
-     * the handle's size bytes: a peer may rewrite those. */
+     * the handle's size bytes: a peer may rewrite those. The file is as long
+     * as the allocation spans (4 KiB or 2 MiB units). */
     struct stat st;
     const uint64_t asked = sized_memfd_size(MEMFD_PREFIX, fd);
-    const size_t span = ((size_t)asked + GRANULARITY - 1) & ~(GRANULARITY - 1);
     if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != get64(h, IPC_INO) ||
         (uint64_t)st.st_dev != get64(h, IPC_FSDEV) || asked == 0 ||
-        asked > SIZE_MAX - GRANULARITY || st.st_size != (off_t)span) {
+        asked > SIZE_MAX - GRANULARITY || st.st_size < (off_t)asked || st.st_size % HOST_PAGE ||
+        (uint64_t)st.st_size > ((asked + GRANULARITY - 1) & ~(uint64_t)(GRANULARITY - 1))) {
         close(fd); /* another file under that number now */
         return CUDA_ERROR_INVALID_HANDLE;
     }
-    struct alloc *a = calloc(1, sizeof *a);
-    char *view;
-    if (!a || !table_reserve() || !map_device(fd, span, &view, &a->cpu)) {
+    const size_t span = (size_t)st.st_size;
+
+    /* Where: the exporter's address, as unified addressing gives it. Taken
+     * by a mapping of another allocation of the same exporter (the exporter
+     * freed it and the address came back in a new allocation, while this
+     * process still maps the old one): CUDA_ERROR_ALREADY_MAPPED. Taken by
+     * anything else here: another free address of the reservation. */
+    uintptr_t at = 0;
+    const bool anywhere = g.lenient & HM_CUDA_TEST_LENIENT_IPC_ANYWHERE;
+    if (!anywhere && there <= UINTPTR_MAX - span) {
+        for (size_t i = 0; i < g.nallocs; i++) {
+            const struct alloc *o = g.allocs[i];
+            if (o->kind == M_IPC && o->exp_pid == pid && o->exp_nonce == nonce && o->exp_id != id &&
+                o->base < there + span && there < o->base + o->span) {
+                close(fd);
+                return CUDA_ERROR_ALREADY_MAPPED;
+            }
+        }
+        long i = va_holder((uintptr_t)there, (uintptr_t)there + span);
+        if (i >= 0 && va_take(i, (uintptr_t)there, (uintptr_t)there + span)) at = (uintptr_t)there;
+    }
+    if (!at) at = va_alloc(span, (size_t)asked >= GRANULARITY ? GRANULARITY : HOST_PAGE);
+    struct alloc *a = at ? calloc(1, sizeof *a) : NULL;
+    char *cpu = MAP_FAILED;
+    if (a && table_reserve(1)) cpu = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (cpu == MAP_FAILED || !map_at(at, fd, span)) {
+        if (cpu != MAP_FAILED) munmap(cpu, span);
+        if (at) va_give(at, at + span);
         close(fd);
         free(a);
         return CUDA_ERROR_MAP_FAILED;
     }
     close(fd); /* the mappings hold the file */
-    a->base = (uintptr_t)view;
+    a->base = at;
     a->size = (size_t)asked;
     a->span = span;
+    a->cpu = cpu;
+    a->in_va = true;
     a->fd = -1;
     a->ino = st.st_ino;
     a->fsdev = st.st_dev;
@@ -1238,7 +1668,7 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hSt
     CURRENT(c);
     if (!dptr) return leave(CUDA_ERROR_INVALID_VALUE);
     struct alloc *a;
-    CUresult r = mem_alloc(c, M_ASYNC, bytesize, &a);
+    CUresult r = mem_alloc(c, M_ASYNC, bytesize, false, &a);
     if (r == CUDA_SUCCESS) *dptr = (CUdeviceptr)a->base;
     return leave(r);
 }
@@ -1260,6 +1690,7 @@ EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
     if (!stream_known(hStream)) return leave(CUDA_ERROR_INVALID_HANDLE);
     CURRENT(c);
     (void)c;
+    queue_run();
     return leave(CUDA_SUCCESS);
 }
 
@@ -1310,6 +1741,8 @@ OLD_ABI(cuCtxPopCurrent, "cuCtxPopCurrent_v2", (CUcontext *pctx))
 OLD_ABI(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (CUdevice dev))
 OLD_ABI(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2",
         (CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags))
+OLD_ABI(cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2",
+        (unsigned int *pdptr, void *p, unsigned int Flags))
 OLD_ABI(cuGetProcAddress, "cuGetProcAddress_v2",
         (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags))
 
@@ -1366,6 +1799,8 @@ static const struct {
     {"cuMemAllocHost", 3020, (void *)cuMemAllocHost_v2},
     {"cuMemHostAlloc", 2020, (void *)cuMemHostAlloc},
     {"cuMemFreeHost", 2000, (void *)cuMemFreeHost},
+    {"cuMemHostGetDevicePointer", 2020, (void *)cuMemHostGetDevicePointer},
+    {"cuMemHostGetDevicePointer", 3020, (void *)cuMemHostGetDevicePointer_v2},
     {"cuMemAllocManaged", 6000, (void *)cuMemAllocManaged},
     {"cuMemGetAddressRange", 2000, (void *)cuMemGetAddressRange},
     {"cuMemGetAddressRange", 3020, (void *)cuMemGetAddressRange_v2},
@@ -1431,6 +1866,7 @@ EXPORT void hm_cuda_test_reset(void) {
     lock();
     memset(g.calls, 0, sizeof g.calls);
     memset(g.inject, 0, sizeof g.inject);
+    g.sticky = CUDA_SUCCESS;
     g.ipc_open_repeats = 0;
     g.leaks = 0;
     unlock();
@@ -1457,8 +1893,10 @@ EXPORT void hm_cuda_test_get_stats(hm_cuda_test_stats_t *out) {
             s.live_ipc_mappings++;
             s.live_ipc_refs += a->refs;
             break;
+        case M_WCDEV: break; /* counted with its host record */
         }
     }
+    s.pending_ops = g.nq;
     s.live_allocs = s.live_device_allocs + s.live_async_allocs + s.live_host_allocs +
                     s.live_managed_allocs;
     for (unsigned i = 0; i < HM_CUDA_TEST_MAX_DEVICES; i++) {
@@ -1479,15 +1917,55 @@ EXPORT uint64_t hm_cuda_test_call_count(const char *symbol) {
     return n;
 }
 
-EXPORT int hm_cuda_test_fail_next(const char *symbol, unsigned nth, CUresult result) {
+static int inject(const char *symbol, unsigned nth, CUresult result, bool sticky) {
     pthread_once(&g_once, setup);
     int i = api_index(symbol);
     if (i < 0 || (nth && result == CUDA_SUCCESS)) return -1;
     lock();
     g.inject[i].countdown = nth;
     g.inject[i].result = result;
+    g.inject[i].sticky = sticky;
     unlock();
     return 0;
+}
+
+EXPORT int hm_cuda_test_fail_next(const char *symbol, unsigned nth, CUresult result) {
+    return inject(symbol, nth, result, false);
+}
+
+EXPORT int hm_cuda_test_fail_sticky(const char *symbol, unsigned nth, CUresult result) {
+    return inject(symbol, nth, result, true);
+}
+
+EXPORT void hm_cuda_test_set_lenient(unsigned bits) {
+    pthread_once(&g_once, setup);
+    lock();
+    g.lenient = bits & HM_CUDA_TEST_LENIENT_ALL;
+    unlock();
+}
+
+EXPORT unsigned hm_cuda_test_get_lenient(void) {
+    pthread_once(&g_once, setup);
+    lock();
+    unsigned bits = g.lenient;
+    unlock();
+    return bits;
+}
+
+EXPORT void hm_cuda_test_teardown(void) {
+    pthread_once(&g_once, setup);
+    lock();
+    queue_run();
+    g.deinit = true;
+    unlock();
+}
+
+EXPORT uint64_t hm_cuda_test_va_base(void) {
+    pthread_once(&g_once, setup);
+    lock();
+    uint64_t b = g.va_base;
+    unlock();
+    return b;
 }
 
 EXPORT int hm_cuda_test_set_mem_limit(int device, uint64_t bytes) {

@@ -5,14 +5,19 @@
  * SONAME). It links only libc and pthread.
  * SPDX-License-Identifier: MIT
  *
- * What the driver models (driver API 13.0, cuDriverGetVersion: 13000)
+ * What the driver models (driver API 13.0, cuDriverGetVersion: 13000). By
+ * default it behaves as NVIDIA's driver does, restrictions included, and
+ * names the source of each behaviour; the lenient behaviours of earlier
+ * test drivers are options a test asks for (HM_CUDA_TEST_LENIENT below).
  *  - Entry points: the versioned names declared in cuda_decls.h, which is
  *    what cuda.h 13.0 maps the plain names to. The plain symbols that are
  *    older ABIs in the real driver (cuMemAlloc, cuMemFree, cuMemAllocHost,
  *    cuMemGetAddressRange, cuMemGetInfo, cuDeviceTotalMem, cuMemcpyHtoD,
  *    cuMemcpyDtoH, cuMemcpyDtoD, cuMemsetD8, cuCtxCreate, cuCtxDestroy,
  *    cuCtxPushCurrent, cuCtxPopCurrent, cuDevicePrimaryCtxRelease,
- *    cuIpcOpenMemHandle, cuGetProcAddress) are exported too and abort with a
+ *    cuIpcOpenMemHandle, cuMemHostGetDevicePointer, cuGetProcAddress; cuda.h
+ *    13.0's "#define cuMemHostGetDevicePointer cuMemHostGetDevicePointer_v2"
+ *    and its like) are exported too and abort with a
  *    message naming the versioned symbol: the real driver would take 32-bit
  *    sizes or old semantics without a word. cuDeviceGetUuid (same ABI as
  *    _v2; they differ only for MIG) works. cuCtxGetDevice_v2 and
@@ -35,7 +40,35 @@
  *    cuInit(flags != 0) is CUDA_ERROR_INVALID_VALUE; cuInit is idempotent
  *    and thread-safe; with HM_CUDA_TEST_DEVICES=0 it is
  *    CUDA_ERROR_NO_DEVICE and the driver stays uninitialized.
- *  - Devices: HM_CUDA_TEST_DEVICES (0..8, default 2) devices, ordinals
+ *  - Fork: in a child of a process where cuInit succeeded every entry point
+ *    (cuInit included) is CUDA_ERROR_NOT_INITIALIZED, for good: CUDA does
+ *    not survive fork (NVIDIA CUDA C++ Guidelines for robust and
+ *    safety-critical programming, rule 1.6: "CUDA does not duplicate any of
+ *    its internal data structures or threads to other processes upon a call
+ *    to fork"; the CUDA C Programming Guide, Initialization; observed as
+ *    CUDA_ERROR_NOT_INITIALIZED, test/gpu_check/nvidia_expected.csv
+ *    fork_child). The child never runs the parent's queued work. The
+ *    control API keeps working there. LENIENT_FORK: the child keeps a
+ *    working driver with a nonce of its own, sharing device memory with the
+ *    parent (MAP_SHARED memfds), which no real driver gives.
+ *  - Teardown: cuInit registers an atexit handler; once it has run (at
+ *    exit(), or at hm_cuda_test_teardown()) the queued work is done and
+ *    every entry point is CUDA_ERROR_DEINITIALIZED (cuda.h: "the CUDA
+ *    driver is in the process of shutting down"), so an atexit handler
+ *    registered before cuInit, or a destructor, that calls the driver sees
+ *    what it sees on a real one. Nothing is unmapped. LENIENT_EXIT: the
+ *    handler does nothing (hm_cuda_test_teardown still works).
+ *  - Sticky errors (hm_cuda_test_fail_sticky): once the injected failure
+ *    fires, every later call but cuGetErrorName, cuGetErrorString and
+ *    cuDriverGetVersion returns the same result (cuda.h,
+ *    CUDA_ERROR_ILLEGAL_ADDRESS: "This leaves the process in an
+ *    inconsistent state and any further CUDA work will return the same
+ *    error. To continue using CUDA, the process must be terminated and
+ *    relaunched."), until hm_cuda_test_reset().
+ *  - Order of the checks at every entry: fork child, torn down, an injected
+ *    failure, a sticky error, not initialized.
+ *  - Devices: HM_CUDA_TEST_DEVICES (0..8, default 1: a test that needs
+ *    peers asks for them) devices, ordinals
  *    0..n-1 (others: CUDA_ERROR_INVALID_DEVICE). Name "hetmem CUDA test
  *    device <i>"; UUID "hmcudatestdev" + 0,0 + i (16 bytes), the same in
  *    every process; PCI domain 0, bus i + 1, device 0; compute capability
@@ -76,16 +109,44 @@
  *  - One address space (UVA): memory of every context is found by every
  *    call whatever context is current (cuMemFree_v2 frees another
  *    context's memory); CU_POINTER_ATTRIBUTE_CONTEXT tells whose it is.
+ *  - The reservation: the first successful cuInit reserves 64 GiB of
+ *    addresses at the same fixed address in every process (PROT_NONE,
+ *    MAP_NORESERVE, MAP_FIXED_NOREPLACE), as the real driver reserves its
+ *    unified address range at initialization (CUDA driver API, Unified
+ *    Addressing: "a single virtual address space ... for all memory in the
+ *    process"; the same range in every process is what lets an importer
+ *    map an export at the exporter's address). Default 0x7e8000000000,
+ *    inside ThreadSanitizer's "high app" range and AddressSanitizer's
+ *    HighMem on x86-64, so that fixed mappings work in both;
+ *    HM_CUDA_TEST_VA_BASE (a 2 MiB aligned address) overrides it;
+ *    hm_cuda_test_va_base() tells it. A reservation that cannot be made
+ *    (the range is taken) fails cuInit with CUDA_ERROR_OUT_OF_MEMORY and a
+ *    line on stderr. Device memory, opened IPC mappings and the device
+ *    addresses of write-combined memory live inside it; a freed range is
+ *    reserved again (PROT_NONE) and given back.
+ *  - Placement: a freed range is handed out again, most recently freed
+ *    first (LIFO), so that allocating the size just freed returns the same
+ *    address, as the real driver does (test/gpu_check/nvidia_expected.csv
+ *    reuse_address; UCX's cuda_ipc cache and Open MPI's rgpusm exist to
+ *    survive it); otherwise the lowest free address that fits.
+ *    Allocations below 2 MiB take 4 KiB units at 4 KiB alignment, packed
+ *    one after the other (cuMemAlloc promises only "suitably aligned for
+ *    any kind of variable", i.e. 256 bytes); from 2 MiB on, 2 MiB units at
+ *    2 MiB alignment. LENIENT_ALIGN: 2 MiB units and alignment for every
+ *    size; LENIENT_NO_REUSE: each search starts above the last address
+ *    handed out (wrapping around at the end), so a freed address comes back
+ *    only after the rest of the reservation.
  *  - Device memory (cuMemAlloc_v2, cuMemAllocAsync): a memfd per
  *    allocation (named "hm_cuda_test:<asked size>" and sealed with
  *    F_SEAL_SHRINK | F_SEAL_GROW, so that neither the name nor the size can
  *    change: an exporter cannot resize memory under its importers, as with
- *    a real allocation), its size rounded up to 2 MiB, handed out as a 2 MiB
- *    aligned PROT_NONE mapping (a CPU touch faults), with a private
- *    read-write alias the copy and memset calls use. Size 0 is
+ *    a real allocation), as long as the allocation spans, mapped MAP_FIXED
+ *    PROT_NONE at its place in the reservation (a CPU touch faults), with a
+ *    private read-write alias the copy and memset calls use. Size 0 is
  *    CUDA_ERROR_INVALID_VALUE. Each device has a limit (HM_CUDA_TEST_DEVICE_MEM
  *    bytes, suffix K, M or G allowed; default 256 MiB;
- *    hm_cuda_test_set_mem_limit) charged with the rounded sizes: past it,
+ *    hm_cuda_test_set_mem_limit) charged with what each allocation spans
+ *    (4 KiB-rounded below 2 MiB, 2 MiB-rounded from 2 MiB on): past it,
  *    CUDA_ERROR_OUT_OF_MEMORY. cuMemGetInfo_v2 and cuDeviceTotalMem_v2
  *    report the limit and what is left of it. cuMemGetAllocationGranularity
  *    is 2 MiB (minimum and recommended) for pinned memory on a device
@@ -93,7 +154,7 @@
  *  - cuMemAllocAsync/cuMemFreeAsync run synchronously on the device of the
  *    current context; streams are NULL, CU_STREAM_LEGACY or
  *    CU_STREAM_PER_THREAD (anything else CUDA_ERROR_INVALID_HANDLE), and
- *    cuStreamSynchronize of one of them succeeds. Async memory comes from
+ *    cuStreamSynchronize of one of them runs the queued work. Async memory comes from
  *    the device's default pool (cuDeviceGetDefaultMemPool,
  *    CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE), is not IPC-capable, and is freed
  *    by cuMemFreeAsync or cuMemFree_v2; cuMemFreeAsync also takes
@@ -101,12 +162,29 @@
  *  - Host memory (cuMemHostAlloc with PORTABLE, DEVICEMAP, WRITECOMBINED;
  *    other flags CUDA_ERROR_INVALID_VALUE; cuMemAllocHost_v2 = flags 0):
  *    anonymous read-write memory, 4 KiB pages, freed by cuMemFreeHost only.
- *    Its device pointer is its host pointer (the disjoint addresses cuda.h
- *    describes for WRITECOMBINED are not modelled). Not charged to a device.
+ *    Not charged to a device. Its device pointer is its host pointer, but
+ *    for write-combined memory (cuda.h, cuMemHostAlloc: "Unless the flag
+ *    CU_MEMHOSTALLOC_WRITECOMBINED is specified, the device pointer ... is
+ *    always equal to the returned host pointer *pp. If the flag
+ *    CU_MEMHOSTALLOC_WRITECOMBINED is specified, then the function
+ *    cuMemHostGetDevicePointer() must be used to query the device pointer,
+ *    even if the context supports unified addressing"): a memfd mapped
+ *    twice, read-write at the host pointer and PROT_NONE at a device address
+ *    inside the reservation. cuMemHostGetDevicePointer_v2 (a current
+ *    context needed; Flags must be 0, cuda.h; any pointer inside host
+ *    memory, whatever the flags: with unified addressing all pinned memory
+ *    is mapped) gives the device address (with the same offset); other
+ *    memory is CUDA_ERROR_INVALID_VALUE. The calls that take device
+ *    pointers accept the device address (MEMORY_TYPE HOST, HOST_POINTER
+ *    the host pointer); the host pointer of write-combined memory given to
+ *    cuMemsetD8_v2, as cuMemcpyHtoD_v2's destination, cuMemcpyDtoH_v2's
+ *    source or either pointer of cuMemcpyDtoD_v2 is CUDA_ERROR_INVALID_VALUE
+ *    (cuMemcpy takes it as host memory). cuMemFreeHost takes the host
+ *    pointer only. LENIENT_WC: the device address is the host pointer.
  *  - Managed memory (cuMemAllocManaged, flags CU_MEM_ATTACH_GLOBAL or
  *    CU_MEM_ATTACH_HOST; others CUDA_ERROR_INVALID_VALUE): anonymous
- *    read-write memory, 2 MiB aligned, freed by cuMemFree_v2, not charged
- *    (managed memory may oversubscribe).
+ *    read-write memory outside the reservation, 2 MiB aligned, freed by
+ *    cuMemFree_v2, not charged (managed memory may oversubscribe).
  *  - Pointer attributes: MEMORY_TYPE is DEVICE for device, managed
  *    (IS_MANAGED 1, as the real driver reports managed memory; to be
  *    confirmed on hardware) and opened IPC memory, HOST for host memory.
@@ -114,7 +192,8 @@
  *    IPC mapping, at the open). BUFFER_ID: unique in the process, never
  *    reused (an opened mapping gets its own). RANGE_START_ADDR and
  *    RANGE_SIZE: base and asked size, as cuMemGetAddressRange_v2.
- *    DEVICE_POINTER: the pointer itself (needs a current context);
+ *    DEVICE_POINTER: the pointer itself (needs a current context; the
+ *    device address for the host pointer of write-combined memory);
  *    HOST_POINTER: the pointer for host and managed memory,
  *    CUDA_ERROR_INVALID_VALUE for device memory. IS_LEGACY_CUDA_IPC_CAPABLE:
  *    1 for cuMemAlloc_v2 memory only. MAPPED: 1. MEMPOOL_HANDLE: the
@@ -131,8 +210,26 @@
  *    which the driver reads from the exporter's memfd, never from the
  *    handle's bytes (a peer may rewrite those; a real driver knows the
  *    size from its kernel object).
- *  - Copies and memset run at once. Device memory is read and written
- *    through the alias. cuMemcpy takes any mix of the driver's memory and
+ *  - Memset and copies (CUDA driver API, "API synchronization behavior":
+ *    "For transfers from device memory to device memory, no host-side
+ *    synchronization is performed"; "The synchronous memset functions are
+ *    asynchronous with respect to the host except when the target is pinned
+ *    host memory or a Unified Memory region, in which case they are fully
+ *    synchronous"; for transfers from device to host memory "the function
+ *    returns only once the copy has completed"): cuMemsetD8_v2 of device
+ *    memory (cuMemAlloc_v2, async, opened IPC mappings) and copies with
+ *    device memory on both sides (cuMemcpyDtoD_v2, cuMemcpy) are queued, in
+ *    order, in one queue of the process, and run at the next synchronising
+ *    call: cuStreamSynchronize, cuCtxSynchronize(_v2), any free or unmap
+ *    (cuMemFree_v2, which synchronises; cuMemFreeAsync, cuMemFreeHost,
+ *    cuIpcCloseMemHandle, a context's end: the driver never leaves work on
+ *    memory it unmaps), a copy with a host side (cuMemcpyHtoD_v2,
+ *    cuMemcpyDtoH_v2, cuMemcpy of plain, pinned or managed memory: these
+ *    run the queue, then themselves), a memset of pinned or managed memory
+ *    (likewise), teardown, or 1024 queued operations. Until then the bytes
+ *    are unchanged, as another process that opened the memory sees.
+ *    `pending_ops` counts the queue. LENIENT_SYNC: everything runs at once.
+ *    Device memory is read and written through the alias. cuMemcpy takes any mix of the driver's memory and
  *    plain process memory; cuMemcpyHtoD_v2's destination, DtoH_v2's source
  *    and both DtoD_v2 pointers, and cuMemsetD8_v2's destination, must be
  *    the driver's memory (of any kind). A range that starts in an
@@ -149,7 +246,23 @@
  *      [8,12) the memfd's number in the exporter  [12,16) device ordinal
  *      [16,24) buffer id  [24,32) asked size  [32,40) exporter nonce
  *      (random per process, new in a fork child)  [40,48) the memfd's
- *      st_ino  [48,56) its st_dev  [56,64) zero.
+ *      st_ino  [48,56) its st_dev  [56,64) the allocation's base address
+ *      in the exporter (not 0, 4 KiB aligned).
+ *    Where an open maps: at the exporter's base address when that range of
+ *    the reservation is free here (unified addressing; test/gpu_check
+ *    ipc_address). When the range overlaps a mapping open in this process
+ *    that came from the same exporter (pid and nonce) and names another
+ *    allocation, the open is CUDA_ERROR_ALREADY_MAPPED: what a real GPU
+ *    answers after the exporter freed a block and cuMemAlloc handed its
+ *    address out again while the importer still maps the old block (UCX
+ *    PR 2738 and src/uct/cuda/cuda_ipc/cuda_ipc_cache.c: on
+ *    CUDA_ERROR_ALREADY_MAPPED the cache unmaps the overlapping stale
+ *    regions and opens again; Open MPI's rgpusm does the same;
+ *    test/gpu_check reuse_open_while_mapped). Taken by anything else (this
+ *    process's own memory, another exporter's mappings, a mapping of the
+ *    same allocation in a context of another device): the driver's fallback,
+ *    the lowest free address of the reservation that fits.
+ *    LENIENT_IPC_ANYWHERE: always the fallback, never ALREADY_MAPPED.
  *    cuIpcOpenMemHandle_v2 (flags 0 or CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS;
  *    others CUDA_ERROR_INVALID_VALUE) opens /proc/<pid>/fd/<n> (same uid,
  *    same pid namespace) and maps it as device memory of the current
@@ -170,25 +283,39 @@
  *    or hm_cuda_test_set_strict_ipc) it is CUDA_ERROR_ALREADY_MAPPED (and
  *    counts too). cuIpcCloseMemHandle drops one reference of the mapping
  *    at that base (from any context); the last unmaps; an address that is
- *    not the base of an open mapping is CUDA_ERROR_INVALID_VALUE. The
+ *    not the base of an open mapping (an interior pointer too) is
+ *    CUDA_ERROR_INVALID_VALUE (test/gpu_check interior_close).
+ *    cuMemGetAddressRange_v2 and RANGE_START_ADDR of any pointer inside a
+ *    mapping give its base. The
  *    mapping keeps the memory after the exporter frees it (and after the
  *    exporter exits), until its last close: the physical memory is
  *    reference-counted by the kernel driver, not owned by the exporter's
  *    process (still to confirm on hardware).
  *  - cuGetErrorName/cuGetErrorString know every code in cuda_decls.h;
  *    others are CUDA_ERROR_INVALID_VALUE with *pStr NULL.
- *  - Thread-safe: one mutex around every entry point. A fork child keeps a
- *    working driver (the mutex is held across fork) with a new nonce; its
- *    device memory stays shared with the parent (MAP_SHARED memfds), which
- *    a real driver does not give. memfds are close-on-exec.
+ *  - Thread-safe: one mutex around every entry point, held across fork so
+ *    that a child copies no half-done update. memfds are close-on-exec.
  *
  * Control API
  * Exported next to the entry points; a test reaches them through the very
  * library the code under test loaded:
  *     void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
  *     hm_cuda_test_call_count_fn n = (hm_cuda_test_call_count_fn)dlsym(h, "hm_cuda_test_call_count");
- * They may be called at any time, from any thread, before cuInit too, and
- * are not counted as calls.
+ * They may be called at any time, from any thread, before cuInit too, in a
+ * fork child and after teardown, and are not counted as calls.
+ *
+ * Lenient options: HM_CUDA_TEST_LENIENT, a comma-separated list of the
+ * names below (read at the first call into the library; unknown names are
+ * reported on stderr and ignored), or hm_cuda_test_set_lenient(bits),
+ * which replaces the set at any time:
+ *     align         HM_CUDA_TEST_LENIENT_ALIGN          2 MiB units and alignment always
+ *     no-reuse      HM_CUDA_TEST_LENIENT_NO_REUSE       freed addresses come back last
+ *     ipc-anywhere  HM_CUDA_TEST_LENIENT_IPC_ANYWHERE   opens never at the exporter's address
+ *     sync          HM_CUDA_TEST_LENIENT_SYNC           memset and copies run at once
+ *     fork          HM_CUDA_TEST_LENIENT_FORK           a fork child keeps a working driver
+ *     exit          HM_CUDA_TEST_LENIENT_EXIT           no teardown at exit
+ *     wc            HM_CUDA_TEST_LENIENT_WC             write-combined device pointer = host pointer
+ *     all           HM_CUDA_TEST_LENIENT_ALL
  */
 #ifndef HM_CUDA_TEST_DRIVER_H
 #define HM_CUDA_TEST_DRIVER_H
@@ -204,6 +331,16 @@ extern "C" {
 #define HM_CUDA_TEST_MAX_DEVICES 8
 #define HM_CUDA_TEST_DRIVER_VERSION 13000
 #define HM_CUDA_TEST_GRANULARITY ((size_t)2 << 20)
+#define HM_CUDA_TEST_VA_SIZE ((uint64_t)64 << 30)
+
+#define HM_CUDA_TEST_LENIENT_ALIGN 0x01u
+#define HM_CUDA_TEST_LENIENT_NO_REUSE 0x02u
+#define HM_CUDA_TEST_LENIENT_IPC_ANYWHERE 0x04u
+#define HM_CUDA_TEST_LENIENT_SYNC 0x08u
+#define HM_CUDA_TEST_LENIENT_FORK 0x10u
+#define HM_CUDA_TEST_LENIENT_EXIT 0x20u
+#define HM_CUDA_TEST_LENIENT_WC 0x40u
+#define HM_CUDA_TEST_LENIENT_ALL 0x7fu
 
 /* Counters since the last hm_cuda_test_reset(), then states (live_*,
  * primary_refs, device_used), which reset leaves alone. */
@@ -217,10 +354,12 @@ typedef struct hm_cuda_test_stats {
     uint64_t live_ipc_mappings; /* opened IPC mappings */
     uint64_t live_ipc_refs;     /* opens not yet closed */
     uint32_t primary_refs[HM_CUDA_TEST_MAX_DEVICES];
-    uint64_t device_used[HM_CUDA_TEST_MAX_DEVICES]; /* bytes charged (2 MiB units) */
+    uint64_t device_used[HM_CUDA_TEST_MAX_DEVICES]; /* bytes charged (spans) */
+    uint64_t pending_ops; /* memsets and copies queued, not yet run */
 } hm_cuda_test_stats_t;
 
-/* Counters to 0, every pending failure injection dropped. */
+/* Counters to 0, every pending failure injection and a sticky error
+ * dropped. */
 void hm_cuda_test_reset(void);
 typedef void (*hm_cuda_test_reset_fn)(void);
 
@@ -240,6 +379,29 @@ typedef uint64_t (*hm_cuda_test_call_count_fn)(const char *symbol);
  * a name the driver does not export or a `result` of CUDA_SUCCESS. */
 int hm_cuda_test_fail_next(const char *symbol, unsigned nth, CUresult result);
 typedef int (*hm_cuda_test_fail_next_fn)(const char *symbol, unsigned nth, CUresult result);
+
+/* As hm_cuda_test_fail_next, and once it fires the error is sticky: every
+ * later call but cuGetErrorName, cuGetErrorString and cuDriverGetVersion
+ * returns `result` until hm_cuda_test_reset(). */
+int hm_cuda_test_fail_sticky(const char *symbol, unsigned nth, CUresult result);
+typedef int (*hm_cuda_test_fail_sticky_fn)(const char *symbol, unsigned nth, CUresult result);
+
+/* The lenient options (HM_CUDA_TEST_LENIENT_* bits; others ignored):
+ * replaced, and read. */
+void hm_cuda_test_set_lenient(unsigned bits);
+typedef void (*hm_cuda_test_set_lenient_fn)(unsigned bits);
+unsigned hm_cuda_test_get_lenient(void);
+typedef unsigned (*hm_cuda_test_get_lenient_fn)(void);
+
+/* What the exit handler does, now: the queued work runs, then every entry
+ * point is CUDA_ERROR_DEINITIALIZED for the rest of the process. */
+void hm_cuda_test_teardown(void);
+typedef void (*hm_cuda_test_teardown_fn)(void);
+
+/* The address of the reservation (reserved at the first successful cuInit,
+ * HM_CUDA_TEST_VA_SIZE bytes). */
+uint64_t hm_cuda_test_va_base(void);
+typedef uint64_t (*hm_cuda_test_va_base_fn)(void);
 
 /* The memory limit of one device (device < 0: every device), in bytes
  * (> 0), for the allocations that follow; live memory stays. Returns 0, or

@@ -48,6 +48,7 @@
     X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) X(cuCtxGetDevice_v2) \
     X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuMemAlloc_v2) X(cuMemFree_v2)        \
     X(cuMemAllocHost_v2) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemAllocManaged)       \
+    X(cuMemHostGetDevicePointer_v2)                                                    \
     X(cuMemGetAddressRange_v2) X(cuMemGetInfo_v2) X(cuMemGetAllocationGranularity)     \
     X(cuMemsetD8_v2) X(cuMemcpy) X(cuMemcpyHtoD_v2) X(cuMemcpyDtoH_v2)                 \
     X(cuMemcpyDtoD_v2) X(cuPointerGetAttribute) X(cuPointerGetAttributes)              \
@@ -80,6 +81,7 @@ static const struct {
     {"cuCtxPopCurrent", "cuCtxPopCurrent_v2"},
     {"cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2"},
     {"cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2"},
+    {"cuMemHostGetDevicePointer", "cuMemHostGetDevicePointer_v2"},
     {"cuGetProcAddress", "cuGetProcAddress_v2"},
 };
 #define NOLD (sizeof old_names / sizeof old_names[0])
@@ -96,6 +98,11 @@ static struct {
     hm_cuda_test_set_mem_limit_fn set_mem_limit;
     hm_cuda_test_set_strict_ipc_fn set_strict_ipc;
     hm_cuda_test_set_peer_access_fn set_peer_access;
+    hm_cuda_test_fail_sticky_fn fail_sticky;
+    hm_cuda_test_set_lenient_fn set_lenient;
+    hm_cuda_test_get_lenient_fn get_lenient;
+    hm_cuda_test_teardown_fn teardown;
+    hm_cuda_test_va_base_fn va_base;
 } ctl;
 
 #define CU_EXPECT(expr, want)                                                           \
@@ -195,7 +202,7 @@ static void load(void) {
     lib = dlopen(HM_CUDA_TEST_DRIVER_PATH, RTLD_NOW | RTLD_LOCAL);
     if (!lib) HM_TEST_SKIP("cannot load %s: %s", HM_CUDA_TEST_DRIVER_PATH, dlerror());
     resolve_all(lib);
-    ndev = 2;
+    ndev = 1;
     const char *s = getenv("HM_CUDA_TEST_DEVICES");
     if (s && *s) ndev = atoi(s);
     strict_env = env_is("HM_CUDA_TEST_STRICT_IPC", "1");
@@ -211,8 +218,14 @@ static void control(void) {
     *(void **)&ctl.set_mem_limit = dlsym(h, "hm_cuda_test_set_mem_limit");
     *(void **)&ctl.set_strict_ipc = dlsym(h, "hm_cuda_test_set_strict_ipc");
     *(void **)&ctl.set_peer_access = dlsym(h, "hm_cuda_test_set_peer_access");
+    *(void **)&ctl.fail_sticky = dlsym(h, "hm_cuda_test_fail_sticky");
+    *(void **)&ctl.set_lenient = dlsym(h, "hm_cuda_test_set_lenient");
+    *(void **)&ctl.get_lenient = dlsym(h, "hm_cuda_test_get_lenient");
+    *(void **)&ctl.teardown = dlsym(h, "hm_cuda_test_teardown");
+    *(void **)&ctl.va_base = dlsym(h, "hm_cuda_test_va_base");
     REQUIRE(ctl.reset && ctl.get_stats && ctl.call_count && ctl.fail_next && ctl.set_mem_limit &&
-            ctl.set_strict_ipc && ctl.set_peer_access);
+            ctl.set_strict_ipc && ctl.set_peer_access && ctl.fail_sticky && ctl.set_lenient &&
+            ctl.get_lenient && ctl.teardown && ctl.va_base);
     dlclose(h); /* drops the reference NOLOAD took */
 }
 
@@ -454,6 +467,7 @@ static void test_proc_address(void) {
         {"cuMemAlloc", "cuMemAlloc_v2"}, {"cuMemFree", "cuMemFree_v2"},
         {"cuMemAllocHost", "cuMemAllocHost_v2"}, {"cuMemHostAlloc", "cuMemHostAlloc"},
         {"cuMemFreeHost", "cuMemFreeHost"}, {"cuMemAllocManaged", "cuMemAllocManaged"},
+        {"cuMemHostGetDevicePointer", "cuMemHostGetDevicePointer_v2"},
         {"cuMemGetAddressRange", "cuMemGetAddressRange_v2"}, {"cuMemGetInfo", "cuMemGetInfo_v2"},
         {"cuMemGetAllocationGranularity", "cuMemGetAllocationGranularity"},
         {"cuMemsetD8", "cuMemsetD8_v2"}, {"cuMemcpy", "cuMemcpy"},
@@ -717,8 +731,10 @@ static void test_alloc(void) {
     for (int i = 0; i < 6; i++) {
         d[i] = 0;
         CU_REQUIRE_OK(cu.cuMemAlloc_v2(&d[i], sizes[i]));
-        CHECK_MSG(d[i] % GRAN == 0, "cuMemAlloc_v2(%zu) -> %#llx is not 2 MiB aligned", sizes[i], d[i]);
-        charged += (sizes[i] + GRAN - 1) / GRAN * GRAN;
+        const size_t unit = sizes[i] < GRAN ? 4 * KIB : GRAN;
+        CHECK_MSG(d[i] % unit == 0, "cuMemAlloc_v2(%zu) -> %#llx is not %zu aligned", sizes[i], d[i], unit);
+        CHECK(d[i] >= ctl.va_base() && d[i] < ctl.va_base() + HM_CUDA_TEST_VA_SIZE);
+        charged += (sizes[i] + unit - 1) / unit * unit;
         CUdeviceptr base = 0;
         size_t size = 0;
         CU_OK(cu.cuMemGetAddressRange_v2(&base, &size, d[i] + sizes[i] - 1));
@@ -726,8 +742,8 @@ static void test_alloc(void) {
         CU_OK(cu.cuMemGetAddressRange_v2(NULL, &size, d[i]));
         CU_OK(cu.cuMemGetAddressRange_v2(&base, NULL, d[i]));
         /* the rounding is not part of the allocation (past a multiple of
-         * 2 MiB another allocation may start) */
-        if (sizes[i] % GRAN)
+         * the unit another allocation may start) */
+        if (sizes[i] % unit)
             CU_EXPECT(cu.cuMemGetAddressRange_v2(&base, &size, d[i] + sizes[i]), CUDA_ERROR_NOT_FOUND);
     }
     hm_cuda_test_stats_t s1 = stats();
@@ -898,7 +914,7 @@ static void test_attributes(void) {
         last = buffer_id(y);
         CU_OK(cu.cuMemFree_v2(y));
     }
-    printf("attributes: an address came back after a free: %s\n", reused ? "yes" : "no");
+    CHECK_MSG(reused, "a freed address never came back for the same size");
 
     /* several at once: the same values */
     CUpointer_attribute at[] = {CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
@@ -1187,6 +1203,212 @@ static void test_copies(void) {
     free(back);
 }
 
+/* ---- queued work: device memsets and copies wait for a synchronising call ---- */
+
+static uint64_t pending(void) { return stats().pending_ops; }
+
+static void test_queue(void) {
+    hm_test_set_context("queued work");
+    set_current(pc[0]);
+    const unsigned lenient = ctl.get_lenient();
+    ctl.set_lenient(lenient & ~HM_CUDA_TEST_LENIENT_SYNC);
+    CUdeviceptr a = 0, b = 0, m = 0;
+    void *hv = NULL;
+    uint8_t buf[64];
+    CU_REQUIRE_OK(cu.cuMemAlloc_v2(&a, 8192));
+    CU_REQUIRE_OK(cu.cuMemAlloc_v2(&b, 8192));
+    CU_REQUIRE_OK(cu.cuMemHostAlloc(&hv, 4096, 0));
+    CU_REQUIRE_OK(cu.cuMemAllocManaged(&m, 4096, CU_MEM_ATTACH_GLOBAL));
+    uint8_t *h = hv, *mh = P(m);
+    CU_OK(cu.cuCtxSynchronize());
+    CHECK_EQ(pending(), 0);
+    CU_OK(cu.cuMemsetD8_v2(a, 1, 8192));
+    CU_OK(cu.cuMemcpyDtoD_v2(b, a, 8192));
+    CU_OK(cu.cuMemcpy(b + 4096, a, 16)); /* device memory on both sides */
+    CHECK_EQ(pending(), 3);
+    CU_OK(cu.cuStreamSynchronize(NULL));
+    CHECK_EQ(pending(), 0);
+    CHECK(all_bytes(b, 1, 8192));
+    /* in order: the copy sees the memset queued before it, not the one after */
+    CU_OK(cu.cuMemsetD8_v2(a, 2, 8192));
+    CU_OK(cu.cuMemcpyDtoD_v2(b, a, 8192));
+    CU_OK(cu.cuMemsetD8_v2(a, 3, 8192));
+    CHECK_EQ(pending(), 3);
+    memset(buf, 0, sizeof buf);
+    CU_OK(cu.cuMemcpyDtoH_v2(buf, b, sizeof buf)); /* runs the queue, then copies */
+    CHECK_EQ(pending(), 0);
+    CHECK(buf[0] == 2 && buf[63] == 2);
+    CHECK(all_bytes(a, 3, 8192));
+    /* memsets of pinned and managed memory and copies with a host side are
+     * synchronous, after the queue */
+    CU_OK(cu.cuMemsetD8_v2(a, 4, 8192));
+    CU_OK(cu.cuMemsetD8_v2(D(h), 5, 4096));
+    CHECK_EQ(pending(), 0);
+    CHECK(h[0] == 5 && h[4095] == 5);
+    CU_OK(cu.cuMemsetD8_v2(a, 6, 8192));
+    CU_OK(cu.cuMemsetD8_v2(m, 7, 4096));
+    CHECK_EQ(pending(), 0);
+    CHECK(mh[0] == 7 && mh[4095] == 7);
+    CU_OK(cu.cuMemsetD8_v2(a, 8, 8192));
+    CU_OK(cu.cuMemcpyHtoD_v2(b, buf, sizeof buf));
+    CHECK_EQ(pending(), 0);
+    CU_OK(cu.cuMemsetD8_v2(a, 9, 8192));
+    CU_OK(cu.cuMemcpy(D(h), a, 4096)); /* pinned host memory: a host side */
+    CHECK_EQ(pending(), 0);
+    CHECK(h[0] == 9 && h[4095] == 9);
+    CU_OK(cu.cuMemsetD8_v2(a, 10, 8192));
+    CU_OK(cu.cuMemcpy(m, a, 4096)); /* managed memory: a host side */
+    CHECK_EQ(pending(), 0);
+    CHECK(mh[0] == 10);
+    CU_OK(cu.cuMemsetD8_v2(a, 11, 8192));
+    CU_OK(cu.cuCtxSynchronize_v2(NULL));
+    CHECK_EQ(pending(), 0);
+    CU_OK(cu.cuMemsetD8_v2(a, 12, 8192));
+    CU_OK(cu.cuCtxSynchronize());
+    CHECK_EQ(pending(), 0);
+    /* cuMemFree_v2 synchronises */
+    CU_OK(cu.cuMemsetD8_v2(b, 13, 8192));
+    CHECK_EQ(pending(), 1);
+    CU_OK(cu.cuMemFree_v2(a));
+    CHECK_EQ(pending(), 0);
+    CHECK(all_bytes(b, 13, 8192));
+    /* a refused memset queues nothing; the queue is bounded */
+    CU_EXPECT(cu.cuMemsetD8_v2(b, 1, 8193), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(pending(), 0);
+    for (int i = 0; i < 1500; i++) CU_OK(cu.cuMemsetD8_v2(b + (unsigned)i, (unsigned char)i, 1));
+    CHECK(pending() > 0 && pending() <= 1024);
+    CU_OK(cu.cuMemcpyDtoH_v2(buf, b + 1400, 8));
+    CHECK(buf[0] == (uint8_t)1400 && buf[7] == (uint8_t)1407);
+    /* LENIENT_SYNC: at once */
+    ctl.set_lenient(lenient | HM_CUDA_TEST_LENIENT_SYNC);
+    CU_OK(cu.cuMemsetD8_v2(b, 14, 8192));
+    CHECK_EQ(pending(), 0);
+    ctl.set_lenient(lenient);
+    CU_OK(cu.cuMemFree_v2(b));
+    CU_OK(cu.cuMemFreeHost(hv));
+    CU_OK(cu.cuMemFree_v2(m));
+}
+
+/* ---- write-combined host memory: a device address of its own ---- */
+
+static void test_write_combined(void) {
+    hm_test_set_context("write-combined");
+    set_current(pc[0]);
+    const unsigned lenient = ctl.get_lenient();
+    ctl.set_lenient(lenient & ~HM_CUDA_TEST_LENIENT_WC);
+    const hm_cuda_test_stats_t s0 = stats();
+    void *wv = NULL, *hv = NULL;
+    CU_REQUIRE_OK(cu.cuMemHostAlloc(&wv, 10000, CU_MEMHOSTALLOC_WRITECOMBINED | CU_MEMHOSTALLOC_DEVICEMAP));
+    CU_REQUIRE_OK(cu.cuMemHostAlloc(&hv, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+    uint8_t *w = wv;
+    CUdeviceptr dw = 0, dh = 0, x = 7;
+    CU_OK(cu.cuMemHostGetDevicePointer_v2(&dw, wv, 0));
+    CHECK(dw != 0 && dw != D(wv));
+    CHECK(dw >= ctl.va_base() && dw < ctl.va_base() + HM_CUDA_TEST_VA_SIZE);
+    CU_OK(cu.cuMemHostGetDevicePointer_v2(&x, w + 100, 0)); /* an interior pointer */
+    CHECK(x == dw + 100);
+    CU_OK(cu.cuMemHostGetDevicePointer_v2(&dh, hv, 0));
+    CHECK(dh == D(hv)); /* other pinned memory: the same address */
+    x = 7;
+    CU_EXPECT(cu.cuMemHostGetDevicePointer_v2(&x, wv, 1), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemHostGetDevicePointer_v2(NULL, wv, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemHostGetDevicePointer_v2(&x, P(dw), 0), CUDA_ERROR_INVALID_VALUE);
+    int local = 0;
+    CU_EXPECT(cu.cuMemHostGetDevicePointer_v2(&x, &local, 0), CUDA_ERROR_INVALID_VALUE);
+    CUdeviceptr d = 0;
+    CU_REQUIRE_OK(cu.cuMemAlloc_v2(&d, 4096));
+    CU_EXPECT(cu.cuMemHostGetDevicePointer_v2(&x, P(d), 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(x, 7);
+    /* the device address works where device pointers go; the host pointer
+     * does not */
+    CU_OK(cu.cuMemsetD8_v2(dw, 0x21, 10000));
+    CHECK(w[0] == 0x21 && w[9999] == 0x21); /* pinned: synchronous */
+    CU_EXPECT(cu.cuMemsetD8_v2(D(wv), 0, 16), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemcpyHtoD_v2(D(wv), &local, 4), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemcpyDtoH_v2(&local, D(wv), 4), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemcpyDtoD_v2(d, D(wv), 4), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemcpyDtoD_v2(D(wv), d, 4), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cu.cuMemsetD8_v2(d, 0x42, 4096));
+    CU_OK(cu.cuMemcpyDtoD_v2(dw + 8, d, 16));
+    CHECK(w[8] == 0x42 && w[23] == 0x42 && w[24] == 0x21);
+    CU_OK(cu.cuMemcpyHtoD_v2(dw, "abc", 3));
+    CHECK(memcmp(w, "abc", 3) == 0);
+    char back[4] = {0};
+    CU_OK(cu.cuMemcpyDtoH_v2(back, dw, 3));
+    CHECK(memcmp(back, "abc", 3) == 0);
+    CU_OK(cu.cuMemcpy(D(back), D(wv) + 1, 2)); /* cuMemcpy takes the host pointer as host memory */
+    CHECK(back[0] == 'b' && back[1] == 'c');
+    /* attributes of either address */
+    unsigned u = 0;
+    void *hp = NULL;
+    CUdeviceptr dp = 0;
+    CU_OK(cu.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dw + 5));
+    CHECK_EQ(u, CU_MEMORYTYPE_HOST);
+    CU_OK(cu.cuPointerGetAttribute(&hp, CU_POINTER_ATTRIBUTE_HOST_POINTER, dw + 5));
+    CHECK(hp == w + 5);
+    CU_OK(cu.cuPointerGetAttribute(&dp, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, D(w + 5)));
+    CHECK(dp == dw + 5);
+    CHECK(buffer_id(dw) == buffer_id(D(wv)));
+    CHECK_EQ(touch_in_child(P(dw), false), SIGSEGV);
+    CHECK_EQ(stats().live_host_allocs, s0.live_host_allocs + 2);
+    /* freed by its host pointer only, both addresses at once */
+    CU_EXPECT(cu.cuMemFreeHost(P(dw)), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemFree_v2(dw), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cu.cuMemFreeHost(wv));
+    CU_EXPECT(cu.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dw), CUDA_ERROR_INVALID_VALUE);
+    /* LENIENT_WC: the host pointer on both sides */
+    ctl.set_lenient(lenient | HM_CUDA_TEST_LENIENT_WC);
+    CU_REQUIRE_OK(cu.cuMemHostAlloc(&wv, 4096, CU_MEMHOSTALLOC_WRITECOMBINED));
+    CU_OK(cu.cuMemHostGetDevicePointer_v2(&dw, wv, 0));
+    CHECK(dw == D(wv));
+    CU_OK(cu.cuMemsetD8_v2(D(wv), 1, 4096));
+    CU_OK(cu.cuMemFreeHost(wv));
+    ctl.set_lenient(lenient);
+    CU_OK(cu.cuMemFreeHost(hv));
+    CU_OK(cu.cuMemFree_v2(d));
+    CHECK_EQ(stats().live_allocs, s0.live_allocs);
+}
+
+/* ---- sticky errors ---- */
+
+static void test_sticky(void) {
+    hm_test_set_context("sticky errors");
+    set_current(pc[0]);
+    const hm_cuda_test_stats_t s0 = stats();
+    CUdeviceptr d = 0;
+    int n = 0, v = 0;
+    const char *s = NULL;
+    CHECK_EQ(ctl.fail_sticky("cuMemAlloc_v2", 2, CUDA_ERROR_ILLEGAL_ADDRESS), 0);
+    CU_OK(cu.cuMemAlloc_v2(&d, 4096)); /* the first goes through */
+    CU_EXPECT(cu.cuMemAlloc_v2(&d, 4096), CUDA_ERROR_ILLEGAL_ADDRESS);
+    /* from now on, every call */
+    CU_EXPECT(cu.cuMemFree_v2(d), CUDA_ERROR_ILLEGAL_ADDRESS);
+    CU_EXPECT(cu.cuDeviceGetCount(&n), CUDA_ERROR_ILLEGAL_ADDRESS);
+    CUcontext c = NULL;
+    CU_EXPECT(cu.cuCtxGetCurrent(&c), CUDA_ERROR_ILLEGAL_ADDRESS);
+    CU_EXPECT(cu.cuCtxSynchronize(), CUDA_ERROR_ILLEGAL_ADDRESS);
+    CU_EXPECT(cu.cuInit(0), CUDA_ERROR_ILLEGAL_ADDRESS);
+    /* but the error's text and the version */
+    CU_OK(cu.cuGetErrorName(CUDA_ERROR_ILLEGAL_ADDRESS, &s));
+    CHECK(s && strcmp(s, "CUDA_ERROR_ILLEGAL_ADDRESS") == 0);
+    CU_OK(cu.cuGetErrorString(CUDA_ERROR_ILLEGAL_ADDRESS, &s));
+    CU_OK(cu.cuDriverGetVersion(&v));
+    CHECK_EQ(stats().live_device_allocs, s0.live_device_allocs + 1); /* nothing freed */
+    ctl.reset();
+    CU_OK(cu.cuMemFree_v2(d));
+    CU_OK(cu.cuDeviceGetCount(&n));
+    /* fail_next is not sticky */
+    CHECK_EQ(ctl.fail_next("cuMemAlloc_v2", 1, CUDA_ERROR_ILLEGAL_ADDRESS), 0);
+    CU_EXPECT(cu.cuMemAlloc_v2(&d, 4096), CUDA_ERROR_ILLEGAL_ADDRESS);
+    CU_OK(cu.cuDeviceGetCount(&n));
+    CHECK_EQ(ctl.fail_sticky("cuNoSuchFunction", 1, CUDA_ERROR_UNKNOWN), -1);
+    CHECK_EQ(ctl.fail_sticky("cuMemAlloc_v2", 1, CUDA_SUCCESS), -1);
+    CHECK_EQ(ctl.fail_sticky("cuMemAlloc_v2", 1, CUDA_ERROR_UNKNOWN), 0);
+    CHECK_EQ(ctl.fail_sticky("cuMemAlloc_v2", 0, CUDA_ERROR_UNKNOWN), 0); /* cancelled */
+    CU_OK(cu.cuMemAlloc_v2(&d, 4096));
+    CU_OK(cu.cuMemFree_v2(d));
+}
+
 /* ---- stream-ordered allocation ---- */
 
 static void test_async(void) {
@@ -1198,7 +1420,7 @@ static void test_async(void) {
     CUdeviceptr a = 0, b = 0, d = 0;
     CU_REQUIRE_OK(cu.cuMemAllocAsync(&a, MIB, NULL));
     CU_REQUIRE_OK(cu.cuMemAllocAsync(&b, 100, CU_STREAM_PER_THREAD));
-    CHECK(a % GRAN == 0);
+    CHECK(a % (4 * KIB) == 0 && b % (4 * KIB) == 0);
     CU_OK(cu.cuStreamSynchronize(NULL));
     CU_OK(cu.cuStreamSynchronize(CU_STREAM_LEGACY));
     CU_OK(cu.cuStreamSynchronize(CU_STREAM_PER_THREAD));
@@ -1213,7 +1435,7 @@ static void test_async(void) {
     CU_OK(cu.cuMemsetD8_v2(a, 0x61, MIB));
     CHECK(all_bytes(a, 0x61, MIB));
     CHECK_EQ(stats().live_async_allocs, s0.live_async_allocs + 2);
-    CHECK_EQ(stats().device_used[0], s0.device_used[0] + 2 * GRAN);
+    CHECK_EQ(stats().device_used[0], s0.device_used[0] + MIB + 4 * KIB);
     CUstream bogus = (CUstream)(uintptr_t)0x1234;
     CU_EXPECT(cu.cuMemAllocAsync(&d, 64, bogus), CUDA_ERROR_INVALID_HANDLE);
     CU_EXPECT(cu.cuMemFreeAsync(a, bogus), CUDA_ERROR_INVALID_HANDLE);
@@ -1239,6 +1461,7 @@ static void test_async(void) {
 struct ipc_msg {
     CUipcMemHandle a, b, c; /* b: freed before the importer opens it; c: exported by an interior pointer */
     uint64_t a_size, c_size;
+    uint64_t a_base, c_base, va_base; /* in the exporter */
     uint32_t a_dev;
     int32_t ndev;
     CUuuid uuid[HM_CUDA_TEST_MAX_DEVICES];
@@ -1278,10 +1501,12 @@ static CUipcMemHandle patched64(CUipcMemHandle h, size_t at, uint64_t v) {
 }
 
 static int ipc_importer(int in, int out) {
+    ctl.set_lenient(0); /* the defaults, whatever the environment asks */
     hm_test_set_context("ipc importer");
     struct ipc_msg msg;
     REQUIRE(read_all(in, &msg, sizeof msg));
     CU_REQUIRE_OK(cu.cuInit(0));
+    CHECK(ctl.va_base() == msg.va_base); /* the same reservation in every process */
     int n = 0;
     CU_OK(cu.cuDeviceGetCount(&n));
     CHECK_EQ(n, msg.ndev);
@@ -1300,6 +1525,7 @@ static int ipc_importer(int in, int out) {
     /* malformed handles, refused flags */
     CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&x, patched32(msg.a, 0, 0x12345678), 0), CUDA_ERROR_INVALID_VALUE);
     CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&x, patched64(msg.a, 56, 1), 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&x, patched64(msg.a, 56, 0), 0), CUDA_ERROR_INVALID_VALUE);
     CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&x, patched64(msg.a, 24, 0), 0), CUDA_ERROR_INVALID_VALUE);
     CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&x, msg.a, 2), CUDA_ERROR_INVALID_VALUE);
     CU_EXPECT(cu.cuIpcOpenMemHandle_v2(NULL, msg.a, 0), CUDA_ERROR_INVALID_VALUE);
@@ -1332,7 +1558,10 @@ static int ipc_importer(int in, int out) {
 
     /* opened: device memory of this process's current device */
     CU_REQUIRE_OK(cu.cuIpcOpenMemHandle_v2(&pa, msg.a, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
-    CHECK(pa % GRAN == 0);
+    CHECK_MSG(pa == msg.a_base, "opened at %#llx, exported from %#llx", pa, (unsigned long long)msg.a_base);
+    CUdeviceptr start = 0;
+    CU_OK(cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, pa + 1000));
+    CHECK(start == pa);
     CHECK(mem_type(pa + 10) == CU_MEMORYTYPE_DEVICE);
     CHECK_EQ(ordinal_of(pa), 0);
     CHECK(context_of(pa) == p0);
@@ -1396,7 +1625,8 @@ static int ipc_importer(int in, int out) {
 
     /* c: exported by an interior pointer, opened at its base */
     CU_REQUIRE_OK(cu.cuIpcOpenMemHandle_v2(&pc_, msg.c, 0));
-    CU_OK(cu.cuMemGetAddressRange_v2(&base, &size, pc_));
+    CHECK(pc_ == msg.c_base);
+    CU_OK(cu.cuMemGetAddressRange_v2(&base, &size, pc_ + MIB + 3));
     CHECK(base == pc_ && size == msg.c_size);
     CHECK(all_bytes(pc_, 0x33, msg.c_size));
 
@@ -1407,18 +1637,55 @@ static int ipc_importer(int in, int out) {
     CHECK_EQ(x, 0x4321);
     CHECK_EQ(stats().live_ipc_mappings, s0.live_ipc_mappings + 2);
 
-    /* the importer writes, the exporter checks */
+    /* the importer writes, the exporter checks: only after a synchronising
+     * call here */
+    char ack = 0;
     CU_OK(cu.cuMemsetD8_v2(pa, 0xc3, msg.a_size));
     CU_EXPECT(cu.cuMemsetD8_v2(pa, 0xc3, msg.a_size + 1), CUDA_ERROR_INVALID_VALUE);
+    write_all(out, "m", 1); /* the exporter sees the old bytes */
+    CHECK(read_all(in, &ack, 1) && ack == 'k');
+    CU_OK(cu.cuCtxSynchronize());
+    write_all(out, "n", 1); /* now the new ones */
+    CHECK(read_all(in, &ack, 1) && ack == 'k');
 
     /* closes: one per open; the base only; then unknown */
     CU_EXPECT(cu.cuIpcCloseMemHandle(pa + 64), CUDA_ERROR_INVALID_VALUE);
+
+    /* the exporter frees a and allocates the same size again: the same
+     * address, a new allocation; this process still maps the old one there */
+    CUipcMemHandle h2;
+    write_all(out, "r", 1);
+    REQUIRE(read_all(in, &h2, sizeof h2));
+    CUdeviceptr p2 = 0;
+    CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&p2, h2, 0), CUDA_ERROR_ALREADY_MAPPED);
+    CHECK_EQ(p2, 0);
+    /* with LENIENT_IPC_ANYWHERE: elsewhere, never ALREADY_MAPPED */
+    ctl.set_lenient(HM_CUDA_TEST_LENIENT_IPC_ANYWHERE);
+    CUdeviceptr q1 = 0;
+    CU_OK(cu.cuIpcOpenMemHandle_v2(&q1, h2, 0));
+    CHECK(q1 != 0 && q1 != pa);
+    CU_OK(cu.cuIpcCloseMemHandle(q1));
+    ctl.set_lenient(0);
     CU_OK(cu.cuIpcCloseMemHandle(pa));
     CU_EXPECT(cu.cuIpcCloseMemHandle(pa), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cu.cuIpcOpenMemHandle_v2(&p2, h2, 0)); /* the stale mapping closed: it opens */
+    CHECK(p2 == msg.a_base);
+    CHECK(all_bytes(p2, 0x77, msg.a_size));
+    CU_OK(cu.cuIpcCloseMemHandle(p2));
+
     CU_OK(cu.cuIpcCloseMemHandle(pc_));
     CU_EXPECT(cu.cuIpcCloseMemHandle(pc_), CUDA_ERROR_INVALID_VALUE);
-    CUdeviceptr own = 0;
-    CU_OK(cu.cuMemAlloc_v2(&own, 4096));
+    /* the exporter's range taken by memory of this process: the open lands
+     * elsewhere (the last range given back, c's, is the first reused) */
+    CUdeviceptr own = 0, pf = 0;
+    CU_OK(cu.cuMemAlloc_v2(&own, msg.c_size));
+    CHECK(own == msg.c_base);
+    CU_OK(cu.cuIpcOpenMemHandle_v2(&pf, msg.c, 0));
+    CHECK(pf != 0 && pf != msg.c_base);
+    CU_OK(cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, pf + 5));
+    CHECK(start == pf);
+    CHECK(all_bytes(pf, 0x33, msg.c_size));
+    CU_OK(cu.cuIpcCloseMemHandle(pf));
     CU_EXPECT(cu.cuIpcCloseMemHandle(own), CUDA_ERROR_INVALID_VALUE);
     CU_OK(cu.cuMemFree_v2(own));
     int local;
@@ -1433,6 +1700,27 @@ static int ipc_importer(int in, int out) {
     char done = 'd';
     write_all(out, &done, 1);
     return hm_test_failed_count();
+}
+
+/* Runs this program again with `mode` and two descriptors (100: what the
+ * child reads, 101: what it writes); *in and *out: the parent's ends. */
+static pid_t spawn(const char *mode, int *in, int *out) {
+    int to[2], from[2];
+    REQUIRE(pipe2(to, O_CLOEXEC) == 0 && pipe2(from, O_CLOEXEC) == 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        if (dup2(to[0], 100) < 0 || dup2(from[1], 101) < 0) _exit(90);
+        execl("/proc/self/exe", "test_cuda_driver", mode, "100", "101", (char *)NULL);
+        _exit(91);
+    }
+    close(to[0]);
+    close(from[1]);
+    *out = to[1];
+    *in = from[0];
+    return pid;
 }
 
 static void test_ipc(void) {
@@ -1465,6 +1753,9 @@ static void test_ipc(void) {
     CHECK(memcmp(&again, &msg.a, sizeof again) == 0); /* the same allocation, the same handle */
     CU_OK(cu.cuIpcGetMemHandle(&cbase, c));
     CHECK(memcmp(&cbase, &msg.c, sizeof cbase) == 0); /* an interior pointer names it all */
+    msg.a_base = a;
+    msg.c_base = c;
+    msg.va_base = ctl.va_base();
 
     /* the layout the header documents */
     uint32_t w32[4];
@@ -1476,7 +1767,7 @@ static void test_ipc(void) {
     CHECK_EQ(w32[3], msg.a_dev);
     CHECK(w64[0] == buffer_id(a));
     CHECK_EQ(w64[1], msg.a_size);
-    CHECK(w64[5] == 0);
+    CHECK(w64[5] == a); /* the exporter's address */
     struct stat st;
     CHECK(fstat((int)w32[2], &st) == 0 && st.st_size >= (off_t)msg.a_size &&
           (uint64_t)st.st_ino == w64[3]);
@@ -1501,30 +1792,45 @@ static void test_ipc(void) {
     CU_OK(cu.cuMemFreeAsync(as, NULL));
     CU_OK(cu.cuMemFree_v2(b)); /* before the importer opens it */
 
+    CU_OK(cu.cuCtxSynchronize()); /* the memsets done before the importer looks */
+
     /* the importer: this program again, exec'd, so it inherits no memfd */
-    int to[2], from[2];
-    REQUIRE(pipe2(to, O_CLOEXEC) == 0 && pipe2(from, O_CLOEXEC) == 0);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        if (dup2(to[0], 100) < 0 || dup2(from[1], 101) < 0) _exit(90);
-        execl("/proc/self/exe", "test_cuda_driver", "ipc-importer", "100", "101", (char *)NULL);
-        _exit(91);
+    int in, out;
+    pid_t pid = spawn("ipc-importer", &in, &out);
+    write_all(out, &msg, sizeof msg);
+    char cmd = 0;
+    while (read_all(in, &cmd, 1) && cmd != 'd') {
+        if (cmd == 'm') { /* its memset is queued there: the old bytes here */
+            CHECK(all_bytes(a, 0x5a, msg.a_size));
+        } else if (cmd == 'n') {
+            CHECK(all_bytes(a, 0xc3, msg.a_size));
+        } else if (cmd == 'r') { /* free, and the same size again */
+            const CUdeviceptr old = a;
+            CUipcMemHandle h2;
+            CU_OK(cu.cuMemFree_v2(a));
+            CU_REQUIRE_OK(cu.cuCtxPushCurrent_v2(pc[msg.a_dev]));
+            CU_REQUIRE_OK(cu.cuMemAlloc_v2(&a, msg.a_size));
+            CU_OK(cu.cuCtxPopCurrent_v2(NULL));
+            CHECK_MSG(a == old, "reallocated at %#llx, freed %#llx", a, old);
+            CU_OK(cu.cuMemsetD8_v2(a, 0x77, msg.a_size));
+            CU_OK(cu.cuCtxSynchronize());
+            CU_OK(cu.cuIpcGetMemHandle(&h2, a));
+            write_all(out, &h2, sizeof h2);
+            continue;
+        } else {
+            CHECK_MSG(0, "importer sent '%c'", cmd);
+            break;
+        }
+        write_all(out, "k", 1);
     }
-    close(to[0]);
-    close(from[1]);
-    write_all(to[1], &msg, sizeof msg);
-    char done = 0;
-    CHECK(read_all(from[0], &done, 1) && done == 'd');
+    CHECK(cmd == 'd');
     int status = 0;
     REQUIRE(waitpid(pid, &status, 0) == pid);
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "importer exit status 0x%x", status);
-    close(to[1]);
-    close(from[0]);
-    /* what the importer wrote; c as it was */
-    CHECK(all_bytes(a, 0xc3, msg.a_size));
+    close(in);
+    close(out);
+    /* what the importer left; c as it was */
+    CHECK(all_bytes(a, 0x77, msg.a_size));
     CHECK(all_bytes(c, 0x33, msg.c_size));
     CU_OK(cu.cuMemFree_v2(a));
     CU_OK(cu.cuMemFree_v2(c));
@@ -1532,48 +1838,50 @@ static void test_ipc(void) {
 
 /* ---- IPC: an exporter that goes away ---- */
 
+/* Mode "ipc-exporter <in> <out>": a fresh process that exports 5000 bytes
+ * of 0x42, writes the handle and its address, and exits without a free
+ * when told. */
+static int ipc_exporter(int in, int out) {
+    CUcontext c = NULL;
+    CUdeviceptr d = 0;
+    CUipcMemHandle hh;
+    if (cu.cuInit(0) != CUDA_SUCCESS || cu.cuDevicePrimaryCtxRetain(&c, 0) != CUDA_SUCCESS ||
+        cu.cuCtxSetCurrent(c) != CUDA_SUCCESS || cu.cuMemAlloc_v2(&d, 5000) != CUDA_SUCCESS ||
+        cu.cuMemsetD8_v2(d, 0x42, 5000) != CUDA_SUCCESS || cu.cuCtxSynchronize() != CUDA_SUCCESS ||
+        cu.cuIpcGetMemHandle(&hh, d) != CUDA_SUCCESS)
+        return 1;
+    write_all(out, &hh, sizeof hh);
+    write_all(out, &d, sizeof d);
+    char go;
+    (void)read_all(in, &go, 1);
+    return 0; /* without a free: the process's end frees it */
+}
+
 static void test_ipc_exporter_gone(void) {
     hm_test_set_context("ipc exporter gone");
     set_current(pc[0]);
-    int to[2], from[2];
-    REQUIRE(pipe(to) == 0 && pipe(from) == 0);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-        /* A fork child: the driver works here too, with a nonce of its own. */
-        CUdeviceptr d = 0;
-        CUipcMemHandle hh;
-        int ok = cu.cuMemAlloc_v2(&d, 5000) == CUDA_SUCCESS &&
-                 cu.cuMemsetD8_v2(d, 0x42, 5000) == CUDA_SUCCESS &&
-                 cu.cuIpcGetMemHandle(&hh, d) == CUDA_SUCCESS;
-        if (!ok) _exit(1);
-        write_all(from[1], &hh, sizeof hh);
-        char go;
-        (void)read_all(to[0], &go, 1);
-        _exit(0); /* without a free: the process's end frees it */
-    }
-    close(to[0]);
-    close(from[1]);
+    int in, out;
+    pid_t pid = spawn("ipc-exporter", &in, &out);
     CUipcMemHandle hh;
-    REQUIRE(read_all(from[0], &hh, sizeof hh));
+    CUdeviceptr there = 0;
+    REQUIRE(read_all(in, &hh, sizeof hh) && read_all(in, &there, sizeof there));
+    CHECK(there == ctl.va_base()); /* a fresh process's first allocation: the lowest address */
     CUdeviceptr p = 0;
-    CU_OK(cu.cuIpcOpenMemHandle_v2(&p, hh, 0)); /* the parent imports its child's memory */
+    CU_OK(cu.cuIpcOpenMemHandle_v2(&p, hh, 0)); /* another process's memory */
     if (p) {
         CHECK(all_bytes(p, 0x42, 5000));
         CU_OK(cu.cuIpcCloseMemHandle(p));
     }
     char go = 'g';
-    write_all(to[1], &go, 1);
+    write_all(out, &go, 1);
     int status = 0;
     REQUIRE(waitpid(pid, &status, 0) == pid);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     p = 0;
     CU_EXPECT(cu.cuIpcOpenMemHandle_v2(&p, hh, 0), CUDA_ERROR_INVALID_HANDLE);
     CHECK_EQ(p, 0);
-    close(to[1]);
-    close(from[0]);
+    close(in);
+    close(out);
     CHECK_EQ(stats().live_ipc_mappings, 0);
 }
 
@@ -1608,6 +1916,8 @@ static void call_old(const char *name) {
         ((CUresult(*)(CUdeviceptr *, CUipcMemHandle, unsigned))f)(&d, h, 0);
     else if (!strcmp(name, "cuGetProcAddress"))
         ((CUresult(*)(const char *, void **, int, cuuint64_t))f)("cuInit", &pv, 13000, 0);
+    else if (!strcmp(name, "cuMemHostGetDevicePointer"))
+        ((CUresult(*)(unsigned *, void *, unsigned))f)(&u, buf, 0);
 }
 
 static void test_old_names(void) {
@@ -1755,6 +2065,7 @@ static void call_harmless(const char *name) {
     else if (!strcmp(name, "cuMemHostAlloc")) (void)cu.cuMemHostAlloc(&pv, 0, 0);
     else if (!strcmp(name, "cuMemFreeHost")) (void)cu.cuMemFreeHost(&local);
     else if (!strcmp(name, "cuMemAllocManaged")) (void)cu.cuMemAllocManaged(&d, 0, CU_MEM_ATTACH_GLOBAL);
+    else if (!strcmp(name, "cuMemHostGetDevicePointer_v2")) (void)cu.cuMemHostGetDevicePointer_v2(&d, NULL, 1);
     else if (!strcmp(name, "cuMemGetAddressRange_v2")) (void)cu.cuMemGetAddressRange_v2(NULL, NULL, D(&local));
     else if (!strcmp(name, "cuMemGetInfo_v2")) (void)cu.cuMemGetInfo_v2(NULL, NULL);
     else if (!strcmp(name, "cuMemGetAllocationGranularity"))
@@ -1890,29 +2201,65 @@ static void *busy(void *arg) {
     return NULL;
 }
 
+/* What a fork child of this process gets: 0 when every call is
+ * CUDA_ERROR_NOT_INITIALIZED and the control API works (or, with
+ * LENIENT_FORK, when the driver works). */
+static int fork_child_checks(bool lenient) {
+    CUdeviceptr d = 0;
+    int n = 0, v = 0;
+    const char *s = NULL;
+    CUcontext c = NULL;
+    if (lenient)
+        return cu.cuMemAlloc_v2(&d, 4096) == CUDA_SUCCESS &&
+                       cu.cuMemsetD8_v2(d, 7, 4096) == CUDA_SUCCESS && all_bytes(d, 7, 4096) &&
+                       cu.cuMemFree_v2(d) == CUDA_SUCCESS
+                   ? 0
+                   : 1;
+    const uint64_t allocs = ctl.call_count("cuMemAlloc_v2");
+    if (cu.cuMemAlloc_v2(&d, 4096) != CUDA_ERROR_NOT_INITIALIZED) return 2;
+    if (cu.cuDeviceGetCount(&n) != CUDA_ERROR_NOT_INITIALIZED) return 3;
+    if (cu.cuCtxGetCurrent(&c) != CUDA_ERROR_NOT_INITIALIZED) return 4;
+    if (cu.cuInit(0) != CUDA_ERROR_NOT_INITIALIZED) return 5; /* for good */
+    if (cu.cuDeviceGetCount(&n) != CUDA_ERROR_NOT_INITIALIZED) return 6;
+    if (cu.cuGetErrorName(CUDA_SUCCESS, &s) != CUDA_ERROR_NOT_INITIALIZED) return 7;
+    if (cu.cuDriverGetVersion(&v) != CUDA_ERROR_NOT_INITIALIZED) return 8;
+    if (cu.cuStreamSynchronize(NULL) != CUDA_ERROR_NOT_INITIALIZED) return 9;
+    if (d != 0 || n != 0 || c != NULL || s != NULL) return 10;
+    /* the control API works */
+    if (ctl.call_count("cuMemAlloc_v2") != allocs + 1) return 11;
+    hm_cuda_test_stats_t st;
+    ctl.get_stats(&st);
+    if (ctl.va_base() == 0) return 12;
+    return 0;
+}
+
 static void test_fork_busy(void) {
     hm_test_set_context("fork while busy");
     set_current(pc[0]);
+    const unsigned lenient = ctl.get_lenient();
     busy_stop = 0;
     pthread_t t;
     REQUIRE(pthread_create(&t, NULL, busy, NULL) == 0);
     for (int i = 0; i < 20; i++) {
+        /* odd rounds with LENIENT_FORK: the child keeps a working driver */
+        const bool len = i % 2;
+        ctl.set_lenient(len ? lenient | HM_CUDA_TEST_LENIENT_FORK : lenient & ~HM_CUDA_TEST_LENIENT_FORK);
+        CUdeviceptr q = 0;
+        CU_OK(cu.cuMemAlloc_v2(&q, 4096));
+        CU_OK(cu.cuMemsetD8_v2(q, 0x10, 4096)); /* queued here: never run by the child */
         fflush(stdout);
         fflush(stderr);
         pid_t pid = fork();
         REQUIRE(pid >= 0);
-        if (pid == 0) {
-            /* The child: no lock left taken, the driver works. */
-            CUdeviceptr d = 0;
-            int ok = cu.cuMemAlloc_v2(&d, 4096) == CUDA_SUCCESS &&
-                     cu.cuMemsetD8_v2(d, 7, 4096) == CUDA_SUCCESS && all_bytes(d, 7, 4096) &&
-                     cu.cuMemFree_v2(d) == CUDA_SUCCESS;
-            _exit(ok ? 0 : 1);
-        }
+        if (pid == 0) _exit(fork_child_checks(len));
         int st = 0;
         REQUIRE(waitpid(pid, &st, 0) == pid);
-        CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "fork child %d: status 0x%x", i, st);
+        CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "fork child %d (%s): status 0x%x", i,
+                  len ? "lenient" : "strict", st);
+        CHECK(all_bytes(q, 0x10, 4096)); /* the parent keeps working */
+        CU_OK(cu.cuMemFree_v2(q));
     }
+    ctl.set_lenient(lenient);
     busy_stop = 1;
     pthread_join(t, NULL);
 }
@@ -1965,6 +2312,189 @@ static void test_end(void) {
     printf("calls since the last reset: %llu\n", (unsigned long long)s.calls);
 }
 
+/* ---- teardown ---- */
+
+/* Registered before cuInit, so it runs after the driver's exit handler. */
+static void exit_probe(void) {
+    int n = 0;
+    const CUresult r = cu.cuDeviceGetCount(&n);
+    const unsigned lenient = ctl.get_lenient();
+    const CUresult want = lenient & HM_CUDA_TEST_LENIENT_EXIT ? CUDA_SUCCESS : CUDA_ERROR_DEINITIALIZED;
+    _exit(r == want ? 0 : 10);
+}
+
+/* Mode "atexit": the driver at exit, as an atexit handler sees it. */
+static int at_exit_mode(void) {
+    CUcontext c = NULL;
+    CUdeviceptr d = 0;
+    if (atexit(exit_probe) != 0) return 1;
+    if (cu.cuInit(0) != CUDA_SUCCESS || cu.cuDevicePrimaryCtxRetain(&c, 0) != CUDA_SUCCESS ||
+        cu.cuCtxSetCurrent(c) != CUDA_SUCCESS || cu.cuMemAlloc_v2(&d, 4096) != CUDA_SUCCESS ||
+        cu.cuMemsetD8_v2(d, 1, 4096) != CUDA_SUCCESS)
+        return 2;
+    return 0; /* exit() runs the handlers */
+}
+
+/* Runs `mode` with the environment variable `name` set to `value` (NULL:
+ * unset); its exit status. */
+static int run_mode(const char *mode, const char *name, const char *value) {
+    const char *old = getenv(name);
+    char *saved = old ? strdup(old) : NULL;
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+    int in, out;
+    pid_t pid = spawn(mode, &in, &out);
+    if (saved)
+        setenv(name, saved, 1);
+    else
+        unsetenv(name);
+    free(saved);
+    close(in);
+    close(out);
+    int st = 0;
+    REQUIRE(waitpid(pid, &st, 0) == pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+static void test_teardown(void) {
+    hm_test_set_context("teardown");
+    CHECK_EQ(run_mode("atexit", "HM_CUDA_TEST_LENIENT", NULL), 0);
+    CHECK_EQ(run_mode("atexit", "HM_CUDA_TEST_LENIENT", "exit"), 0);
+    CUcontext c = NULL;
+    CU_REQUIRE_OK(cu.cuDevicePrimaryCtxRetain(&c, 0));
+    set_current(c);
+    CUdeviceptr d = 0;
+    CU_OK(cu.cuMemAlloc_v2(&d, 4096));
+    CU_OK(cu.cuMemsetD8_v2(d, 1, 4096));
+    CHECK_EQ(stats().pending_ops, 1);
+    const uint64_t inits = ctl.call_count("cuInit");
+    ctl.teardown();
+    CHECK_EQ(stats().pending_ops, 0); /* the queued work ran */
+    int n = 0, v = 0;
+    const char *s = NULL;
+    CU_EXPECT(cu.cuInit(0), CUDA_ERROR_DEINITIALIZED);
+    CU_EXPECT(cu.cuDeviceGetCount(&n), CUDA_ERROR_DEINITIALIZED);
+    CU_EXPECT(cu.cuMemFree_v2(d), CUDA_ERROR_DEINITIALIZED);
+    CU_EXPECT(cu.cuDriverGetVersion(&v), CUDA_ERROR_DEINITIALIZED);
+    CU_EXPECT(cu.cuGetErrorName(CUDA_SUCCESS, &s), CUDA_ERROR_DEINITIALIZED);
+    CHECK_EQ(ctl.call_count("cuInit"), inits + 1); /* the control API works */
+    CHECK(ctl.va_base() != 0);
+}
+
+/* ---- placement in the reservation (a fresh process) ---- */
+
+/* Mappings of the driver's memfds in this process. */
+static int memfd_mappings(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    REQUIRE(f);
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "memfd:hm_cuda_test")) n++;
+    fclose(f);
+    return n;
+}
+
+static bool reserved(CUdeviceptr p) {
+    void *m = mmap(P(p), 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (m == MAP_FAILED) return errno == EEXIST;
+    munmap(m, 4096);
+    return false;
+}
+
+/* Mode "placement": where allocations go, in a process with nothing
+ * allocated yet. */
+static int placement(void) {
+    hm_test_set_context("placement");
+    CU_REQUIRE_OK(cu.cuInit(0));
+    const CUdeviceptr base = ctl.va_base();
+    const char *want = getenv("HM_CUDA_TEST_VA_BASE");
+    CHECK(base == (want ? strtoull(want, NULL, 0) : 0x7e8000000000ull));
+    CHECK(reserved(base) && reserved(base + HM_CUDA_TEST_VA_SIZE - 4096));
+    CUcontext c = NULL;
+    CU_REQUIRE_OK(cu.cuDevicePrimaryCtxRetain(&c, 0));
+    set_current(c);
+    CUdeviceptr d[6] = {0};
+    if (ctl.get_lenient() == (HM_CUDA_TEST_LENIENT_ALIGN | HM_CUDA_TEST_LENIENT_NO_REUSE)) {
+        /* from HM_CUDA_TEST_LENIENT=align,no-reuse: 2 MiB units, no reuse */
+        CU_OK(cu.cuMemAlloc_v2(&d[0], 1));
+        CU_OK(cu.cuMemAlloc_v2(&d[1], 1));
+        CHECK(d[0] == base && d[1] == base + GRAN);
+        CU_OK(cu.cuMemFree_v2(d[0]));
+        CU_OK(cu.cuMemAlloc_v2(&d[2], 1));
+        CHECK(d[2] == base + 2 * GRAN);
+        CHECK_EQ(stats().device_used[0], 2 * GRAN);
+        CU_OK(cu.cuMemFree_v2(d[1]));
+        CU_OK(cu.cuMemFree_v2(d[2]));
+        return hm_test_finish();
+    }
+    CHECK_EQ(ctl.get_lenient(), 0);
+    const int maps0 = memfd_mappings();
+    /* packed at 4 KiB below 2 MiB, 2 MiB aligned from 2 MiB on */
+    const size_t sizes[6] = {1, 1, 4097, 2 * MIB, 100, 3 * MIB};
+    const CUdeviceptr at[6] = {base, base + 4 * KIB, base + 8 * KIB, base + 2 * MIB,
+                               base + 16 * KIB, base + 4 * MIB};
+    for (int i = 0; i < 6; i++) {
+        CU_REQUIRE_OK(cu.cuMemAlloc_v2(&d[i], sizes[i]));
+        CHECK_MSG(d[i] == at[i], "allocation %d (%zu bytes) at base + %#llx, expected + %#llx", i,
+                  sizes[i], d[i] - base, at[i] - base);
+    }
+    CHECK_EQ(stats().device_used[0], 4 * KIB + 4 * KIB + 8 * KIB + 2 * MIB + 4 * KIB + 4 * MIB);
+    CHECK_EQ(memfd_mappings(), maps0 + 12); /* each: its place and the alias */
+    /* freed: reserved again, the most recently freed range first */
+    CU_OK(cu.cuMemFree_v2(d[1]));
+    CHECK_EQ(memfd_mappings(), maps0 + 10);
+    CHECK(reserved(at[1]));
+    CU_OK(cu.cuMemAlloc_v2(&d[1], 4096));
+    CHECK(d[1] == at[1]);
+    CU_OK(cu.cuMemFree_v2(d[0]));
+    CU_OK(cu.cuMemFree_v2(d[4]));
+    CUdeviceptr x = 0, y = 0;
+    CU_OK(cu.cuMemAlloc_v2(&x, 1));
+    CU_OK(cu.cuMemAlloc_v2(&y, 1));
+    CHECK(x == at[4] && y == at[0]);
+    CU_OK(cu.cuMemFree_v2(d[5]));
+    CU_OK(cu.cuMemAlloc_v2(&d[5], 3 * MIB));
+    CHECK(d[5] == at[5]);
+    CU_OK(cu.cuMemFree_v2(d[3]));
+    CU_OK(cu.cuMemAlloc_v2(&d[3], 2 * MIB));
+    CHECK(d[3] == at[3]);
+    CUdeviceptr as = 0; /* async memory too */
+    CU_OK(cu.cuMemFree_v2(d[3]));
+    CU_OK(cu.cuMemAllocAsync(&as, 2 * MIB, NULL));
+    CHECK(as == at[3]);
+    CU_OK(cu.cuMemFreeAsync(as, NULL));
+    /* LENIENT_ALIGN and LENIENT_NO_REUSE by the control call */
+    ctl.set_lenient(HM_CUDA_TEST_LENIENT_ALIGN);
+    CU_OK(cu.cuMemAlloc_v2(&d[3], 1));
+    CHECK(d[3] % GRAN == 0);
+    CU_OK(cu.cuMemFree_v2(d[3]));
+    ctl.set_lenient(HM_CUDA_TEST_LENIENT_NO_REUSE);
+    CU_OK(cu.cuMemAlloc_v2(&d[3], 4096));
+    CHECK(d[3] != at[3]);
+    CU_OK(cu.cuMemFree_v2(d[3]));
+    ctl.set_lenient(0);
+    CU_OK(cu.cuMemFree_v2(x));
+    CU_OK(cu.cuMemFree_v2(y));
+    CU_OK(cu.cuMemFree_v2(d[1]));
+    CU_OK(cu.cuMemFree_v2(d[2]));
+    CU_OK(cu.cuMemFree_v2(d[5]));
+    CHECK_EQ(stats().device_used[0], 0);
+    CHECK_EQ(memfd_mappings(), maps0);
+    CHECK(reserved(base));
+    CU_OK(cu.cuDevicePrimaryCtxRelease_v2(0));
+    return hm_test_finish();
+}
+
+static void test_placement(void) {
+    hm_test_set_context("placement");
+    CHECK_EQ(run_mode("placement", "HM_CUDA_TEST_LENIENT", NULL), 0);
+    CHECK_EQ(run_mode("placement", "HM_CUDA_TEST_LENIENT", "align,bogus,no-reuse"), 0);
+    CHECK_EQ(run_mode("placement", "HM_CUDA_TEST_VA_BASE", "0x7e9000000000"), 0);
+}
+
 /* ---- other modes ---- */
 
 static int no_device(void) {
@@ -2003,6 +2533,21 @@ int main(int argc, char **argv) {
         control();
         return ipc_importer(atoi(argv[2]), atoi(argv[3])) ? 1 : 0;
     }
+    if (argc == 4 && strcmp(argv[1], "ipc-exporter") == 0) {
+        load();
+        control();
+        return ipc_exporter(atoi(argv[2]), atoi(argv[3]));
+    }
+    if (argc == 4 && strcmp(argv[1], "placement") == 0) {
+        load();
+        control();
+        return placement();
+    }
+    if (argc == 4 && strcmp(argv[1], "atexit") == 0) {
+        load();
+        control();
+        return at_exit_mode();
+    }
     if (argc == 2 && strcmp(argv[1], "no-device") == 0) return no_device();
     if (argc == 2 && strcmp(argv[1], "soname") == 0) return soname();
     load();
@@ -2023,7 +2568,11 @@ int main(int argc, char **argv) {
     test_attributes();
     test_limits();
     test_faults();
+    test_placement();
     test_copies();
+    test_queue();
+    test_write_combined();
+    test_sticky();
     test_async();
     test_ipc();
     test_ipc_exporter_gone();
@@ -2034,5 +2583,6 @@ int main(int argc, char **argv) {
     test_fork_busy();
     test_primary_reset();
     test_end();
+    test_teardown();
     return hm_test_finish();
 }
