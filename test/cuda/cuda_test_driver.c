@@ -41,6 +41,9 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
+extern void *__dso_handle;
+extern int __cxa_atexit(void (*fn)(void *), void *arg, void *dso);
+
 #define KIB ((size_t)1 << 10)
 #define MIB ((size_t)1 << 20)
 #define GRANULARITY HM_CUDA_TEST_GRANULARITY
@@ -874,12 +877,33 @@ static CUresult resolve(CUdeviceptr ptr, size_t n, bool device_side, char **cpu,
 /* The process's end: the queued work runs, then every entry point is
  * CUDA_ERROR_DEINITIALIZED (for atexit handlers registered before cuInit,
  * which run after this one). */
-static void at_exit(void) {
+static void at_exit(void *unused) {
+    (void)unused;
     lock();
     if (g.initialized && !g.forked && !(g.lenient & HM_CUDA_TEST_LENIENT_EXIT)) {
         queue_run();
         g.deinit = true;
     }
+    unlock();
+}
+
+/* The library's unloading (dlclose, or the end of the process after every
+ * atexit handler): the driver's own bookkeeping goes, and any later call is
+ * CUDA_ERROR_DEINITIALIZED. The reservation stays mapped (memory may still
+ * be mapped inside it). */
+__attribute__((destructor)) static void unload(void) {
+    lock();
+    queue_run();
+    free(g.q);
+    g.q = NULL;
+    g.qcap = 0;
+    if (g.nallocs == 0) { /* nothing left to give back into it */
+        free(g.va_free);
+        g.va_free = NULL;
+        g.va_nfree = g.va_capfree = 0;
+        g.va_reserved = false;
+    }
+    g.deinit = true;
     unlock();
 }
 
@@ -890,7 +914,9 @@ EXPORT CUresult cuInit(unsigned int Flags) {
     CUresult r = va_reserve();
     if (r != CUDA_SUCCESS) return leave(r);
     if (!g.atexit_set) {
-        if (atexit(at_exit) != 0) return leave(CUDA_ERROR_OUT_OF_MEMORY);
+        /* atexit() itself, tied to this library: a dlclose runs it and
+         * drops it (the sanitizers' atexit interceptors lose the tie). */
+        if (__cxa_atexit(at_exit, NULL, &__dso_handle) != 0) return leave(CUDA_ERROR_OUT_OF_MEMORY);
         g.atexit_set = true;
     }
     g.initialized = true;

@@ -51,7 +51,8 @@
  *    control API keeps working there. LENIENT_FORK: the child keeps a
  *    working driver with a nonce of its own, sharing device memory with the
  *    parent (MAP_SHARED memfds), which no real driver gives.
- *  - Teardown: cuInit registers an atexit handler; once it has run (at
+ *  - Teardown: cuInit registers an atexit handler (__cxa_atexit, tied to
+ *    the library, so that a dlclose runs it too); once it has run (at
  *    exit(), or at hm_cuda_test_teardown()) the queued work is done and
  *    every entry point is CUDA_ERROR_DEINITIALIZED (cuda.h: "the CUDA
  *    driver is in the process of shutting down"), so an atexit handler
