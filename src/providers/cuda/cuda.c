@@ -433,7 +433,14 @@ static hm_result_t cu_alloc(void *state, size_t size, size_t alignment, void **p
     hm_result_t res = ctx_enter(c, &pushed);
     if (res != HM_SUCCESS) return res;
     uintptr_t base = 0;
-    res = raw_alloc(c, size, &base);
+    /* The driver hands out allocations of 2 MiB and more 2 MiB-aligned, and
+     * smaller ones packed (only 256 B is promised): up to the page's
+     * alignment, a whole number of pages is asked for, which comes aligned
+     * in one call. */
+    size_t ask = size;
+    if (alignment <= c->page && size <= SIZE_MAX - (c->page - 1))
+        ask = (size + c->page - 1) & ~(c->page - 1);
+    res = raw_alloc(c, ask, &base);
     if (res == HM_SUCCESS && (base & (alignment - 1))) {
         /* Not aligned as asked: size + alignment, and the aligned part. */
         (void)raw_free(c, base);
