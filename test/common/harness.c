@@ -1,6 +1,7 @@
 /* hetmem tests — harness implementation. SPDX-License-Identifier: MIT */
 #include "harness.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -58,4 +59,19 @@ int hm_test_finish(void) {
     printf("checks: %d passed, %d failed\n", atomic_load(&passed), atomic_load(&failed));
     fflush(stdout);
     return atomic_load(&failed) ? 1 : 0;
+}
+
+size_t hm_test_read_all(int fd, char *buf, size_t cap) {
+    size_t len = 0;
+    ssize_t n;
+    while (len + 1 < cap && (n = read(fd, buf + len, cap - 1 - len)) != 0) {
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        len += (size_t)n;
+    }
+    if (cap) buf[len] = '\0';
+    close(fd);
+    return len;
 }

@@ -28,6 +28,9 @@ void hm_test_set_context(const char *context);
  * where fd is its end of a SOCK_SEQPACKET socketpair. *fd receives this
  * process's end; returns the child's pid (stops the test on failure). */
 int hm_test_spawn_importer(const char *self, const char *extra, int *fd);
+/* Everything readable from fd until end of file (or cap - 1 bytes), as a
+ * NUL-terminated string in buf; fd is closed. Returns the length. */
+size_t hm_test_read_all(int fd, char *buf, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -1939,12 +1939,7 @@ static void test_old_names(void) {
         }
         close(err[1]);
         char text[1024];
-        size_t got = 0;
-        ssize_t r;
-        while (got < sizeof text - 1 && (r = read(err[0], text + got, sizeof text - 1 - got)) > 0)
-            got += (size_t)r;
-        text[got] = '\0';
-        close(err[0]);
+        (void)hm_test_read_all(err[0], text, sizeof text);
         int status = 0;
         REQUIRE(waitpid(pid, &status, 0) == pid);
         CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT, "%s: status 0x%x",

@@ -507,12 +507,7 @@ static void test_teardown(const char *self) {
     }
     close(pfd[1]);
     char out[4096];
-    size_t len = 0;
-    ssize_t n;
-    while (len < sizeof out - 1 && (n = read(pfd[0], out + len, sizeof out - 1 - len)) > 0)
-        len += (size_t)n;
-    out[len] = '\0';
-    close(pfd[0]);
+    (void)hm_test_read_all(pfd[0], out, sizeof out);
     int st = 0;
     REQUIRE(waitpid(pid, &st, 0) == pid);
     CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "teardown child: status 0x%x; it reported:\n%s",

@@ -382,12 +382,7 @@ static void test_pass_fds(void) {
     }
     close(pipefd[1]);
     char buf[1024];
-    size_t len = 0;
-    ssize_t n;
-    while (len < sizeof buf - 1 && (n = read(pipefd[0], buf + len, sizeof buf - 1 - len)) > 0)
-        len += (size_t)n;
-    buf[len] = 0;
-    close(pipefd[0]);
+    (void)hm_test_read_all(pipefd[0], buf, sizeof buf);
     int status = 0;
     REQUIRE(waitpid(pid, &status, 0) == pid);
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: status %#x", status);
