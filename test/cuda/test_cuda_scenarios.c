@@ -385,7 +385,9 @@ static int fork_child(hm_pool_t *pool, void *kept) {
 
 static void test_fork(void) {
     for (int kind = 0; kind < 3; kind++) {
-#ifndef HM_TEST_JEMALLOC
+#if !defined(HM_TEST_JEMALLOC) || defined(HM_TSAN)
+        /* Under TSan: jemalloc's fork handlers hold more locks at once than
+         * its deadlock detector can track (64); Release and ASan run it. */
         if (kind == 2) continue;
 #endif
         hm_test_set_context(kind == 0 ? "fork child, proxy pool"
