@@ -322,10 +322,10 @@ run_check() {
     if [ "$hw" = 1 ]; then
       step hardware-suites "$T_HARDWARE" "$dir/bin/test_cuda_provider" hardware
       [ $? = 77 ] && nogpu=1
-    else # as CTest runs them on the test driver (test/cuda/CMakeLists.txt)
-      step suites-provider "$T_PROVIDER" "$dir/bin/test_cuda_provider" provider
-      step suites-pools "$T_POOLS" "$dir/bin/test_cuda_provider" pools
-      step suites-ipc "$T_IPC" "$dir/bin/test_cuda_provider" ipc
+    else # as CTest runs them on the test driver (test/cuda/CMakeLists.txt): two devices
+      HM_CUDA_TEST_DEVICES=2 step suites-provider "$T_PROVIDER" "$dir/bin/test_cuda_provider" provider
+      HM_CUDA_TEST_DEVICES=2 step suites-pools "$T_POOLS" "$dir/bin/test_cuda_provider" pools
+      HM_CUDA_TEST_DEVICES=2 step suites-ipc "$T_IPC" "$dir/bin/test_cuda_provider" ipc
     fi
     step ipc-example "$T_EXAMPLE" "$dir/bin/cuda_ipc"
     step benchmark "$T_BENCH" "$dir/bin/bench_cuda" --repeats 5 --min-time 0.05 \
