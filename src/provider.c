@@ -4,7 +4,7 @@
  * Validates arguments once for every provider, answers NOT_SUPPORTED for a
  * NULL op in one place, and caches the provider's info and device
  * (immutable after create) so hot-path queries do not call into the
- * provider. Accepts ops tables of version 1 and 2 (provider.h). */
+ * provider. Accepts ops tables of versions 1 to 3 (provider.h). */
 #include "provider_internal.h"
 #include "fork.h"
 #include "ipc/ipc_internal.h"
@@ -32,6 +32,8 @@ static uint32_t caps_from_ops(const hm_provider_ops_t *ops) {
 _Static_assert(OPS_V1_SIZE == offsetof(hm_provider_ops_t, ipc) +
                                   sizeof(((hm_provider_ops_t *)0)->ipc),
                "version 2 ops must start right after the version 1 table");
+/* A version 2 table ends where the stream sub-table begins. */
+#define OPS_V2_SIZE offsetof(hm_provider_ops_t, stream)
 
 HM_RUN hm_result_t hm_provider_create(const hm_provider_ops_t *ops, const void *params,
                                hm_provider_t **out) {
@@ -41,7 +43,7 @@ HM_RUN hm_result_t hm_provider_create(const hm_provider_ops_t *ops, const void *
         return HM_ERROR_INVALID_ARGUMENT;
     }
     *out = NULL;
-    if (ops->version != 1u && ops->version != HM_PROVIDER_OPS_VERSION) {
+    if (ops->version < 1u || ops->version > HM_PROVIDER_OPS_VERSION) {
         HM_LOG_ERROR("hm_provider_create: ops version %u, this library speaks 1 to %u",
                      ops->version, HM_PROVIDER_OPS_VERSION);
         return HM_ERROR_NOT_SUPPORTED;
@@ -54,7 +56,9 @@ HM_RUN hm_result_t hm_provider_create(const hm_provider_ops_t *ops, const void *
     hm_provider_t *p = calloc(1, sizeof(*p));
     if (!p) return HM_ERROR_OUT_OF_HOST_MEMORY;
     /* Only what the table's version has is read; the rest stays NULL. */
-    memcpy(&p->ops, ops, ops->version == 1u ? OPS_V1_SIZE : sizeof(*ops));
+    memcpy(&p->ops, ops, ops->version == 1u   ? OPS_V1_SIZE
+                         : ops->version == 2u ? OPS_V2_SIZE
+                                              : sizeof(*ops));
     p->ops.version = HM_PROVIDER_OPS_VERSION;
     uint32_t op_caps = caps_from_ops(&p->ops);
     if (!(op_caps & HM_PROVIDER_CAP_IPC)) p->ops.ipc.close_many = NULL;
@@ -75,9 +79,14 @@ HM_RUN hm_result_t hm_provider_create(const hm_provider_ops_t *ops, const void *
         p->ops.ipc_compatible = NULL;
         p->ops.ipc_context = NULL;
     }
-    /* FILL and COPY are the ops themselves. */
+    /* FILL, COPY and STREAMS are the ops themselves. */
     if (p->ops.fill) p->info.caps |= HM_PROVIDER_CAP_FILL;
     if (p->ops.copy) p->info.caps |= HM_PROVIDER_CAP_COPY;
+    if (p->ops.stream.event_create && p->ops.stream.event_record &&
+        p->ops.stream.event_query && p->ops.stream.event_sync && p->ops.stream.event_destroy)
+        p->info.caps |= HM_PROVIDER_CAP_STREAMS;
+    else
+        memset(&p->ops.stream, 0, sizeof(p->ops.stream));
     p->device.ordinal = -1;
     if (p->ops.get_device) {
         p->ops.get_device(p->state, &p->device);

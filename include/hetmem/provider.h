@@ -42,6 +42,9 @@ enum {
     /* Set by the front-end exactly when the op is present (ops version 2). */
     HM_PROVIDER_CAP_FILL = 1u << 7,        /* fill: set bytes of its memory (a memset) */
     HM_PROVIDER_CAP_COPY = 1u << 8,        /* copy: its memory <-> host, and within it */
+    /* Set by the front-end exactly when the five stream ops are present
+     * (ops version 3): stream-ordered allocation (hetmem/stream.h). */
+    HM_PROVIDER_CAP_STREAMS = 1u << 9,
 };
 
 /* The device a provider's memory belongs to, as its driver names it.
@@ -88,12 +91,13 @@ typedef struct hm_provider_info {
     size_t recommended_page_size; /* e.g. 2 MiB for huge pages or GPU granularity */
 } hm_provider_info_t;
 
-/* Version 2 appended get_device, fill, copy, ipc_compatible and ipc_context. The
- * front-end accepts tables of version 1 (they end before get_device, and
- * only that much is read) and 2; a table always says the version of the
- * header it was compiled against, so a program built against an older
- * header keeps working unchanged. */
-#define HM_PROVIDER_OPS_VERSION 2u
+/* Version 2 appended get_device, fill, copy, ipc_compatible and ipc_context;
+ * version 3 the stream sub-table. The front-end accepts tables of versions 1
+ * (they end before get_device, and only that much is read), 2 (they end
+ * before stream) and 3; a table always says the version of the header it
+ * was compiled against, so a program built against an older header keeps
+ * working unchanged. */
+#define HM_PROVIDER_OPS_VERSION 3u
 
 /* The provider interface. `state` is what init returned. Ops return
  * HM_SUCCESS or an error; on driver/OS failure they record the native error
@@ -210,6 +214,31 @@ typedef struct hm_provider_ops {
      * context does. NULL or 0: each importing pool opens its own mapping
      * (host memory: each open is its own mmap). */
     uint64_t (*ipc_context)(void *state);
+
+    /* Streams and events (optional, all five or none; version 3), for
+     * stream-ordered allocation (hetmem/stream.h). A stream is the driver's
+     * own handle, passed through as the program gave it: CUDA a CUstream
+     * (NULL: the legacy default stream), Level Zero an immediate command
+     * list (ze_command_list_handle_t). An event marks a point in a
+     * stream's work; the provider makes and owns them. No op blocks but
+     * event_sync.
+     *   event_create   a new event (*event non-NULL), not yet recorded.
+     *   event_record   the event completes when the work the stream has at
+     *                  the call has completed (earlier records of the same
+     *                  event are forgotten).
+     *   event_query    HM_SUCCESS: completed; HM_ERROR_BUSY: not yet; any
+     *                  other result: the driver failed (the front end then
+     *                  treats the event as never completing until a sync).
+     *   event_sync     waits on the host until it completes.
+     *   event_destroy  frees it (it may be pending: the driver keeps what
+     *                  it needs). */
+    struct {
+        hm_result_t (*event_create)(void *state, void **event);
+        hm_result_t (*event_record)(void *state, void *event, void *stream);
+        hm_result_t (*event_query)(void *state, void *event);
+        hm_result_t (*event_sync)(void *state, void *event);
+        void (*event_destroy)(void *state, void *event);
+    } stream;
 } hm_provider_ops_t;
 
 /* Create a provider. `params` is the provider's params object (may be NULL
