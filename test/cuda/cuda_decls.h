@@ -66,10 +66,31 @@ typedef unsigned long long CUdeviceptr;
 typedef int CUdevice;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
+
+/* cuStreamCreate flags (CUstream_flags) */
+typedef enum CUstream_flags_enum {
+    CU_STREAM_DEFAULT = 0x0,
+    CU_STREAM_NON_BLOCKING = 0x1
+} CUstream_flags;
+
+/* cuEventCreate flags (CUevent_flags) */
+typedef enum CUevent_flags_enum {
+    CU_EVENT_DEFAULT = 0x0,
+    CU_EVENT_BLOCKING_SYNC = 0x1,
+    CU_EVENT_DISABLE_TIMING = 0x2,
+    CU_EVENT_INTERPROCESS = 0x4
+} CUevent_flags;
+
+/* cuStreamWaitEvent flags (CUevent_wait_flags) */
+typedef enum CUevent_wait_flags_enum {
+    CU_EVENT_WAIT_DEFAULT = 0x0,
+    CU_EVENT_WAIT_EXTERNAL = 0x1
+} CUevent_wait_flags;
 
 typedef struct CUuuid_st {
     char bytes[16];
@@ -296,6 +317,17 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream);
 CUresult cuStreamSynchronize(CUstream hStream);
+CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags);
+CUresult cuStreamDestroy_v2(CUstream hStream);
+CUresult cuStreamQuery(CUstream hStream);
+CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
+CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags);
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
+CUresult cuEventQuery(CUevent hEvent);
+CUresult cuEventSynchronize(CUevent hEvent);
+CUresult cuEventDestroy_v2(CUevent hEvent);
+CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream);
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream);
 
 #ifdef __cplusplus
 }

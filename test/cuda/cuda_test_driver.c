@@ -20,6 +20,15 @@
  *    context is active while refs > 0.
  *  - Every allocation's ctx is a context that was usable when it was made;
  *    a context's end releases its allocations (async ones excepted).
+ *  - The queue: g.q[g.qhead, g.nq) are the ops not yet run, in the order
+ *    they were queued; g.q_seq ops were ever queued and g.q_done ever run,
+ *    so g.q_seq - g.q_done == g.nq - g.qhead, and the op at index i is op
+ *    number g.q_done + (i - g.qhead). An event's point is a value of q_seq:
+ *    it is complete when q_done >= point.
+ *  - g.streams and g.events hold the live created streams and events,
+ *    sorted by id (ids rise and are never reused: a handle encodes its id,
+ *    so a destroyed handle is never found again). Each names a context that
+ *    is usable; a context's end destroys its streams and events.
  */
 #include "cuda_test_driver.h"
 
@@ -88,7 +97,11 @@ extern int __cxa_atexit(void (*fn)(void *), void *arg, void *dso);
     X(cuPointerGetAttribute) X(cuPointerGetAttributes)                                  \
     X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcOpenMemHandle)                 \
     X(cuIpcCloseMemHandle)                                                              \
-    X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuStreamSynchronize)
+    X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuStreamSynchronize)                        \
+    X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamDestroy) X(cuStreamQuery)         \
+    X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)              \
+    X(cuEventSynchronize) X(cuEventDestroy_v2) X(cuEventDestroy)                        \
+    X(cuMemsetD8Async) X(cuMemcpyAsync)
 
 enum api {
 #define X(name) API_##name,
@@ -165,12 +178,28 @@ struct range {
     uintptr_t lo, hi; /* [lo, hi) */
 };
 
-/* A queued memset (src NULL) or copy of device memory, through aliases. */
+/* A queued memset (src NULL) or copy, through aliases; `stream`: the
+ * stream's tag (stream_tag()). */
 struct op {
     char *dst;
     const char *src;
     size_t n;
     int value;
+    uintptr_t stream;
+};
+
+/* A created stream or event; the handle encodes the id (handle_of()). */
+struct stream {
+    uint64_t id;
+    struct ctx *ctx;
+    unsigned flags;
+};
+
+struct event {
+    uint64_t id;
+    struct ctx *ctx;
+    unsigned flags;
+    uint64_t point; /* complete when g.q_done >= point; 0: never recorded */
 };
 
 static struct {
@@ -190,7 +219,14 @@ static struct {
     unsigned nlifo;
     uintptr_t va_cursor; /* LENIENT_NO_REUSE: where the next search starts */
     struct op *q;
-    size_t nq, qcap;
+    size_t qhead, nq, qcap;
+    uint64_t q_seq, q_done; /* ops ever queued, ever run */
+    struct stream *streams;
+    size_t nstreams, capstreams;
+    struct event *events;
+    size_t nevents, capevents;
+    uint64_t next_stream_id, next_event_id;
+    uint64_t events_recorded;
     unsigned ndev;
     uint64_t next_id;
     uint64_t nonce;   /* this process's, new in a fork child */
@@ -238,8 +274,10 @@ static void fork_prepare(void) { lock(); }
 static void fork_parent(void) { unlock(); }
 static void fork_child(void) {
     g.nonce = new_nonce();
-    /* The parent's queued work is the parent's: the child never runs it. */
-    g.nq = 0;
+    /* The parent's queued work is the parent's: the child never runs it
+     * (its events count as complete there). */
+    g.qhead = g.nq = 0;
+    g.q_done = g.q_seq;
     if (g.initialized && !(g.lenient & HM_CUDA_TEST_LENIENT_FORK)) g.forked = true;
     unlock();
 }
@@ -345,6 +383,7 @@ static void setup(void) {
         for (unsigned j = 0; j < HM_CUDA_TEST_MAX_DEVICES; j++) g.peer[i][j] = i != j;
     }
     g.next_id = 1;
+    g.next_stream_id = g.next_event_id = 1;
     g.nonce = new_nonce();
     int e = pthread_atfork(fork_prepare, fork_parent, fork_child);
     if (e) die("pthread_atfork: %s", strerror(e));
@@ -428,6 +467,117 @@ static struct ctx *current(void) { return t_depth ? t_stack[t_depth - 1] : NULL;
     do {                                                                  \
         CUresult cur_r_ = ctx_usable(var);                                \
         if (cur_r_ != CUDA_SUCCESS) return leave(cur_r_);                 \
+    } while (0)
+
+/* ---- created streams and events: handles and tables ---- */
+
+/* A handle is its kind's base plus the id times 16: never a valid
+ * pointer, never NULL, CU_STREAM_LEGACY or CU_STREAM_PER_THREAD, and a
+ * stream's handle is never an event's. */
+#define STREAM_HANDLE_BASE ((uintptr_t)0x5354000000000000ull) /* "ST" */
+#define EVENT_HANDLE_BASE ((uintptr_t)0x4556000000000000ull)  /* "EV" */
+#define HANDLE_ID_MASK ((uintptr_t)0x0000fffffffffff0ull)
+
+static uintptr_t handle_of(uintptr_t base, uint64_t id) { return base + ((uintptr_t)id << 4); }
+
+/* The id a handle of this kind encodes; 0 for anything else. */
+static uint64_t id_of(uintptr_t base, uintptr_t h) {
+    if ((h & ~HANDLE_ID_MASK) != base) return 0;
+    return (uint64_t)((h & HANDLE_ID_MASK) >> 4);
+}
+
+static struct stream *stream_find(CUstream h) {
+    const uint64_t id = id_of(STREAM_HANDLE_BASE, (uintptr_t)h);
+    size_t lo = 0, hi = g.nstreams;
+    while (id && lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (g.streams[mid].id == id) return &g.streams[mid];
+        if (g.streams[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+static struct event *event_find(CUevent h) {
+    const uint64_t id = id_of(EVENT_HANDLE_BASE, (uintptr_t)h);
+    size_t lo = 0, hi = g.nevents;
+    while (id && lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (g.events[mid].id == id) return &g.events[mid];
+        if (g.events[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+/* Room for one more element of a table of `size`-byte elements. */
+static bool table_grow(void **v, size_t n, size_t *cap, size_t size) {
+    if (n < *cap) return true;
+    const size_t c = *cap ? 2 * *cap : 16;
+    void *nv = realloc(*v, c * size);
+    if (!nv) return false;
+    *v = nv;
+    *cap = c;
+    return true;
+}
+
+static void stream_remove(struct stream *s) {
+    const size_t i = (size_t)(s - g.streams);
+    memmove(s, s + 1, (g.nstreams - i - 1) * sizeof *s);
+    if (--g.nstreams == 0) {
+        free(g.streams);
+        g.streams = NULL;
+        g.capstreams = 0;
+    }
+}
+
+static void event_remove(struct event *e) {
+    const size_t i = (size_t)(e - g.events);
+    memmove(e, e + 1, (g.nevents - i - 1) * sizeof *e);
+    if (--g.nevents == 0) {
+        free(g.events);
+        g.events = NULL;
+        g.capevents = 0;
+    }
+}
+
+/* The calling thread's per-thread default stream: its tag is this
+ * variable's address. */
+static __thread char t_per_thread_stream;
+
+/* What a call that takes a stream may be given: NULL and CU_STREAM_LEGACY
+ * (the legacy default stream, one tag), CU_STREAM_PER_THREAD (the calling
+ * thread's), both of the current context, which must be usable; or a live
+ * created stream, of its own context. Anything else is
+ * CUDA_ERROR_INVALID_HANDLE. *ctx: the stream's context; *tag: what its
+ * queued ops carry. */
+static CUresult stream_arg(CUstream h, struct ctx **ctx, uintptr_t *tag) {
+    if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
+        struct ctx *c = current();
+        CUresult r = ctx_usable(c);
+        if (r != CUDA_SUCCESS) return r;
+        *ctx = c;
+        *tag = h == CU_STREAM_PER_THREAD ? (uintptr_t)&t_per_thread_stream
+                                         : (uintptr_t)CU_STREAM_LEGACY;
+        return CUDA_SUCCESS;
+    }
+    const struct stream *s = stream_find(h);
+    if (!s) return CUDA_ERROR_INVALID_HANDLE;
+    *ctx = s->ctx;
+    *tag = (uintptr_t)h;
+    return CUDA_SUCCESS;
+}
+
+#define STREAM_ARG(ctx_var, tag_var, h)                                   \
+    struct ctx *ctx_var;                                                  \
+    uintptr_t tag_var;                                                    \
+    do {                                                                  \
+        CUresult st_r_ = stream_arg(h, &ctx_var, &tag_var);               \
+        if (st_r_ != CUDA_SUCCESS) return leave(st_r_);                   \
     } while (0)
 
 /* ---- the allocation table ---- */
@@ -657,17 +807,25 @@ static bool map_at(uintptr_t addr, int fd, size_t len) {
     return mmap((void *)addr, len, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, 0) != MAP_FAILED;
 }
 
-/* ---- queued work: memsets and copies of device memory ---- */
+/* ---- queued work: memsets and copies, in one queue in stream order ---- */
 
-static void queue_run(void) {
-    for (size_t i = 0; i < g.nq; i++) {
-        const struct op *o = &g.q[i];
-        if (o->src)
-            memmove(o->dst, o->src, o->n);
-        else
-            memset(o->dst, o->value, o->n);
+static void op_run(const struct op *o) {
+    if (o->src)
+        memmove(o->dst, o->src, o->n);
+    else
+        memset(o->dst, o->value, o->n);
+}
+
+/* Runs the queued ops until q_done reaches `point` (or the queue is
+ * empty): the work an event recorded at `point` captured, and whatever
+ * was queued before it. */
+static void queue_run_to(uint64_t point) {
+    while (g.qhead < g.nq && g.q_done < point) {
+        op_run(&g.q[g.qhead++]);
+        g.q_done++;
     }
-    g.nq = 0;
+    if (g.qhead < g.nq) return;
+    g.qhead = g.nq = 0;
     if (g.qcap > 64) { /* keep the queue small between bursts */
         free(g.q);
         g.q = NULL;
@@ -675,11 +833,21 @@ static void queue_run(void) {
     }
 }
 
-/* Queues (or, with LENIENT_SYNC, runs) one memset (src NULL) or copy. A
- * full queue runs first, as a real driver's full push buffer blocks. */
-static void queue_push(char *dst, const char *src, size_t n, int value) {
+static void queue_run(void) { queue_run_to(g.q_seq); }
+
+/* Queues (or, with LENIENT_SYNC, runs) one memset (src NULL) or copy on
+ * the stream tagged `stream`. A full queue runs first, as a real driver's
+ * full push buffer blocks. */
+static void queue_push(char *dst, const char *src, size_t n, int value, uintptr_t stream) {
+    const struct op o = {dst, src, n, value, stream};
+    g.q_seq++;
     if (!(g.lenient & HM_CUDA_TEST_LENIENT_SYNC)) {
-        if (g.nq == QUEUE_MAX) queue_run();
+        if (g.nq - g.qhead == QUEUE_MAX) queue_run();
+        if (g.nq == g.qcap && g.qhead > 0) { /* room at the front: move down */
+            memmove(g.q, g.q + g.qhead, (g.nq - g.qhead) * sizeof *g.q);
+            g.nq -= g.qhead;
+            g.qhead = 0;
+        }
         if (g.nq == g.qcap) {
             size_t cap = g.qcap ? 2 * g.qcap : 16;
             struct op *v = realloc(g.q, cap * sizeof *v);
@@ -689,15 +857,21 @@ static void queue_push(char *dst, const char *src, size_t n, int value) {
             }
         }
         if (g.nq < g.qcap) {
-            g.q[g.nq++] = (struct op){dst, src, n, value};
+            g.q[g.nq++] = o;
             return;
         }
-        queue_run(); /* no room: synchronous */
     }
-    if (src)
-        memmove(dst, src, n);
-    else
-        memset(dst, value, n);
+    queue_run(); /* LENIENT_SYNC, or no room: synchronous, after the queue */
+    op_run(&o);
+    g.q_done++;
+}
+
+/* The point just after the last queued op of the stream tagged `tag`
+ * (queue_run_to() of it runs that op); 0 when the queue holds none. */
+static uint64_t stream_last(uintptr_t tag) {
+    for (size_t i = g.nq; i-- > g.qhead;)
+        if (g.q[i].stream == tag) return g.q_done + (i - g.qhead) + 1;
+    return 0;
 }
 
 /* Unmaps and forgets a (and its twin), after the queued work, which may
@@ -845,6 +1019,18 @@ static void ctx_drop_memory(struct ctx *c) {
     }
 }
 
+/* The end of context c (cuCtxDestroy_v2, the last release of a primary
+ * context): the queued work runs, its streams and events are destroyed
+ * (their handles are unknown from now on), its memory goes. */
+static void ctx_end(struct ctx *c) {
+    queue_run();
+    for (size_t i = g.nstreams; i-- > 0;)
+        if (g.streams[i].ctx == c) stream_remove(&g.streams[i]);
+    for (size_t i = g.nevents; i-- > 0;)
+        if (g.events[i].ctx == c) event_remove(&g.events[i]);
+    ctx_drop_memory(c);
+}
+
 /* Whether the driver's memory a lives on a device: queued work touches it. */
 static bool on_device(const struct alloc *a) {
     return a && (a->kind == M_DEVICE || a->kind == M_ASYNC || a->kind == M_IPC);
@@ -897,6 +1083,12 @@ __attribute__((destructor)) static void unload(void) {
     free(g.q);
     g.q = NULL;
     g.qcap = 0;
+    free(g.streams);
+    g.streams = NULL;
+    g.nstreams = g.capstreams = 0;
+    free(g.events);
+    g.events = NULL;
+    g.nevents = g.capevents = 0;
     if (g.nallocs == 0) { /* nothing left to give back into it */
         free(g.va_free);
         g.va_free = NULL;
@@ -1111,7 +1303,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     ENTER(cuDevicePrimaryCtxRelease_v2);
     FIND_DEVICE(d, dev);
     if (d->primary.refs == 0) return leave(CUDA_ERROR_INVALID_CONTEXT);
-    if (--d->primary.refs == 0) ctx_drop_memory(&d->primary); /* the reset */
+    if (--d->primary.refs == 0) ctx_end(&d->primary); /* the reset */
     return leave(CUDA_SUCCESS);
 }
 
@@ -1154,7 +1346,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     if (!ctx) return leave(CUDA_ERROR_INVALID_VALUE);
     struct ctx *c = ctx_find(ctx);
     if (!c || c->primary || c->destroyed) return leave(CUDA_ERROR_INVALID_CONTEXT);
-    ctx_drop_memory(c);
+    ctx_end(c);
     c->destroyed = true;
     if (current() == c) t_depth--;
     return leave(CUDA_SUCCESS);
@@ -1372,7 +1564,7 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
     CUresult r = resolve(dstDevice, N, true, &dst, &a);
     if (r != CUDA_SUCCESS) return leave(r);
     if (on_device(a)) { /* done at the next synchronising call */
-        queue_push(dst, NULL, N, uc);
+        queue_push(dst, NULL, N, uc, (uintptr_t)CU_STREAM_LEGACY);
     } else { /* host-pinned or managed memory: synchronous */
         queue_run();
         memset(dst, uc, N);
@@ -1380,9 +1572,16 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
     return leave(CUDA_SUCCESS);
 }
 
-/* A copy between device memory is queued; one with a host side (plain,
- * pinned or managed memory) runs the queue and then itself. */
-static CUresult copy(CUdeviceptr dst, bool dst_device, CUdeviceptr src, bool src_device, size_t n) {
+static bool host_kind(const struct alloc *a) { return a->kind == M_HOST || a->kind == M_WCDEV; }
+
+/* A synchronous copy (async false) between device memory is queued on the
+ * legacy stream; one with a host side (plain, pinned or managed memory)
+ * runs the queue and then itself. An async copy (cuMemcpyAsync, on the
+ * stream tagged `tag`) is queued when both sides are the driver's memory
+ * and not both pinned host memory; with plain (pageable) memory on a side,
+ * or host memory on both, it runs the queue and then itself. */
+static CUresult copy(CUdeviceptr dst, bool dst_device, CUdeviceptr src, bool src_device, size_t n,
+                     bool async, uintptr_t tag) {
     CURRENT(c);
     (void)c;
     if (n == 0) return leave(CUDA_SUCCESS);
@@ -1391,8 +1590,10 @@ static CUresult copy(CUdeviceptr dst, bool dst_device, CUdeviceptr src, bool src
     CUresult r = resolve(dst, n, dst_device, &d, &da);
     if (r == CUDA_SUCCESS) r = resolve(src, n, src_device, &s, &sa);
     if (r != CUDA_SUCCESS) return leave(r);
-    if (on_device(da) && on_device(sa)) {
-        queue_push(d, s, n, 0);
+    const bool queued = async ? da && sa && !(host_kind(da) && host_kind(sa))
+                              : on_device(da) && on_device(sa);
+    if (queued) {
+        queue_push(d, s, n, 0, async ? tag : (uintptr_t)CU_STREAM_LEGACY);
     } else {
         queue_run();
         memmove(d, s, n);
@@ -1402,22 +1603,44 @@ static CUresult copy(CUdeviceptr dst, bool dst_device, CUdeviceptr src, bool src
 
 EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
     ENTER(cuMemcpy);
-    return copy(dst, false, src, false, ByteCount);
+    return copy(dst, false, src, false, ByteCount, false, 0);
 }
 
 EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
     ENTER(cuMemcpyHtoD_v2);
-    return copy(dstDevice, true, (CUdeviceptr)(uintptr_t)srcHost, false, ByteCount);
+    return copy(dstDevice, true, (CUdeviceptr)(uintptr_t)srcHost, false, ByteCount, false, 0);
 }
 
 EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
     ENTER(cuMemcpyDtoH_v2);
-    return copy((CUdeviceptr)(uintptr_t)dstHost, false, srcDevice, true, ByteCount);
+    return copy((CUdeviceptr)(uintptr_t)dstHost, false, srcDevice, true, ByteCount, false, 0);
 }
 
 EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
     ENTER(cuMemcpyDtoD_v2);
-    return copy(dstDevice, true, srcDevice, true, ByteCount);
+    return copy(dstDevice, true, srcDevice, true, ByteCount, false, 0);
+}
+
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {
+    ENTER(cuMemsetD8Async);
+    STREAM_ARG(sc, tag, hStream);
+    (void)sc;
+    CURRENT(c);
+    (void)c;
+    if (N == 0) return leave(CUDA_SUCCESS);
+    char *dst;
+    const struct alloc *a;
+    CUresult r = resolve(dstDevice, N, true, &dst, &a);
+    if (r != CUDA_SUCCESS) return leave(r);
+    queue_push(dst, NULL, N, uc, tag); /* any of the driver's memory: asynchronous */
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream) {
+    ENTER(cuMemcpyAsync);
+    STREAM_ARG(sc, tag, hStream);
+    (void)sc;
+    return copy(dst, false, src, false, ByteCount, true, tag);
 }
 
 /* ---- pointer attributes ---- */
@@ -1684,24 +1907,26 @@ EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
 
 /* ---- stream-ordered allocation (synchronous here) ---- */
 
-static bool stream_known(CUstream s) {
-    return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
-}
-
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
     ENTER(cuMemAllocAsync);
-    if (!stream_known(hStream)) return leave(CUDA_ERROR_INVALID_HANDLE);
+    STREAM_ARG(sc, tag, hStream);
+    (void)tag;
     CURRENT(c);
+    (void)c;
     if (!dptr) return leave(CUDA_ERROR_INVALID_VALUE);
+    CUresult r = ctx_usable(sc); /* the stream's device's pool */
+    if (r != CUDA_SUCCESS) return leave(r);
     struct alloc *a;
-    CUresult r = mem_alloc(c, M_ASYNC, bytesize, false, &a);
+    r = mem_alloc(sc, M_ASYNC, bytesize, false, &a);
     if (r == CUDA_SUCCESS) *dptr = (CUdeviceptr)a->base;
     return leave(r);
 }
 
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     ENTER(cuMemFreeAsync);
-    if (!stream_known(hStream)) return leave(CUDA_ERROR_INVALID_HANDLE);
+    STREAM_ARG(sc, tag, hStream);
+    (void)sc;
+    (void)tag;
     CURRENT(c);
     (void)c;
     struct alloc *a = alloc_at((uintptr_t)dptr);
@@ -1711,12 +1936,111 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     return leave(CUDA_SUCCESS);
 }
 
+/* ---- streams and events ---- */
+
+EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+    ENTER(cuStreamCreate);
+    CURRENT(c);
+    if (!phStream || (Flags & ~(unsigned)CU_STREAM_NON_BLOCKING)) return leave(CUDA_ERROR_INVALID_VALUE);
+    if (!table_grow((void **)&g.streams, g.nstreams, &g.capstreams, sizeof *g.streams))
+        return leave(CUDA_ERROR_OUT_OF_MEMORY);
+    const uint64_t id = g.next_stream_id++;
+    g.streams[g.nstreams++] = (struct stream){.id = id, .ctx = c, .flags = Flags};
+    *phStream = (CUstream)(void *)handle_of(STREAM_HANDLE_BASE, id);
+    return leave(CUDA_SUCCESS);
+}
+
+/* The stream's queued work stays queued and runs as any other. */
+EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
+    ENTER(cuStreamDestroy_v2);
+    struct stream *s = stream_find(hStream);
+    if (!s) return leave(CUDA_ERROR_INVALID_HANDLE);
+    stream_remove(s);
+    return leave(CUDA_SUCCESS);
+}
+
+/* A created stream: the queue up to its last op; a default stream: the
+ * whole queue (the legacy stream waits for every blocking stream). */
 EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
     ENTER(cuStreamSynchronize);
-    if (!stream_known(hStream)) return leave(CUDA_ERROR_INVALID_HANDLE);
+    STREAM_ARG(sc, tag, hStream);
+    (void)sc;
+    if (stream_find(hStream))
+        queue_run_to(stream_last(tag));
+    else
+        queue_run();
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuStreamQuery(CUstream hStream) {
+    ENTER(cuStreamQuery);
+    STREAM_ARG(sc, tag, hStream);
+    (void)sc;
+    return leave(stream_last(tag) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS);
+}
+
+/* One queue in order: later work of any stream already runs after
+ * everything the event captured. */
+EXPORT CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+    ENTER(cuStreamWaitEvent);
+    STREAM_ARG(sc, tag, hStream);
+    (void)sc;
+    (void)tag;
+    if (!event_find(hEvent)) return leave(CUDA_ERROR_INVALID_HANDLE);
+    if (Flags != CU_EVENT_WAIT_DEFAULT) return leave(CUDA_ERROR_INVALID_VALUE);
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
+    ENTER(cuEventCreate);
     CURRENT(c);
-    (void)c;
-    queue_run();
+    const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+    if (!phEvent || (Flags & ~known) ||
+        ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING)))
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    if (!table_grow((void **)&g.events, g.nevents, &g.capevents, sizeof *g.events))
+        return leave(CUDA_ERROR_OUT_OF_MEMORY);
+    const uint64_t id = g.next_event_id++;
+    g.events[g.nevents++] = (struct event){.id = id, .ctx = c, .flags = Flags, .point = 0};
+    *phEvent = (CUevent)(void *)handle_of(EVENT_HANDLE_BASE, id);
+    return leave(CUDA_SUCCESS);
+}
+
+/* The event captures the queue as it is now: it completes when every op
+ * queued so far has run. */
+EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
+    ENTER(cuEventRecord);
+    STREAM_ARG(sc, tag, hStream);
+    (void)tag;
+    struct event *e = event_find(hEvent);
+    if (!e || e->ctx != sc) return leave(CUDA_ERROR_INVALID_HANDLE);
+    e->point = g.q_seq;
+    g.events_recorded++;
+    return leave(CUDA_SUCCESS);
+}
+
+/* Runs nothing. */
+EXPORT CUresult cuEventQuery(CUevent hEvent) {
+    ENTER(cuEventQuery);
+    const struct event *e = event_find(hEvent);
+    if (!e) return leave(CUDA_ERROR_INVALID_HANDLE);
+    return leave(g.q_done >= e->point ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
+}
+
+EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
+    ENTER(cuEventSynchronize);
+    const struct event *e = event_find(hEvent);
+    if (!e) return leave(CUDA_ERROR_INVALID_HANDLE);
+    queue_run_to(e->point);
+    return leave(CUDA_SUCCESS);
+}
+
+/* A pending event too: what it captured still runs. */
+EXPORT CUresult cuEventDestroy_v2(CUevent hEvent) {
+    ENTER(cuEventDestroy_v2);
+    struct event *e = event_find(hEvent);
+    if (!e) return leave(CUDA_ERROR_INVALID_HANDLE);
+    event_remove(e);
     return leave(CUDA_SUCCESS);
 }
 
@@ -1771,6 +2095,8 @@ OLD_ABI(cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2",
         (unsigned int *pdptr, void *p, unsigned int Flags))
 OLD_ABI(cuGetProcAddress, "cuGetProcAddress_v2",
         (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags))
+OLD_ABI(cuStreamDestroy, "cuStreamDestroy_v2", (CUstream hStream))
+OLD_ABI(cuEventDestroy, "cuEventDestroy_v2", (CUevent hEvent))
 
 /* ---- cuGetProcAddress_v2 ---- */
 
@@ -1851,6 +2177,19 @@ static const struct {
     {"cuMemAllocAsync", 11020, (void *)cuMemAllocAsync},
     {"cuMemFreeAsync", 11020, (void *)cuMemFreeAsync},
     {"cuStreamSynchronize", 2000, (void *)cuStreamSynchronize},
+    {"cuStreamCreate", 2000, (void *)cuStreamCreate},
+    {"cuStreamDestroy", 2000, (void *)cuStreamDestroy},
+    {"cuStreamDestroy", 4000, (void *)cuStreamDestroy_v2},
+    {"cuStreamQuery", 2000, (void *)cuStreamQuery},
+    {"cuStreamWaitEvent", 3020, (void *)cuStreamWaitEvent},
+    {"cuEventCreate", 2000, (void *)cuEventCreate},
+    {"cuEventRecord", 2000, (void *)cuEventRecord},
+    {"cuEventQuery", 2000, (void *)cuEventQuery},
+    {"cuEventSynchronize", 2000, (void *)cuEventSynchronize},
+    {"cuEventDestroy", 2000, (void *)cuEventDestroy},
+    {"cuEventDestroy", 4000, (void *)cuEventDestroy_v2},
+    {"cuMemsetD8Async", 3020, (void *)cuMemsetD8Async},
+    {"cuMemcpyAsync", 4000, (void *)cuMemcpyAsync},
 };
 
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
@@ -1895,6 +2234,7 @@ EXPORT void hm_cuda_test_reset(void) {
     g.sticky = CUDA_SUCCESS;
     g.ipc_open_repeats = 0;
     g.leaks = 0;
+    g.events_recorded = 0;
     unlock();
 }
 
@@ -1922,7 +2262,10 @@ EXPORT void hm_cuda_test_get_stats(hm_cuda_test_stats_t *out) {
         case M_WCDEV: break; /* counted with its host record */
         }
     }
-    s.pending_ops = g.nq;
+    s.pending_ops = g.nq - g.qhead;
+    s.live_streams = g.nstreams;
+    s.live_events = g.nevents;
+    s.events_recorded = g.events_recorded;
     s.live_allocs = s.live_device_allocs + s.live_async_allocs + s.live_host_allocs +
                     s.live_managed_allocs;
     for (unsigned i = 0; i < HM_CUDA_TEST_MAX_DEVICES; i++) {

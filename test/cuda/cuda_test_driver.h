@@ -357,6 +357,9 @@ typedef struct hm_cuda_test_stats {
     uint32_t primary_refs[HM_CUDA_TEST_MAX_DEVICES];
     uint64_t device_used[HM_CUDA_TEST_MAX_DEVICES]; /* bytes charged (spans) */
     uint64_t pending_ops; /* memsets and copies queued, not yet run */
+    uint64_t live_streams;    /* created streams not destroyed */
+    uint64_t live_events;     /* created events not destroyed */
+    uint64_t events_recorded; /* a counter: cuEventRecord successes since the last reset */
 } hm_cuda_test_stats_t;
 
 /* Counters to 0, every pending failure injection and a sticky error
