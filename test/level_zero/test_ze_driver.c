@@ -54,7 +54,8 @@
     X(zeCommandQueueExecuteCommandLists) X(zeCommandQueueSynchronize)                 \
     X(zeEventPoolCreate) X(zeEventPoolDestroy) X(zeEventCreate) X(zeEventDestroy)     \
     X(zeEventHostSynchronize) X(zeEventQueryStatus) X(zeEventHostReset)               \
-    X(zeEventHostSignal) X(zeFenceCreate)
+    X(zeEventHostSignal) X(zeFenceCreate) X(zeCommandListAppendSignalEvent)            \
+    X(zeCommandListAppendWaitOnEvents)
 
 static struct {
 #define X(name) __typeof__(name) *name;
@@ -71,6 +72,7 @@ static struct {
     hm_ze_test_fail_next_fn fail_next;
     hm_ze_test_set_mem_limit_fn set_mem_limit;
     hm_ze_test_set_option_fn set_option;
+    hm_ze_test_run_queued_fn run_queued;
 } ctl;
 
 #define ZE_EXPECT(expr, want)                                                          \
@@ -190,8 +192,9 @@ static void control(void) {
     *(void **)&ctl.fail_next = dlsym(h, "hm_ze_test_fail_next");
     *(void **)&ctl.set_mem_limit = dlsym(h, "hm_ze_test_set_mem_limit");
     *(void **)&ctl.set_option = dlsym(h, "hm_ze_test_set_option");
+    *(void **)&ctl.run_queued = dlsym(h, "hm_ze_test_run_queued");
     REQUIRE(ctl.reset && ctl.get_stats && ctl.call_count && ctl.fail_next && ctl.set_mem_limit &&
-            ctl.set_option);
+            ctl.set_option && ctl.run_queued);
     CHECK_EQ(ctl.set_option("no_such_option", 1), -1);
     /* Only the getters and the control API are exported. */
     CHECK(dlsym(h, "d_init") == NULL);
@@ -808,6 +811,188 @@ static void test_fill_copy(void) {
     ZE_OK(ze.zeMemFree(ctx, ho));
 }
 
+/* ---- asynchronous immediate lists ---- */
+
+static ze_command_list_handle_t imm_list(ze_command_queue_mode_t mode) {
+    ze_command_queue_desc_t qd = {ZE_STRUCTURE_TYPE_COMMAND_QUEUE_DESC, NULL, 0, 0, 0, mode,
+                                  ZE_COMMAND_QUEUE_PRIORITY_NORMAL};
+    ze_command_list_handle_t l = NULL;
+    ZE_REQUIRE_OK(ze.zeCommandListCreateImmediate(ctx, devs[0], &qd, &l));
+    return l;
+}
+
+/* The first byte of driver memory p, read at once (synchronous list). */
+static int byte_at(const void *p) {
+    uint8_t b = 0;
+    return copy(imm[0], &b, p, 1) == ZE_RESULT_SUCCESS ? b : -1;
+}
+
+static void test_async(void) {
+    hm_test_set_context("asynchronous immediate lists");
+    hm_ze_test_stats_t s0 = stats();
+    void *d = NULL, *d2 = NULL;
+    ZE_REQUIRE_OK(alloc_dev(ctx, 64 * KIB, 0, 0, &d));
+    ZE_REQUIRE_OK(alloc_dev(ctx, 64 * KIB, 0, 0, &d2));
+    ZE_OK(fill_byte(imm[0], d, 0, 64 * KIB));
+    ZE_OK(fill_byte(imm[0], d2, 0, 64 * KIB));
+    ze_event_pool_desc_t pd = {ZE_STRUCTURE_TYPE_EVENT_POOL_DESC, NULL,
+                               ZE_EVENT_POOL_FLAG_HOST_VISIBLE, 8};
+    ze_event_pool_handle_t pool = NULL;
+    ZE_REQUIRE_OK(ze.zeEventPoolCreate(ctx, &pd, 1, &devs[0], &pool));
+    ze_event_handle_t e[8];
+    for (uint32_t i = 0; i < 8; i++) {
+        ze_event_desc_t ed = {ZE_STRUCTURE_TYPE_EVENT_DESC, NULL, i, ZE_EVENT_SCOPE_FLAG_HOST,
+                              ZE_EVENT_SCOPE_FLAG_HOST};
+        ZE_REQUIRE_OK(ze.zeEventCreate(pool, &ed, &e[i]));
+    }
+    CHECK_EQ(stats().live_events, s0.live_events + 8);
+    ze_command_list_handle_t a = imm_list(ZE_COMMAND_QUEUE_MODE_ASYNCHRONOUS);
+    ze_command_list_handle_t b = imm_list(ZE_COMMAND_QUEUE_MODE_DEFAULT);
+    uint8_t v = 0x42;
+
+    /* queued, not run: query runs nothing, timeout 0 runs nothing */
+    ZE_OK(ze.zeCommandListAppendMemoryFill(a, d, &v, 1, 64 * KIB, e[0], 0, NULL));
+    CHECK_EQ(stats().queued_commands, 1);
+    CHECK_EQ(byte_at(d), 0);
+    ZE_EXPECT(ze.zeEventQueryStatus(e[0]), ZE_RESULT_NOT_READY);
+    ZE_EXPECT(ze.zeEventHostSynchronize(e[0], 0), ZE_RESULT_NOT_READY);
+    CHECK_EQ(byte_at(d), 0);
+    ZE_OK(ze.zeEventHostSynchronize(e[0], UINT64_MAX));
+    CHECK_EQ(byte_at(d), 0x42);
+    ZE_OK(ze.zeEventQueryStatus(e[0]));
+    CHECK_EQ(stats().queued_commands, 0);
+
+    /* a synchronize runs up to its event, in order */
+    v = 1;
+    ZE_OK(ze.zeCommandListAppendMemoryFill(a, d, &v, 1, 4096, e[1], 0, NULL));
+    v = 2;
+    ZE_OK(ze.zeCommandListAppendMemoryFill(a, d, &v, 1, 4096, NULL, 0, NULL));
+    ZE_OK(ze.zeCommandListAppendSignalEvent(a, e[2]));
+    ZE_OK(ze.zeEventHostSynchronize(e[1], UINT64_MAX));
+    CHECK_EQ(byte_at(d), 1);
+    ZE_EXPECT(ze.zeEventQueryStatus(e[2]), ZE_RESULT_NOT_READY);
+    CHECK_EQ(stats().queued_commands, 2);
+    CHECK_EQ(ctl.run_queued(), 2); /* the device catches up */
+    CHECK_EQ(byte_at(d), 2);
+    ZE_OK(ze.zeEventQueryStatus(e[2]));
+    CHECK_EQ(ctl.run_queued(), 0);
+
+    /* a reset event signaled again by queued work; a host reset of an event
+     * whose signal is queued does not cancel that signal */
+    ZE_OK(ze.zeEventHostReset(e[2]));
+    ZE_OK(ze.zeCommandListAppendSignalEvent(b, e[2])); /* DEFAULT mode queues too */
+    ZE_EXPECT(ze.zeEventQueryStatus(e[2]), ZE_RESULT_NOT_READY);
+    ZE_OK(ze.zeEventHostReset(e[2]));
+    ZE_OK(ze.zeEventHostSynchronize(e[2], UINT64_MAX));
+
+    /* a wait on an event only the host signals holds that list, not others */
+    ZE_OK(ze.zeEventHostReset(e[2]));
+    ZE_OK(ze.zeCommandListAppendWaitOnEvents(a, 1, &e[3]));
+    v = 3;
+    ZE_OK(ze.zeCommandListAppendMemoryFill(a, d, &v, 1, 4096, e[4], 0, NULL));
+    ZE_OK(ze.zeCommandListAppendSignalEvent(b, e[5]));
+    ZE_EXPECT(ze.zeEventHostSynchronize(e[4], UINT64_MAX), ZE_RESULT_NOT_READY);
+    CHECK_EQ(byte_at(d), 2);
+    ZE_OK(ze.zeEventQueryStatus(e[5])); /* b ran meanwhile */
+    ZE_EXPECT(ze.zeEventDestroy(e[3]), ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE); /* queued wait */
+    ZE_EXPECT(ze.zeEventDestroy(e[4]), ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE); /* queued signal */
+    ZE_OK(ze.zeEventHostSignal(e[3]));
+    ZE_EXPECT(ze.zeEventQueryStatus(e[4]), ZE_RESULT_NOT_READY);
+    ZE_OK(ze.zeEventHostSynchronize(e[4], UINT64_MAX));
+    CHECK_EQ(byte_at(d), 3);
+
+    /* across lists: b waits on a's signal; synchronizing b's event runs a */
+    for (int i = 3; i <= 5; i++) ZE_OK(ze.zeEventHostReset(e[i]));
+    ZE_OK(ze.zeCommandListAppendWaitOnEvents(b, 1, &e[3]));
+    v = 4;
+    ZE_OK(ze.zeCommandListAppendMemoryFill(b, d2, &v, 1, 4096, e[5], 0, NULL));
+    v = 5;
+    ZE_OK(ze.zeCommandListAppendMemoryFill(a, d, &v, 1, 4096, e[3], 0, NULL));
+    ZE_OK(ze.zeEventHostSynchronize(e[5], UINT64_MAX));
+    CHECK_EQ(byte_at(d), 5);
+    CHECK_EQ(byte_at(d2), 4);
+
+    /* a synchronous list's command waiting on queued work: that work runs */
+    ZE_OK(ze.zeEventHostReset(e[3]));
+    v = 6;
+    ZE_OK(ze.zeCommandListAppendMemoryFill(a, d, &v, 1, 4096, e[3], 0, NULL));
+    uint8_t got = 0;
+    ZE_OK(ze.zeCommandListAppendMemoryCopy(imm[0], &got, d, 1, NULL, 1, &e[3]));
+    CHECK_EQ(got, 6);
+
+    /* a free runs the queued work that uses the memory first */
+    void *t = NULL;
+    ZE_REQUIRE_OK(alloc_dev(ctx, 4096, 0, 0, &t));
+    ZE_OK(ze.zeEventHostReset(e[6]));
+    ZE_OK(fill_byte(a, t, 7, 4096));
+    ZE_OK(ze.zeCommandListAppendMemoryCopy(a, d2, t, 4096, e[6], 0, NULL));
+    CHECK_EQ(stats().queued_commands, 2);
+    ZE_OK(ze.zeMemFree(ctx, t));
+    CHECK_EQ(stats().queued_commands, 0);
+    ZE_OK(ze.zeEventQueryStatus(e[6]));
+    CHECK_EQ(byte_at(d2), 7);
+
+    /* memory freed under a command that cannot run yet: the command faults,
+     * the list's work is dropped, its events lost, the list is lost */
+    ze_command_list_handle_t c = imm_list(ZE_COMMAND_QUEUE_MODE_ASYNCHRONOUS);
+    ZE_REQUIRE_OK(alloc_dev(ctx, 4096, 0, 0, &t));
+    ZE_OK(ze.zeEventHostReset(e[3]));
+    ZE_OK(ze.zeEventHostReset(e[6]));
+    ZE_OK(ze.zeCommandListAppendWaitOnEvents(c, 1, &e[3]));
+    ZE_OK(fill_byte(c, t, 8, 4096));
+    ZE_OK(ze.zeCommandListAppendSignalEvent(c, e[6]));
+    ZE_OK(ze.zeMemFree(ctx, t));
+    CHECK_EQ(stats().queued_commands, 3);
+    ZE_OK(ze.zeEventHostSignal(e[3]));
+    ZE_EXPECT(ze.zeEventHostSynchronize(e[6], UINT64_MAX), ZE_RESULT_ERROR_DEVICE_LOST);
+    CHECK_EQ(stats().queued_commands, 0);
+    ZE_EXPECT(ze.zeCommandListAppendSignalEvent(c, e[6]), ZE_RESULT_ERROR_DEVICE_LOST);
+    ZE_OK(ze.zeEventHostReset(e[6]));
+    ZE_EXPECT(ze.zeEventHostSynchronize(e[6], 0), ZE_RESULT_NOT_READY);
+    ZE_OK(ze.zeCommandListDestroy(c));
+
+    /* a destroyed list's queued work runs first */
+    c = imm_list(ZE_COMMAND_QUEUE_MODE_ASYNCHRONOUS);
+    v = 9;
+    ZE_OK(ze.zeCommandListAppendMemoryFill(c, d, &v, 1, 4096, e[6], 0, NULL));
+    ZE_OK(ze.zeCommandListDestroy(c));
+    ZE_OK(ze.zeEventQueryStatus(e[6]));
+    CHECK_EQ(byte_at(d), 9);
+
+    /* a failed append queues nothing; range errors are found at the append */
+    CHECK_EQ(ctl.fail_next("zeCommandListAppendSignalEvent", 1, ZE_RESULT_ERROR_DEVICE_LOST), 0);
+    ZE_EXPECT(ze.zeCommandListAppendSignalEvent(a, e[7]), ZE_RESULT_ERROR_DEVICE_LOST);
+    CHECK_EQ(ctl.fail_next("zeCommandListAppendWaitOnEvents", 1, ZE_RESULT_ERROR_UNKNOWN), 0);
+    ZE_EXPECT(ze.zeCommandListAppendWaitOnEvents(a, 1, &e[7]), ZE_RESULT_ERROR_UNKNOWN);
+    ZE_EXPECT(fill_byte(a, d, 1, 64 * KIB + 1), ZE_RESULT_ERROR_INVALID_SIZE);
+    CHECK_EQ(stats().queued_commands, 0);
+    CHECK_EQ(ctl.fail_next("zeEventQueryStatus", 1, ZE_RESULT_ERROR_DEVICE_LOST), 0);
+    ZE_EXPECT(ze.zeEventQueryStatus(e[6]), ZE_RESULT_ERROR_DEVICE_LOST);
+    CHECK_EQ(ctl.fail_next("zeEventHostSynchronize", 1, ZE_RESULT_ERROR_DEVICE_LOST), 0);
+    ZE_EXPECT(ze.zeEventHostSynchronize(e[6], UINT64_MAX), ZE_RESULT_ERROR_DEVICE_LOST);
+    CHECK_EQ(ctl.fail_next("zeEventHostReset", 1, ZE_RESULT_ERROR_DEVICE_LOST), 0);
+    ZE_EXPECT(ze.zeEventHostReset(e[6]), ZE_RESULT_ERROR_DEVICE_LOST);
+    ZE_OK(ze.zeEventQueryStatus(e[6])); /* the failed reset reset nothing */
+
+    /* the lenient option: immediate lists run at once whatever their mode */
+    CHECK_EQ(ctl.set_option("immediate_synchronous", 1), 0);
+    c = imm_list(ZE_COMMAND_QUEUE_MODE_ASYNCHRONOUS);
+    CHECK_EQ(ctl.set_option("immediate_synchronous", 0), 0);
+    ZE_OK(ze.zeEventHostReset(e[7]));
+    ZE_OK(ze.zeCommandListAppendSignalEvent(c, e[7]));
+    ZE_OK(ze.zeEventQueryStatus(e[7]));
+    ZE_OK(ze.zeCommandListDestroy(c));
+
+    ZE_OK(ze.zeCommandListDestroy(a));
+    ZE_OK(ze.zeCommandListDestroy(b));
+    for (int i = 0; i < 8; i++) ZE_OK(ze.zeEventDestroy(e[i]));
+    ZE_OK(ze.zeEventPoolDestroy(pool));
+    ZE_OK(ze.zeMemFree(ctx, d));
+    ZE_OK(ze.zeMemFree(ctx, d2));
+    CHECK_EQ(stats().live_events, s0.live_events);
+    CHECK_EQ(stats().live_allocs, s0.live_allocs);
+}
+
 /* ---- IPC between two processes ---- */
 
 static void send_msg(int sock, const void *data, size_t len, const int *fds, int nfds) {
@@ -1363,6 +1548,7 @@ int main(void) {
     test_limits();
     test_device_faults();
     test_fill_copy();
+    test_async();
     test_ipc();
     test_injection();
     test_threads();

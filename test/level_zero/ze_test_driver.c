@@ -18,6 +18,10 @@
  *    never read.
  *  - A context's nqueues/nlists/npools count its live objects of each kind;
  *    a pool's live counts its events, whose indices are marked in `used`.
+ *  - Only an asynchronous immediate list has queued commands; every event
+ *    and wait event of a queued command is live (zeEventDestroy refuses an
+ *    event a queued command names), and its memory was valid at the append
+ *    (it is checked again, by allocation id, when the command runs).
  */
 #include "ze_test_driver.h"
 
@@ -150,12 +154,14 @@ struct event {
     struct evpool *pool;
     uint32_t index;
     bool signaled;
+    bool lost; /* the command that was to signal it was dropped (device lost) */
 };
 
 enum cmd_kind { CMD_FILL, CMD_COPY, CMD_BARRIER, CMD_SIGNAL, CMD_WAIT, CMD_RESET };
 
-/* One command. On an immediate list it lives on the stack and `wait`
- * points at the caller's array; a regular list owns a copy of `wait`. */
+/* One command. On a synchronous immediate list it lives on the stack and
+ * `wait` points at the caller's array; a regular list and the queue of an
+ * asynchronous immediate list own a copy of `wait`. */
 struct cmd {
     enum cmd_kind kind;
     void *dst;
@@ -175,8 +181,12 @@ struct cmdlist {
     struct context *ctx;
     struct device *dev;
     bool immediate, closed;
-    struct cmd *cmds;
+    bool async;       /* immediate, mode ASYNCHRONOUS or DEFAULT: appends queue */
+    ze_result_t lost; /* a queued command failed: the list's work was dropped */
+    struct cmd *cmds; /* a regular list's recorded commands */
     size_t n, cap;
+    struct cmd *q;    /* an asynchronous list's queue: [qhead, qn) wait to run */
+    size_t qhead, qn, qcap;
 };
 
 struct alloc {
@@ -199,6 +209,12 @@ struct alloc {
     uint64_t exp_nonce, exp_id;
 };
 
+/* The device's progress while the host waits, and what it waits for
+ * (the section on asynchronous immediate lists). */
+static bool progress(bool (*done)(const void *), const void *arg);
+static bool event_queued(const struct event *e);
+static bool alloc_idle(const void *arg);
+
 /* ---- state ---- */
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -207,7 +223,7 @@ static struct driver g_driver = {.magic = 0x5a544452};
 static struct device g_devices[HM_ZE_TEST_MAX_DEVICES];
 
 /* Lenient behaviours a test asks for by name (hm_ze_test_set_option). */
-#define ZT_OPTIONS(X) X(fork_child_works) X(ipc_open_same_pointer)
+#define ZT_OPTIONS(X) X(fork_child_works) X(ipc_open_same_pointer) X(immediate_synchronous)
 enum option {
 #define X(name) OPT_##name,
     ZT_OPTIONS(X)
@@ -236,6 +252,7 @@ static struct {
         ze_result_t result;
     } inject[API_COUNT];
     uint64_t leaks;
+    uint64_t ran_queued; /* queued commands run (hm_ze_test_run_queued) */
     struct obj *objs;
     struct alloc **allocs;
     size_t nallocs, cap;
@@ -283,6 +300,8 @@ __attribute__((destructor)) static void teardown(void) {
     const char *s = getenv("HM_ZE_TEST_TEARDOWN_REPORT");
     if (s && *s) teardown_report_fd = atoi(s);
     pthread_mutex_lock(&g_lock);
+    /* Queued work runs (the driver's teardown waits for its engines). */
+    progress(NULL, NULL);
     g.torn_down = true;
     pthread_mutex_unlock(&g_lock);
 }
@@ -906,10 +925,16 @@ static ze_result_t ZE_APICALL d_mem_alloc_shared(ze_context_handle_t hContext,
                            relaxed_in(device_desc->pNext), pptr));
 }
 
+/* ze_api.h, zeMemFree: "The application must ensure the device is not
+ * currently referencing the memory before it is freed"; compute-runtime's
+ * zeMemFree waits for the engines that used the allocation. So queued work
+ * that uses it runs first; a command that still cannot run (it waits on an
+ * event nobody signals) finds the memory gone when it runs: device lost. */
 static ze_result_t mem_free(struct context *c, void *ptr) {
     if (!ptr) return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
     struct alloc *a = alloc_at(c, ptr);
     if (!a || a->base != (uintptr_t)ptr || a->fd < 0) return ZE_RESULT_ERROR_INVALID_ARGUMENT;
+    progress(alloc_idle, a);
     alloc_release(a);
     return ZE_RESULT_SUCCESS;
 }
@@ -920,7 +945,8 @@ static ze_result_t ZE_APICALL d_mem_free(ze_context_handle_t hContext, void *ptr
     return leave(mem_free(c, ptr));
 }
 
-/* Both policies free at once: nothing runs after its call returns. */
+/* Both policies free at once, after the queued work that uses the memory
+ * (mem_free): nothing runs after the call returns. */
 static ze_result_t ZE_APICALL d_mem_free_ext(ze_context_handle_t hContext,
                                              const ze_memory_free_ext_desc_t *desc, void *ptr) {
     ENTER(zeMemFreeExt);
@@ -1104,7 +1130,10 @@ static ze_result_t ZE_APICALL d_mem_close_ipc_handle(ze_context_handle_t hContex
     if (!ptr) return leave(ZE_RESULT_ERROR_INVALID_NULL_POINTER);
     struct alloc *a = alloc_at(c, ptr);
     if (!a || a->base != (uintptr_t)ptr || a->fd >= 0) return leave(ZE_RESULT_ERROR_INVALID_ARGUMENT);
-    if (--a->refs == 0) alloc_release(a);
+    if (--a->refs == 0) {
+        progress(alloc_idle, a); /* as mem_free */
+        alloc_release(a);
+    }
     return leave(ZE_RESULT_SUCCESS);
 }
 
@@ -1258,6 +1287,10 @@ static ze_result_t ZE_APICALL d_event_create(ze_event_pool_handle_t hEventPool,
 static ze_result_t ZE_APICALL d_event_destroy(ze_event_handle_t hEvent) {
     ENTER(zeEventDestroy);
     FIND(e, struct event, hEvent, K_EVENT);
+    /* ze_api.h, zeEventDestroy: "The application must ensure the device is
+     * not currently referencing the event before it is deleted". A real
+     * driver frees it under the queued command; this one refuses. */
+    if (event_queued(e)) return leave(ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE);
     e->pool->used[e->index] = false;
     e->pool->live--;
     obj_remove(&e->o);
@@ -1276,22 +1309,35 @@ static ze_result_t ZE_APICALL d_event_host_reset(ze_event_handle_t hEvent) {
     ENTER(zeEventHostReset);
     FIND(e, struct event, hEvent, K_EVENT);
     e->signaled = false;
+    e->lost = false;
     return leave(ZE_RESULT_SUCCESS);
 }
 
+/* Runs nothing: a test sees a queued signal still pending. */
 static ze_result_t ZE_APICALL d_event_query_status(ze_event_handle_t hEvent) {
     ENTER(zeEventQueryStatus);
     FIND(e, struct event, hEvent, K_EVENT);
     return leave(e->signaled ? ZE_RESULT_SUCCESS : ZE_RESULT_NOT_READY);
 }
 
-/* Nothing could signal the event while this waits: the timeout is moot. */
+static bool event_signaled(const void *e) { return ((const struct event *)e)->signaled; }
+
+/* ze_api.h: timeout 0 "operates exactly like zeEventQueryStatus" (nothing
+ * runs); otherwise the queued work runs until the event is signaled. What
+ * still cannot run then waits on an event only the host could signal, and
+ * no other thread runs while this one holds the driver: NOT_READY whatever
+ * the timeout (a real driver would wait out the timeout). An event whose
+ * signal was dropped with its list's work (a queued command faulted) is
+ * ZE_RESULT_ERROR_DEVICE_LOST (ze_api.h: with UINT64_MAX the call "will not
+ * return until complete or device is lost"). */
 static ze_result_t ZE_APICALL d_event_host_synchronize(ze_event_handle_t hEvent,
                                                        uint64_t timeout) {
     ENTER(zeEventHostSynchronize);
     FIND(e, struct event, hEvent, K_EVENT);
-    (void)timeout;
-    return leave(e->signaled ? ZE_RESULT_SUCCESS : ZE_RESULT_NOT_READY);
+    if (timeout && !e->signaled) progress(event_signaled, e);
+    return leave(e->signaled ? ZE_RESULT_SUCCESS
+                 : e->lost   ? ZE_RESULT_ERROR_DEVICE_LOST
+                             : ZE_RESULT_NOT_READY);
 }
 
 /* ---- commands ---- */
@@ -1327,14 +1373,25 @@ static ze_result_t check_events(ze_event_handle_t hSignalEvent, uint32_t numWait
     return ZE_RESULT_SUCCESS;
 }
 
-/* Runs cmd; `recorded`: from a regular list, whose memory and events may
- * have gone since the append. */
-static ze_result_t cmd_run(const struct cmd *m, bool recorded) {
+/* Every wait event of m is signaled. */
+static bool waits_done(const void *arg) {
+    const struct cmd *m = arg;
+    for (uint32_t i = 0; i < m->nwait; i++)
+        if (!m->wait[i]->signaled) return false;
+    return true;
+}
+
+/* Runs cmd. `recorded`: from a regular list or a queue, whose memory and
+ * events may have gone since the append. `host_waits`: the host is blocked
+ * in this call (a synchronous list, a queue's execute), so queued work of
+ * other lists runs until the wait events are signaled; a wait that still
+ * cannot end would block forever: ZE_RESULT_ERROR_NOT_AVAILABLE. */
+static ze_result_t cmd_run(const struct cmd *m, bool recorded, bool host_waits) {
     ze_result_t r;
-    for (uint32_t i = 0; i < m->nwait; i++) {
+    for (uint32_t i = 0; i < m->nwait; i++)
         if (recorded && !obj_find(m->wait[i], K_EVENT, &r)) return ZE_RESULT_ERROR_INVALID_ARGUMENT;
-        if (!m->wait[i]->signaled) return ZE_RESULT_ERROR_NOT_AVAILABLE;
-    }
+    if (!waits_done(m) && !(host_waits && progress(waits_done, m)))
+        return ZE_RESULT_ERROR_NOT_AVAILABLE;
     if (recorded && m->signal && !obj_find(m->signal, K_EVENT, &r))
         return ZE_RESULT_ERROR_INVALID_ARGUMENT;
     char *dst = NULL, *src = NULL;
@@ -1364,36 +1421,140 @@ static ze_result_t cmd_run(const struct cmd *m, bool recorded) {
         break;
     case CMD_RESET:
         m->signal->signaled = false;
+        m->signal->lost = false;
         return ZE_RESULT_SUCCESS;
     case CMD_BARRIER:
     case CMD_SIGNAL:
     case CMD_WAIT:
         break;
     }
-    if (m->signal) m->signal->signaled = true;
+    if (m->signal) {
+        m->signal->signaled = true;
+        m->signal->lost = false;
+    }
     return ZE_RESULT_SUCCESS;
 }
 
-/* The common part of every append: run it (immediate list) or record it. */
-static ze_result_t cmd_submit(struct cmdlist *l, struct cmd *m) {
-    if (l->immediate) return cmd_run(m, false);
-    if (l->closed) return ZE_RESULT_ERROR_INVALID_ARGUMENT;
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 16;
-        struct cmd *v = realloc(l->cmds, cap * sizeof *v);
-        if (!v) return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
-        l->cmds = v;
-        l->cap = cap;
+/* ---- asynchronous immediate lists: the device's queue ----
+ * An append to an asynchronous list is checked as any append, then queued.
+ * Queued commands run in order per list, and only while the host waits for
+ * something: zeEventHostSynchronize (until that event is signaled), a
+ * synchronous list's or a queue's command waiting on an event, zeMemFree /
+ * zeMemFreeExt / zeMemCloseIpcHandle of memory a queued command uses (until
+ * none does), zeCommandListDestroy of the list (until it is empty), the
+ * library's teardown, and hm_ze_test_run_queued. A queued command waiting on
+ * an unsignaled event holds its list; the others go on. A queued command
+ * that fails (its memory freed since the append: a GPU page fault) drops
+ * the rest of its list's work, whose events are then lost, and the list
+ * answers every later append with the failure (ZE_RESULT_ERROR_DEVICE_LOST). */
+
+/* Drops the queue of l; `why` (not SUCCESS): the list is lost. */
+static void queue_drop(struct cmdlist *l, ze_result_t why) {
+    for (size_t i = l->qhead; i < l->qn; i++) {
+        struct cmd *m = &l->q[i];
+        if (m->signal && m->kind != CMD_RESET) m->signal->lost = true;
+        free(m->wait);
+    }
+    l->qhead = l->qn = 0;
+    if (why != ZE_RESULT_SUCCESS) l->lost = why;
+}
+
+/* Runs the first queued command of l if its wait events allow; true when
+ * it ran (or failed). */
+static bool list_step(struct cmdlist *l) {
+    if (l->qhead == l->qn) return false;
+    struct cmd *m = &l->q[l->qhead];
+    if (!waits_done(m)) return false;
+    ze_result_t r = cmd_run(m, true, false);
+    free(m->wait);
+    m->wait = NULL;
+    if (++l->qhead == l->qn) l->qhead = l->qn = 0;
+    g.ran_queued++;
+    if (r != ZE_RESULT_SUCCESS) queue_drop(l, r);
+    return true;
+}
+
+/* Queued commands run, one per list a round, until done(arg) holds (NULL:
+ * never) or nothing can run. Returns whether done(arg) holds. */
+static bool progress(bool (*done)(const void *), const void *arg) {
+    for (;;) {
+        if (done && done(arg)) return true;
+        bool ran = false;
+        for (struct obj *o = g.objs; o; o = o->next) {
+            if (o->kind != K_LIST || !list_step((struct cmdlist *)(void *)o)) continue;
+            ran = true;
+            if (done && done(arg)) return true;
+        }
+        if (!ran) return done && done(arg);
+    }
+}
+
+/* Some queued command names e (signal, reset or wait). */
+static bool event_queued(const struct event *e) {
+    for (struct obj *o = g.objs; o; o = o->next) {
+        if (o->kind != K_LIST) continue;
+        const struct cmdlist *l = (const struct cmdlist *)(const void *)o;
+        for (size_t i = l->qhead; i < l->qn; i++) {
+            if (l->q[i].signal == e) return true;
+            for (uint32_t k = 0; k < l->q[i].nwait; k++)
+                if (l->q[i].wait[k] == e) return true;
+        }
+    }
+    return false;
+}
+
+/* No queued command uses the allocation a. */
+static bool alloc_idle(const void *arg) {
+    const struct alloc *a = arg;
+    for (struct obj *o = g.objs; o; o = o->next) {
+        if (o->kind != K_LIST) continue;
+        const struct cmdlist *l = (const struct cmdlist *)(const void *)o;
+        for (size_t i = l->qhead; i < l->qn; i++)
+            if (l->q[i].dst_id == a->id || l->q[i].src_id == a->id) return false;
+    }
+    return true;
+}
+
+static bool list_idle(const void *arg) {
+    const struct cmdlist *l = arg;
+    return l->qhead == l->qn;
+}
+
+/* Appends a copy of m (and of its wait array) to v[n]. */
+static ze_result_t cmd_push(struct cmd **v, size_t *n, size_t *cap, const struct cmd *m) {
+    if (*n == *cap) {
+        size_t c = *cap ? 2 * *cap : 16;
+        struct cmd *nv = realloc(*v, c * sizeof *nv);
+        if (!nv) return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
+        *v = nv;
+        *cap = c;
     }
     struct event **w = NULL;
     if (m->nwait) {
         if (!(w = malloc(m->nwait * sizeof *w))) return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
         memcpy(w, m->wait, m->nwait * sizeof *w);
     }
-    l->cmds[l->n] = *m;
-    l->cmds[l->n].wait = w;
-    l->n++;
+    (*v)[*n] = *m;
+    (*v)[*n].wait = w;
+    (*n)++;
     return ZE_RESULT_SUCCESS;
+}
+
+/* The common part of every append: run it (synchronous immediate list),
+ * queue it (asynchronous immediate list) or record it (regular list). */
+static ze_result_t cmd_submit(struct cmdlist *l, struct cmd *m) {
+    if (l->immediate && !l->async) return cmd_run(m, false, true);
+    if (l->immediate) {
+        if (l->lost != ZE_RESULT_SUCCESS) return l->lost;
+        if (l->qhead && l->qn == l->qcap) { /* room at the front */
+            memmove(l->q, l->q + l->qhead, (l->qn - l->qhead) * sizeof *l->q);
+            l->qn -= l->qhead;
+            l->qhead = 0;
+        }
+        return cmd_push(&l->q, &l->qn, &l->qcap, m);
+    }
+    if (l->closed) return ZE_RESULT_ERROR_INVALID_ARGUMENT;
+    return cmd_push(&l->cmds, &l->n, &l->cap, m);
 }
 
 static void cmd_init(struct cmd *m, enum cmd_kind k, ze_event_handle_t hSignalEvent,
@@ -1496,7 +1657,7 @@ static void list_clear(struct cmdlist *l) {
 }
 
 static ze_result_t list_create(ze_context_handle_t hContext, ze_device_handle_t hDevice,
-                               uint32_t ordinal, bool immediate,
+                               uint32_t ordinal, bool immediate, bool async,
                                ze_command_list_handle_t *phCommandList) {
     ze_result_t r;
     struct context *c = obj_find(hContext, K_CONTEXT, &r);
@@ -1510,6 +1671,7 @@ static ze_result_t list_create(ze_context_handle_t hContext, ze_device_handle_t 
     l->ctx = c;
     l->dev = d;
     l->immediate = immediate;
+    l->async = async;
     c->nlists++;
     obj_add(&l->o, K_LIST);
     *phCommandList = (ze_command_list_handle_t)(void *)l;
@@ -1533,7 +1695,8 @@ static ze_result_t ZE_APICALL d_list_create(ze_context_handle_t hContext,
     ENTER(zeCommandListCreate);
     if (!desc) return leave(ZE_RESULT_ERROR_INVALID_NULL_POINTER);
     if (desc->flags & ~(ze_command_list_flags_t)0x7) return leave(ZE_RESULT_ERROR_INVALID_ENUMERATION);
-    return leave(list_create(hContext, hDevice, desc->commandQueueGroupOrdinal, false, phCommandList));
+    return leave(list_create(hContext, hDevice, desc->commandQueueGroupOrdinal, false, false,
+                             phCommandList));
 }
 
 static ze_result_t ZE_APICALL d_list_create_immediate(ze_context_handle_t hContext,
@@ -1543,12 +1706,27 @@ static ze_result_t ZE_APICALL d_list_create_immediate(ze_context_handle_t hConte
     ENTER(zeCommandListCreateImmediate);
     ze_result_t r = check_queue_desc(altdesc);
     if (r != ZE_RESULT_SUCCESS) return leave(r);
-    return leave(list_create(hContext, hDevice, altdesc->ordinal, true, phCommandList));
+    /* ze_api.h, ze_command_queue_mode_t: SYNCHRONOUS "Device execution
+     * always completes immediately on execute; Host thread is blocked";
+     * ASYNCHRONOUS "Device execution is scheduled and will complete in
+     * future; explicit synchronization object must be used to determine
+     * completeness"; DEFAULT "uses driver-based heuristics", so a program
+     * cannot count on it being synchronous: it queues here too. */
+    bool async = altdesc->mode != ZE_COMMAND_QUEUE_MODE_SYNCHRONOUS &&
+                 !g.opt[OPT_immediate_synchronous];
+    return leave(list_create(hContext, hDevice, altdesc->ordinal, true, async, phCommandList));
 }
 
 static ze_result_t ZE_APICALL d_list_destroy(ze_command_list_handle_t hCommandList) {
     ENTER(zeCommandListDestroy);
     FIND(l, struct cmdlist, hCommandList, K_LIST);
+    /* ze_api.h: "The application must ensure the device is not currently
+     * referencing the command list before it is deleted"; compute-runtime
+     * waits for an immediate list's work before it frees it. Its queued work
+     * runs; what waits on an event nobody signals is dropped. */
+    progress(list_idle, l);
+    queue_drop(l, ZE_RESULT_SUCCESS);
+    free(l->q);
     list_clear(l);
     free(l->cmds);
     l->ctx->nlists--;
@@ -1624,7 +1802,7 @@ static ze_result_t ZE_APICALL d_queue_execute(ze_command_queue_handle_t hCommand
     for (uint32_t i = 0; i < numCommandLists; i++) {
         struct cmdlist *l = (struct cmdlist *)(void *)phCommandLists[i];
         for (size_t k = 0; k < l->n; k++)
-            if ((r = cmd_run(&l->cmds[k], true)) != ZE_RESULT_SUCCESS) return leave(r);
+            if ((r = cmd_run(&l->cmds[k], true, true)) != ZE_RESULT_SUCCESS) return leave(r);
     }
     return leave(ZE_RESULT_SUCCESS);
 }
@@ -1847,7 +2025,12 @@ EXPORT void hm_ze_test_get_stats(hm_ze_test_stats_t *out) {
     s.leaks = g.leaks;
     for (struct obj *o = g.objs; o; o = o->next) {
         if (o->kind == K_CONTEXT) s.live_contexts++;
-        if (o->kind == K_LIST) s.live_command_lists++;
+        if (o->kind == K_EVENT) s.live_events++;
+        if (o->kind == K_LIST) {
+            const struct cmdlist *l = (const struct cmdlist *)(const void *)o;
+            s.live_command_lists++;
+            s.queued_commands += l->qn - l->qhead;
+        }
     }
     for (size_t i = 0; i < g.nallocs; i++) {
         if (g.allocs[i]->fd >= 0) {
@@ -1894,6 +2077,16 @@ EXPORT int hm_ze_test_set_option(const char *name, int value) {
             return 0;
         }
     return -1;
+}
+
+EXPORT uint64_t hm_ze_test_run_queued(void) {
+    pthread_once(&g_once, setup);
+    lock();
+    uint64_t n0 = g.ran_queued;
+    progress(NULL, NULL);
+    uint64_t n = g.ran_queued - n0;
+    unlock();
+    return n;
 }
 
 EXPORT void hm_ze_test_set_mem_limit(uint64_t bytes) {

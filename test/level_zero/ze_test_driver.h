@@ -85,19 +85,60 @@
  *    its handle differs (another fd, allocation id, st_ino): an importer
  *    that keys opened mappings by the exporter's address alone maps the
  *    old memory (MPICH's false cache hits; the notes' "unique id").
- *  - Command lists: immediate lists run each command before the call
- *    returns (the driver has no asynchronous engine: see the note on
- *    synchronisation in docs/level_zero-audit.md); regular lists record commands, run them at
- *    zeCommandQueueExecuteCommandLists (closed lists only) and re-check
- *    their memory then (memory freed since: ZE_RESULT_ERROR_DEVICE_LOST, as
- *    a GPU page fault is). Fill (power-of-two patterns of 1..128 bytes; a
- *    size that is not a multiple ends with a partial pattern), copy,
- *    barrier, signal/wait/reset event. No fences: hFence must be NULL.
+ *  - Command lists: fill (power-of-two patterns of 1..128 bytes; a size
+ *    that is not a multiple ends with a partial pattern), copy, barrier,
+ *    signal/wait/reset event. No fences: hFence must be NULL. Every append
+ *    checks its arguments (handles, ranges) when it is made.
+ *    Immediate lists (zeCommandListCreateImmediate) follow their mode
+ *    (ze_api.h, ze_command_queue_mode_t):
+ *      SYNCHRONOUS: "Device execution always completes immediately on
+ *        execute; Host thread is blocked": each command runs before the
+ *        append returns.
+ *      ASYNCHRONOUS: "Device execution is scheduled and will complete in
+ *        future; explicit synchronization object must be used to determine
+ *        completeness"; and DEFAULT ("driver-based heuristics": a program
+ *        cannot count on either): the append queues the command and
+ *        returns. Queued commands run in order per list, and only while the
+ *        host waits: zeEventHostSynchronize with a nonzero timeout (until
+ *        that event is signaled; ze_api.h: timeout 0 "operates exactly like
+ *        zeEventQueryStatus"), a command of a synchronous list or of an
+ *        executed queue that waits on an event, zeMemFree / zeMemFreeExt /
+ *        zeMemCloseIpcHandle of memory a queued command uses (until none
+ *        does: ze_api.h "The application must ensure the device is not
+ *        currently referencing the memory before it is freed", and
+ *        compute-runtime's zeMemFree waits for the engines that used the
+ *        allocation), zeCommandListDestroy of the list (until it is empty;
+ *        ze_api.h asks the same of a destroyed list), the library's
+ *        teardown, and hm_ze_test_run_queued() (the device catching up
+ *        while the host does something else). zeEventQueryStatus runs
+ *        nothing, so a test sees a queued signal pending. A queued command
+ *        waiting on an unsignaled event holds its list; other lists go on.
+ *        A queued command whose memory was freed since the append (only
+ *        possible while it waits on an event) faults when it runs: its
+ *        list's queued work is dropped, the events that work was to signal
+ *        are lost (zeEventHostSynchronize: ZE_RESULT_ERROR_DEVICE_LOST,
+ *        ze_api.h: it returns "until complete or device is lost"), and
+ *        every later append to the list is ZE_RESULT_ERROR_DEVICE_LOST.
+ *        Level Zero 1.4 has no zeCommandListHostSynchronize (1.6): wait on
+ *        an event signaled at the end of the work.
+ *    Option "immediate_synchronous" runs every immediate list's commands
+ *    at once whatever its mode (the driver's earlier model).
+ *    Regular lists record commands, run them at
+ *    zeCommandQueueExecuteCommandLists (closed lists only; the queue's mode
+ *    is not modelled: zeCommandQueueSynchronize has nothing to wait for)
+ *    and re-check their memory then (memory freed since:
+ *    ZE_RESULT_ERROR_DEVICE_LOST, as a GPU page fault is).
  *  - Events: pools and events with host signal/reset/query/synchronize.
- *    Nothing runs concurrently, so a wait on an event that is not signaled
- *    when its command runs is ZE_RESULT_ERROR_NOT_AVAILABLE, and
- *    zeEventHostSynchronize of an unsignaled event is ZE_RESULT_NOT_READY
- *    whatever the timeout.
+ *    No other thread runs while one is in the driver, so a wait that
+ *    neither queued work nor the calling host thread can end — a
+ *    synchronous list's command waiting on an event nobody signals, or
+ *    zeEventHostSynchronize of one — is ZE_RESULT_ERROR_NOT_AVAILABLE
+ *    (command) or ZE_RESULT_NOT_READY (synchronize) whatever the timeout,
+ *    where a real driver would block. zeEventDestroy of an event a queued
+ *    command names (signal, reset or wait) is
+ *    ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE (ze_api.h: "The application must
+ *    ensure the device is not currently referencing the event before it is
+ *    deleted"; a real driver frees it under the command).
  *  - Handles are pointers to objects the driver keeps in registries: NULL is
  *    ZE_RESULT_ERROR_INVALID_NULL_HANDLE, a pointer the driver did not hand
  *    out (or already destroyed) ZE_RESULT_ERROR_INVALID_ARGUMENT; the driver
@@ -169,6 +210,8 @@ typedef struct hm_ze_test_stats {
     uint64_t live_command_lists;
     uint64_t device_used[HM_ZE_TEST_MAX_DEVICES]; /* bytes, rounded to pages */
     uint64_t host_used;
+    uint64_t live_events;
+    uint64_t queued_commands; /* on asynchronous immediate lists, not yet run */
 } hm_ze_test_stats_t;
 
 /* Counters to 0 and every pending failure injection dropped. */
@@ -200,9 +243,16 @@ typedef int (*hm_ze_test_fail_next_fn)(const char *api_name, unsigned nth, ze_re
  *   "ipc_open_same_pointer"  a second zeMemOpenIpcHandle of a handle that is
  *                            open in the context returns the same pointer
  *                            and takes a reference (CUDA's behaviour; the
- *                            Level Zero spec promises unique pointers) */
+ *                            Level Zero spec promises unique pointers)
+ *   "immediate_synchronous"  immediate lists created from then on run each
+ *                            command at once whatever their mode */
 int hm_ze_test_set_option(const char *name, int value);
 typedef int (*hm_ze_test_set_option_fn)(const char *name, int value);
+
+/* The device catches up: every queued command that can run runs (as if
+ * the host waited for all of them). Returns how many ran. */
+uint64_t hm_ze_test_run_queued(void);
+typedef uint64_t (*hm_ze_test_run_queued_fn)(void);
 
 /* The limit of every device and of host memory, in bytes (> 0), for the
  * allocations that follow; live memory stays. Also what
