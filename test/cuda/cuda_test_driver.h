@@ -15,7 +15,8 @@
  *    cuMemGetAddressRange, cuMemGetInfo, cuDeviceTotalMem, cuMemcpyHtoD,
  *    cuMemcpyDtoH, cuMemcpyDtoD, cuMemsetD8, cuCtxCreate, cuCtxDestroy,
  *    cuCtxPushCurrent, cuCtxPopCurrent, cuDevicePrimaryCtxRelease,
- *    cuIpcOpenMemHandle, cuMemHostGetDevicePointer, cuGetProcAddress; cuda.h
+ *    cuIpcOpenMemHandle, cuMemHostGetDevicePointer, cuGetProcAddress,
+ *    cuStreamDestroy, cuEventDestroy; cuda.h
  *    13.0's "#define cuMemHostGetDevicePointer cuMemHostGetDevicePointer_v2"
  *    and its like) are exported too and abort with a
  *    message naming the versioned symbol: the real driver would take 32-bit
@@ -33,7 +34,12 @@
  *    13000 or unknown flags CUDA_ERROR_INVALID_VALUE. (cuda.h documents
  *    CUDA_SUCCESS with a NULL *pfn for a missing symbol: a caller should
  *    accept both.) The per-thread-stream flag returns the same functions:
- *    there are no _ptds/_ptsz variants, everything is synchronous.
+ *    there are no _ptds/_ptsz variants. The stream and event calls are in
+ *    the table under their base names (cuStreamDestroy: cuStreamDestroy_v2
+ *    from 4000, the aborting old ABI before; likewise cuEventDestroy;
+ *    cuStreamWaitEvent and cuMemsetD8Async from 3020, cuMemcpyAsync from
+ *    4000, the others from 2000: the versions of cudaTypedefs.h's PFN_
+ *    names).
  *  - Initialization: every call but cuInit, cuDriverGetVersion,
  *    cuGetErrorName/String and cuGetProcAddress_v2 is
  *    CUDA_ERROR_NOT_INITIALIZED before a successful cuInit(0).
@@ -67,7 +73,10 @@
  *    error. To continue using CUDA, the process must be terminated and
  *    relaunched."), until hm_cuda_test_reset().
  *  - Order of the checks at every entry: fork child, torn down, an injected
- *    failure, a sticky error, not initialized.
+ *    failure, a sticky error, not initialized. The stream and event calls
+ *    go through the same entry, so all of this holds for them too; a fork
+ *    child keeps no queued work (what its copies of the parent's events
+ *    captured counts as done).
  *  - Devices: HM_CUDA_TEST_DEVICES (0..8, default 1: a test that needs
  *    peers asks for them) devices, ordinals
  *    0..n-1 (others: CUDA_ERROR_INVALID_DEVICE). Name "hetmem CUDA test
@@ -99,8 +108,9 @@
  *    CUDA_ERROR_OUT_OF_MEMORY). A new thread has none. The calls that need
  *    one (allocations and frees of every kind, memset and copies,
  *    cuMemGetInfo_v2, cuMemGetAddressRange_v2, the three IPC calls,
- *    cuCtxGetDevice, cuCtxSynchronize and their _v2 with NULL, the stream
- *    calls, cuPointerGetAttribute of DEVICE_POINTER) are
+ *    cuCtxGetDevice, cuCtxSynchronize and their _v2 with NULL, the calls
+ *    given a default stream, cuStreamCreate, cuEventCreate,
+ *    cuPointerGetAttribute of DEVICE_POINTER) are
  *    CUDA_ERROR_INVALID_CONTEXT without one, and
  *    CUDA_ERROR_CONTEXT_IS_DESTROYED when it is destroyed or is a primary
  *    context not retained; the other pointer attributes, device queries
@@ -152,14 +162,63 @@
  *    report the limit and what is left of it. cuMemGetAllocationGranularity
  *    is 2 MiB (minimum and recommended) for pinned memory on a device
  *    location; anything else is CUDA_ERROR_INVALID_VALUE.
- *  - cuMemAllocAsync/cuMemFreeAsync run synchronously on the device of the
- *    current context; streams are NULL, CU_STREAM_LEGACY or
- *    CU_STREAM_PER_THREAD (anything else CUDA_ERROR_INVALID_HANDLE), and
- *    cuStreamSynchronize of one of them runs the queued work. Async memory comes from
+ *  - cuMemAllocAsync/cuMemFreeAsync run synchronously (a current context
+ *    needed), on the device of the stream's context (cuda.h, cuMemAllocAsync:
+ *    "allocates from the current mempool of the provided stream's device");
+ *    streams as below. Async memory comes from
  *    the device's default pool (cuDeviceGetDefaultMemPool,
  *    CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE), is not IPC-capable, and is freed
  *    by cuMemFreeAsync or cuMemFree_v2; cuMemFreeAsync also takes
  *    cuMemAlloc_v2 memory.
+ *  - Streams: every call that takes a stream accepts NULL and
+ *    CU_STREAM_LEGACY (the legacy default stream of the current context),
+ *    CU_STREAM_PER_THREAD (the calling thread's default stream of the
+ *    current context) and live streams of cuStreamCreate; anything else
+ *    (a destroyed stream, an event, a stream of a context that ended) is
+ *    CUDA_ERROR_INVALID_HANDLE. The default streams need a usable current
+ *    context; a created stream names its own (cuStreamSynchronize,
+ *    cuStreamQuery and cuStreamDestroy_v2 of one need none current: to be
+ *    confirmed on hardware). cuStreamCreate (a current context needed;
+ *    Flags CU_STREAM_DEFAULT or CU_STREAM_NON_BLOCKING, cuda.h's "Valid
+ *    values"; others CUDA_ERROR_INVALID_VALUE) makes a stream of the
+ *    current context. cuStreamDestroy_v2 of a stream with queued work
+ *    returns at once and the work still runs (cuda.h: "the function will
+ *    return immediately and the resources associated with hStream will be
+ *    released automatically once the device has completed all work").
+ *    Handles are never reused (like contexts): a destroyed one stays
+ *    unknown. A context's end (cuCtxDestroy_v2, the last primary release)
+ *    runs the queue and destroys its streams and events.
+ *  - Events: cuEventCreate (a current context needed; Flags any of
+ *    CU_EVENT_BLOCKING_SYNC, CU_EVENT_DISABLE_TIMING, CU_EVENT_INTERPROCESS,
+ *    the last only with DISABLE_TIMING, cuda.h: "CU_EVENT_INTERPROCESS must
+ *    be specified along with CU_EVENT_DISABLE_TIMING"; other bits
+ *    CUDA_ERROR_INVALID_VALUE) makes an event of the current context.
+ *    cuEventRecord(ev, stream) marks the current end of the queue (more
+ *    than the stream's work: a superset, so it never completes early);
+ *    recording again moves the mark (cuda.h: "will overwrite the previously
+ *    captured state"); an event and a stream of different contexts are
+ *    CUDA_ERROR_INVALID_HANDLE (cuda.h: "hEvent and hStream must be from
+ *    the same context otherwise CUDA_ERROR_INVALID_HANDLE is returned").
+ *    An event is complete once the queue has run up to its mark; one never
+ *    recorded is complete (cuda.h: "Before the first call to
+ *    cuEventRecord(), an event represents an empty set of work, so for
+ *    example cuEventQuery() would return CUDA_SUCCESS"). cuEventQuery runs
+ *    nothing: CUDA_SUCCESS or CUDA_ERROR_NOT_READY (cuda.h: "if any captured
+ *    work is incomplete"). cuEventSynchronize runs the queue up to the mark.
+ *    cuEventDestroy_v2 of a pending event is a success, and what it
+ *    captured still runs (cuda.h: "An event may be destroyed before it is
+ *    complete ... the call does not block"). cuStreamWaitEvent(stream, ev,
+ *    flags) is accepted (flags other than CU_EVENT_WAIT_DEFAULT:
+ *    CUDA_ERROR_INVALID_VALUE, cuda.h: CU_EVENT_WAIT_EXTERNAL "is invalid
+ *    outside of stream capture"; the event may be of another context, cuda.h)
+ *    and orders nothing more: with one queue, later work already runs after
+ *    what the event captured. cuStreamQuery: CUDA_ERROR_NOT_READY while the
+ *    queue holds work of that stream (NULL and CU_STREAM_LEGACY are one
+ *    stream; the synchronous memset and copies are work of it), else
+ *    CUDA_SUCCESS; it runs nothing. Event queries, synchronisation and
+ *    destruction need no current context (the event names its own); an
+ *    unknown, destroyed or NULL event is CUDA_ERROR_INVALID_HANDLE. Event
+ *    handles are never reused.
  *  - Host memory (cuMemHostAlloc with PORTABLE, DEVICEMAP, WRITECOMBINED;
  *    other flags CUDA_ERROR_INVALID_VALUE; cuMemAllocHost_v2 = flags 0):
  *    anonymous read-write memory, 4 KiB pages, freed by cuMemFreeHost only.
@@ -229,7 +288,24 @@
  *    run the queue, then themselves), a memset of pinned or managed memory
  *    (likewise), teardown, or 1024 queued operations. Until then the bytes
  *    are unchanged, as another process that opened the memory sees.
- *    `pending_ops` counts the queue. LENIENT_SYNC: everything runs at once.
+ *    The asynchronous calls go on the same queue, tagged with their stream
+ *    (the synchronous ones: the legacy stream): cuMemsetD8Async of any of
+ *    the driver's memory (cuda.h's "API synchronization behavior": "The
+ *    Async versions are always asynchronous with respect to the host"), and
+ *    cuMemcpyAsync with the driver's memory on both sides but not pinned
+ *    host memory on both; with plain (pageable) memory on a side, or host
+ *    memory on both, it runs the queue and then itself ("For transfers
+ *    between device memory and pageable host memory, the function might be
+ *    synchronous with respect to host"; "For transfers from any host memory
+ *    to any host memory, the function is fully synchronous"). One queue in
+ *    stream order never runs work early: a real GPU may run other streams'
+ *    work sooner, never later. The queue runs at: cuStreamSynchronize (a
+ *    created stream: up to its last op, and what was queued before it; a
+ *    default stream: all of it), cuCtxSynchronize(_v2), cuEventSynchronize
+ *    (up to the event's mark), the frees and host copies above, a context's
+ *    end, teardown, or 1024 queued operations.
+ *    `pending_ops` counts the queue. LENIENT_SYNC: everything runs at once
+ *    (events are then always complete).
  *    Device memory is read and written through the alias. cuMemcpy takes any mix of the driver's memory and
  *    plain process memory; cuMemcpyHtoD_v2's destination, DtoH_v2's source
  *    and both DtoD_v2 pointers, and cuMemsetD8_v2's destination, must be

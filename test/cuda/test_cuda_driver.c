@@ -1,7 +1,8 @@
 /* hetmem tests — the CUDA test driver (libcuda.so.1): initialization,
  * devices, cuGetProcAddress_v2, per-thread contexts, allocation kinds and
  * flags, pointer attributes, the device limit, faults on device memory,
- * memset and copies, stream-ordered allocation, IPC with an exec'd importer
+ * memset and copies, stream-ordered allocation, streams and events, IPC
+ * with an exec'd importer
  * and with an exporter that goes away, the old ABIs that abort, failure
  * injection, call counts, threads and fork, and that everything is freed.
  * Every entry point is resolved by its exact versioned name with dlsym on
@@ -53,7 +54,10 @@
     X(cuMemsetD8_v2) X(cuMemcpy) X(cuMemcpyHtoD_v2) X(cuMemcpyDtoH_v2)                 \
     X(cuMemcpyDtoD_v2) X(cuPointerGetAttribute) X(cuPointerGetAttributes)              \
     X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle)               \
-    X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuStreamSynchronize)
+    X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuStreamSynchronize)                        \
+    X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamQuery) X(cuStreamWaitEvent)      \
+    X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)            \
+    X(cuEventDestroy_v2) X(cuMemsetD8Async) X(cuMemcpyAsync)
 
 static struct {
 #define X(name) __typeof__(name) *name;
@@ -83,6 +87,8 @@ static const struct {
     {"cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2"},
     {"cuMemHostGetDevicePointer", "cuMemHostGetDevicePointer_v2"},
     {"cuGetProcAddress", "cuGetProcAddress_v2"},
+    {"cuStreamDestroy", "cuStreamDestroy_v2"},
+    {"cuEventDestroy", "cuEventDestroy_v2"},
 };
 #define NOLD (sizeof old_names / sizeof old_names[0])
 
@@ -477,6 +483,12 @@ static void test_proc_address(void) {
         {"cuIpcGetMemHandle", "cuIpcGetMemHandle"}, {"cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2"},
         {"cuIpcCloseMemHandle", "cuIpcCloseMemHandle"}, {"cuMemAllocAsync", "cuMemAllocAsync"},
         {"cuMemFreeAsync", "cuMemFreeAsync"}, {"cuStreamSynchronize", "cuStreamSynchronize"},
+        {"cuStreamCreate", "cuStreamCreate"}, {"cuStreamDestroy", "cuStreamDestroy_v2"},
+        {"cuStreamQuery", "cuStreamQuery"}, {"cuStreamWaitEvent", "cuStreamWaitEvent"},
+        {"cuEventCreate", "cuEventCreate"}, {"cuEventRecord", "cuEventRecord"},
+        {"cuEventQuery", "cuEventQuery"}, {"cuEventSynchronize", "cuEventSynchronize"},
+        {"cuEventDestroy", "cuEventDestroy_v2"}, {"cuMemsetD8Async", "cuMemsetD8Async"},
+        {"cuMemcpyAsync", "cuMemcpyAsync"},
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
         void *want = dlsym(lib, map[i][1]);
@@ -491,6 +503,13 @@ static void test_proc_address(void) {
     CHECK(proc("cuDeviceGetUuid", 11000, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS) == (void *)cu.cuDeviceGetUuid);
     CHECK(proc("cuIpcOpenMemHandle", 10020, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS) ==
           dlsym(lib, "cuIpcOpenMemHandle"));
+    CHECK(proc("cuStreamDestroy", 3020, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS) ==
+          dlsym(lib, "cuStreamDestroy"));
+    CHECK(proc("cuEventDestroy", 3020, CUDA_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS) ==
+          dlsym(lib, "cuEventDestroy"));
+    proc("cuMemcpyAsync", 3020, CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+    proc("cuStreamWaitEvent", 3010, CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+    proc("cuEventDestroy_v2", 13000, CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
     /* a variant this driver lacks, versioned names, unknown names, too old */
     proc("cuCtxCreate", 12000, CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
     proc("cuMemAlloc_v2", 13000, CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
@@ -1456,6 +1475,401 @@ static void test_async(void) {
     CHECK_EQ(stats().device_used[0], s0.device_used[0]);
 }
 
+/* ---- streams and events: one queue in stream order ---- */
+
+/* Byte `off` of device memory allocated at `base` (cuMemAlloc_v2) as it
+ * is now, past the driver and its queue: read from the allocation's memfd,
+ * whose number the IPC handle carries ([8,12), cuda_test_driver.h). */
+static int peek(CUdeviceptr base, size_t off) {
+    CUipcMemHandle h;
+    if (cu.cuIpcGetMemHandle(&h, base) != CUDA_SUCCESS) return -1;
+    int32_t fd;
+    memcpy(&fd, h.reserved + 8, sizeof fd);
+    uint8_t b = 0;
+    return pread(fd, &b, 1, (off_t)off) == 1 ? b : -1;
+}
+
+struct stream_thread_arg {
+    CUstream s;
+    CUevent e;
+    int fails;
+};
+
+/* Another thread: no current context, then the primary one. */
+static void *stream_thread(void *arg) {
+    struct stream_thread_arg *a = arg;
+    const int before = hm_test_failed_count();
+    CUstream x = NULL;
+    CUevent y = NULL;
+    CU_EXPECT(cu.cuStreamCreate(&x, 0), CUDA_ERROR_INVALID_CONTEXT);
+    CU_EXPECT(cu.cuEventCreate(&y, 0), CUDA_ERROR_INVALID_CONTEXT);
+    CU_EXPECT(cu.cuStreamQuery(NULL), CUDA_ERROR_INVALID_CONTEXT);
+    CU_EXPECT(cu.cuStreamSynchronize(CU_STREAM_PER_THREAD), CUDA_ERROR_INVALID_CONTEXT);
+    CU_EXPECT(cu.cuEventRecord(a->e, NULL), CUDA_ERROR_INVALID_CONTEXT);
+    CU_EXPECT(cu.cuMemsetD8Async(0, 0, 0, a->s), CUDA_ERROR_INVALID_CONTEXT);
+    CHECK(x == NULL && y == NULL);
+    /* a created stream and an event name their own context */
+    CU_EXPECT(cu.cuStreamQuery(a->s), CUDA_ERROR_NOT_READY);
+    CU_EXPECT(cu.cuEventQuery(a->e), CUDA_ERROR_NOT_READY);
+    /* the per-thread default stream is this thread's: none of the main
+     * thread's work */
+    CU_OK(cu.cuCtxSetCurrent(pc[0]));
+    CU_OK(cu.cuStreamQuery(CU_STREAM_PER_THREAD));
+    CU_OK(cu.cuEventSynchronize(a->e));
+    CU_OK(cu.cuEventQuery(a->e));
+    CU_OK(cu.cuCtxSetCurrent(NULL));
+    a->fails = hm_test_failed_count() - before;
+    return NULL;
+}
+
+static void test_streams(void) {
+    hm_test_set_context("streams and events");
+    set_current(pc[0]);
+    const unsigned lenient = ctl.get_lenient();
+    ctl.set_lenient(lenient & ~HM_CUDA_TEST_LENIENT_SYNC);
+    const hm_cuda_test_stats_t s0 = stats();
+    CUstream s1 = NULL, s2 = NULL, x = NULL;
+    CU_REQUIRE_OK(cu.cuStreamCreate(&s1, CU_STREAM_DEFAULT));
+    CU_REQUIRE_OK(cu.cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    CHECK(s1 != s2 && s1 != NULL && s1 != CU_STREAM_LEGACY && s1 != CU_STREAM_PER_THREAD);
+    CHECK_EQ(stats().live_streams, s0.live_streams + 2);
+    CU_EXPECT(cu.cuStreamCreate(&x, 2), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuStreamCreate(NULL, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK(x == NULL);
+    CUevent e = NULL, e2 = NULL, y = NULL;
+    CU_REQUIRE_OK(cu.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    CU_REQUIRE_OK(cu.cuEventCreate(&e2, CU_EVENT_DEFAULT));
+    CHECK(e != e2 && e != NULL && (void *)e != (void *)s1);
+    CHECK_EQ(stats().live_events, s0.live_events + 2);
+    CU_EXPECT(cu.cuEventCreate(&y, 8), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuEventCreate(&y, CU_EVENT_INTERPROCESS), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuEventCreate(NULL, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK(y == NULL);
+    CU_OK(cu.cuEventCreate(&y, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC));
+    CU_OK(cu.cuEventDestroy_v2(y));
+
+    CUdeviceptr a = 0, b = 0;
+    void *hv = NULL, *hv2 = NULL;
+    CU_REQUIRE_OK(cu.cuMemAlloc_v2(&a, 8192));
+    CU_REQUIRE_OK(cu.cuMemAlloc_v2(&b, 8192));
+    CU_REQUIRE_OK(cu.cuMemHostAlloc(&hv, 4096, 0));
+    CU_REQUIRE_OK(cu.cuMemHostAlloc(&hv2, 4096, 0));
+    uint8_t *h = hv, *h2 = hv2;
+    CU_OK(cu.cuMemsetD8_v2(a, 0, 8192));
+    CU_OK(cu.cuMemsetD8_v2(b, 0, 8192));
+    memset(h, 0, 4096);
+    memset(h2, 0, 4096);
+    CU_OK(cu.cuCtxSynchronize());
+
+    /* a memset on a stream waits for a synchronising call */
+    CU_EXPECT(cu.cuEventQuery(e), CUDA_SUCCESS); /* never recorded: complete */
+    CU_OK(cu.cuMemsetD8Async(a, 0x5a, 4096, s1));
+    CHECK_EQ(pending(), 1);
+    CHECK_EQ(peek(a, 0), 0);
+    CU_EXPECT(cu.cuStreamQuery(s1), CUDA_ERROR_NOT_READY);
+    CU_OK(cu.cuStreamQuery(s2));
+    CU_OK(cu.cuStreamQuery(NULL));
+    const uint64_t rec0 = stats().events_recorded;
+    CU_OK(cu.cuEventRecord(e, s1));
+    CHECK_EQ(stats().events_recorded, rec0 + 1);
+    CU_EXPECT(cu.cuEventQuery(e), CUDA_ERROR_NOT_READY);
+    CU_EXPECT(cu.cuEventQuery(e), CUDA_ERROR_NOT_READY); /* a query runs nothing */
+    CHECK_EQ(pending(), 1);
+    CHECK_EQ(peek(a, 0), 0);
+    CU_OK(cu.cuStreamSynchronize(s1));
+    CHECK_EQ(pending(), 0);
+    CHECK_EQ(peek(a, 0), 0x5a);
+    CHECK_EQ(peek(a, 4096), 0);
+    CU_OK(cu.cuEventQuery(e));
+    CU_OK(cu.cuStreamQuery(s1));
+
+    /* cuEventSynchronize runs up to the record, not what came after */
+    CU_OK(cu.cuMemsetD8Async(a + 4096, 0x11, 4096, s2));
+    CU_OK(cu.cuEventRecord(e, s2));
+    CU_OK(cu.cuMemsetD8Async(a, 0x22, 4096, s1));
+    CU_EXPECT(cu.cuEventQuery(e), CUDA_ERROR_NOT_READY);
+    CU_OK(cu.cuEventSynchronize(e));
+    CU_OK(cu.cuEventQuery(e));
+    CHECK_EQ(peek(a, 4096), 0x11);
+    CHECK_EQ(peek(a, 0), 0x5a);
+    CHECK_EQ(pending(), 1);
+    CU_EXPECT(cu.cuStreamQuery(s1), CUDA_ERROR_NOT_READY);
+    CU_OK(cu.cuStreamQuery(s2));
+    CU_OK(cu.cuStreamSynchronize(s2)); /* nothing of s2 queued: runs nothing */
+    CHECK_EQ(pending(), 1);
+    CU_OK(cu.cuCtxSynchronize());
+    CHECK_EQ(pending(), 0);
+    CHECK_EQ(peek(a, 0), 0x22);
+
+    /* recording again moves the mark */
+    CU_OK(cu.cuEventRecord(e, s1)); /* an empty queue: complete at once */
+    CU_OK(cu.cuEventQuery(e));
+    CU_OK(cu.cuMemsetD8Async(a, 0x23, 16, s1));
+    CU_OK(cu.cuEventQuery(e));
+    CU_OK(cu.cuEventRecord(e, s1));
+    CU_EXPECT(cu.cuEventQuery(e), CUDA_ERROR_NOT_READY);
+    /* cuStreamSynchronize of a stream: up to its last op */
+    CU_OK(cu.cuMemsetD8Async(a + 4096, 0x24, 16, s2));
+    CU_OK(cu.cuStreamSynchronize(s1));
+    CHECK_EQ(pending(), 1);
+    CHECK(peek(a, 0) == 0x23 && peek(a, 4096) == 0x11);
+    CU_OK(cu.cuEventQuery(e));
+    CU_OK(cu.cuStreamSynchronize(s2));
+    CHECK_EQ(pending(), 0);
+    CHECK_EQ(peek(a, 4096), 0x24);
+
+    /* copies on streams, in order with the memsets */
+    CU_OK(cu.cuMemsetD8Async(a, 0x33, 8192, s1));
+    CU_OK(cu.cuMemcpyAsync(b, a, 8192, s2));
+    CHECK_EQ(pending(), 2);
+    CHECK_EQ(peek(b, 0), 0);
+    CU_OK(cu.cuStreamSynchronize(s2));
+    CHECK(peek(b, 0) == 0x33 && peek(b, 8191) == 0x33);
+    /* pinned host memory on one side: queued too; the host sees it after */
+    CU_OK(cu.cuMemsetD8Async(a, 0x34, 4096, s1));
+    CU_OK(cu.cuMemcpyAsync(D(h), a, 4096, s1));
+    CU_OK(cu.cuMemsetD8Async(D(h2), 0x35, 4096, s2));
+    CHECK_EQ(pending(), 3);
+    CHECK(h[0] == 0 && h2[0] == 0);
+    CU_OK(cu.cuStreamSynchronize(s1));
+    CHECK(h[0] == 0x34 && h[4095] == 0x34 && h2[0] == 0);
+    CU_OK(cu.cuStreamSynchronize(s2));
+    CHECK(h2[0] == 0x35);
+    /* pageable memory on a side, or host memory on both: at once, after the queue */
+    uint8_t buf[64];
+    memset(buf, 0x36, sizeof buf);
+    CU_OK(cu.cuMemsetD8Async(a, 0x37, 8192, s1));
+    CU_OK(cu.cuMemcpyAsync(a + 100, D(buf), sizeof buf, s2));
+    CHECK_EQ(pending(), 0);
+    CHECK(peek(a, 99) == 0x37 && peek(a, 100) == 0x36 && peek(a, 163) == 0x36);
+    CU_OK(cu.cuMemsetD8Async(a, 0x38, 16, s1));
+    CU_OK(cu.cuMemcpyAsync(D(h2), D(h), 16, s1));
+    CHECK_EQ(pending(), 0);
+    CHECK_EQ(h2[0], 0x34);
+    memset(buf, 0, sizeof buf);
+    CU_OK(cu.cuMemcpyAsync(D(buf), a, 16, NULL));
+    CHECK_EQ(buf[0], 0x38);
+    /* refused arguments queue nothing */
+    CU_EXPECT(cu.cuMemsetD8Async(a, 1, 8193, s1), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemsetD8Async(D(buf), 1, 16, s1), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemcpyAsync(b, a, 8193, s1), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cu.cuMemsetD8Async(a, 1, 0, s1));
+    CU_OK(cu.cuMemcpyAsync(b, a, 0, s1));
+    CHECK_EQ(pending(), 0);
+
+    /* the default streams: NULL and CU_STREAM_LEGACY are one, with the
+     * synchronous calls' work; CU_STREAM_PER_THREAD is this thread's */
+    CU_OK(cu.cuMemsetD8Async(a, 0x40, 16, CU_STREAM_PER_THREAD));
+    CU_EXPECT(cu.cuStreamQuery(CU_STREAM_PER_THREAD), CUDA_ERROR_NOT_READY);
+    CU_OK(cu.cuStreamQuery(NULL));
+    CU_OK(cu.cuMemsetD8_v2(b, 0x41, 16));
+    CU_EXPECT(cu.cuStreamQuery(NULL), CUDA_ERROR_NOT_READY);
+    CU_EXPECT(cu.cuStreamQuery(CU_STREAM_LEGACY), CUDA_ERROR_NOT_READY);
+    CU_OK(cu.cuMemsetD8Async(a + 16, 0x42, 16, s1));
+    CU_OK(cu.cuEventRecord(e, NULL));
+    CU_OK(cu.cuStreamSynchronize(CU_STREAM_LEGACY)); /* a default stream: the whole queue */
+    CHECK_EQ(pending(), 0);
+    CHECK(peek(a, 0) == 0x40 && peek(b, 0) == 0x41 && peek(a, 16) == 0x42);
+    CU_OK(cu.cuEventQuery(e));
+
+    /* cuStreamWaitEvent: accepted, orders nothing more */
+    CU_OK(cu.cuStreamWaitEvent(s2, e, 0));
+    CU_OK(cu.cuStreamWaitEvent(NULL, e, CU_EVENT_WAIT_DEFAULT));
+    CU_EXPECT(cu.cuStreamWaitEvent(s2, e, CU_EVENT_WAIT_EXTERNAL), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuStreamWaitEvent(s2, NULL, 0), CUDA_ERROR_INVALID_HANDLE);
+
+    /* a stream destroyed with work queued: the work still runs */
+    CU_OK(cu.cuMemsetD8Async(a, 0x44, 16, s2));
+    CU_OK(cu.cuEventRecord(e2, s2));
+    CU_OK(cu.cuStreamDestroy_v2(s2));
+    CHECK_EQ(stats().live_streams, s0.live_streams + 1);
+    CHECK_EQ(pending(), 1);
+    CU_EXPECT(cu.cuStreamQuery(s2), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuStreamSynchronize(s2), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuStreamDestroy_v2(s2), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuMemsetD8Async(a, 1, 16, s2), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuMemcpyAsync(b, a, 16, s2), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuEventRecord(e, s2), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuStreamWaitEvent(s2, e, 0), CUDA_ERROR_INVALID_HANDLE);
+    CUdeviceptr z = 0;
+    CU_EXPECT(cu.cuMemAllocAsync(&z, 64, s2), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuEventQuery(e2), CUDA_ERROR_NOT_READY);
+    CHECK_EQ(peek(a, 0), 0x40);
+    /* an event destroyed while pending: what it captured still runs */
+    CU_OK(cu.cuEventDestroy_v2(e2));
+    CHECK_EQ(stats().live_events, s0.live_events + 1);
+    CU_EXPECT(cu.cuEventQuery(e2), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuEventSynchronize(e2), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuEventRecord(e2, s1), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuEventDestroy_v2(e2), CUDA_ERROR_INVALID_HANDLE);
+    CHECK_EQ(pending(), 1);
+    CU_OK(cu.cuCtxSynchronize());
+    CHECK_EQ(peek(a, 0), 0x44);
+    /* new handles are never old ones */
+    CU_REQUIRE_OK(cu.cuStreamCreate(&s2, 0));
+    CU_REQUIRE_OK(cu.cuEventCreate(&e2, 0));
+    CU_EXPECT(cu.cuStreamDestroy_v2(x = s2), CUDA_SUCCESS);
+    CU_OK(cu.cuStreamCreate(&s2, 0));
+    CHECK(s2 != x);
+    CU_OK(cu.cuStreamDestroy_v2(s2));
+    y = e2;
+    CU_OK(cu.cuEventDestroy_v2(e2));
+    CU_OK(cu.cuEventCreate(&e2, 0));
+    CHECK(e2 != y);
+
+    /* bad handles: made up, of the other kind, a default stream destroyed */
+    CUstream bogus = (CUstream)(uintptr_t)0x1234;
+    CU_EXPECT(cu.cuStreamQuery(bogus), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuStreamSynchronize((CUstream)(void *)e), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuMemsetD8Async(a, 1, 1, bogus), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuEventQuery(NULL), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuEventQuery((CUevent)(void *)s1), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuEventSynchronize((CUevent)(uintptr_t)0x5678), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuEventRecord(NULL, s1), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuEventDestroy_v2((CUevent)(void *)s1), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuStreamDestroy_v2(NULL), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuStreamDestroy_v2(CU_STREAM_LEGACY), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuStreamDestroy_v2(CU_STREAM_PER_THREAD), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuStreamDestroy_v2((CUstream)(void *)e), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuStreamWaitEvent(s1, (CUevent)(void *)s1, 0), CUDA_ERROR_INVALID_HANDLE);
+    CHECK_EQ(pending(), 0);
+
+    /* another context: its stream takes none of this context's events; a
+     * wait may cross; its end destroys its streams and events, and runs
+     * the queue */
+    CUcontext cx = NULL;
+    CU_REQUIRE_OK(cu.cuCtxCreate_v2(&cx, 0, other_dev()));
+    CUstream sx = NULL;
+    CUevent ex = NULL;
+    CU_OK(cu.cuStreamCreate(&sx, 0));
+    CU_OK(cu.cuEventCreate(&ex, 0));
+    CU_EXPECT(cu.cuEventRecord(e, sx), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuEventRecord(ex, s1), CUDA_ERROR_INVALID_HANDLE);
+    CU_OK(cu.cuEventRecord(ex, sx));
+    CU_EXPECT(cu.cuEventRecord(ex, NULL), CUDA_SUCCESS); /* cx is current */
+    CU_OK(cu.cuStreamWaitEvent(s1, ex, 0));
+    CU_OK(cu.cuStreamWaitEvent(sx, e, 0));
+    CUdeviceptr ax = 0;
+    CU_OK(cu.cuMemAllocAsync(&ax, 4096, sx));
+    CHECK(context_of(ax) == cx && ordinal_of(ax) == other_dev());
+    CU_OK(cu.cuMemFreeAsync(ax, sx));
+    CU_OK(cu.cuMemsetD8Async(a, 0x50, 16, sx)); /* memory of any context */
+    CU_OK(cu.cuEventRecord(ex, sx));
+    set_current(pc[0]);
+    CU_EXPECT(cu.cuEventRecord(ex, NULL), CUDA_ERROR_INVALID_HANDLE);
+    CU_OK(cu.cuStreamWaitEvent(NULL, ex, 0));
+    CU_REQUIRE_OK(cu.cuCtxPushCurrent_v2(cx));
+    CU_OK(cu.cuCtxDestroy_v2(cx));
+    CHECK(get_current() == pc[0]);
+    CHECK_EQ(pending(), 0);
+    CHECK_EQ(peek(a, 0), 0x50);
+    CU_EXPECT(cu.cuStreamQuery(sx), CUDA_ERROR_INVALID_HANDLE);
+    CU_EXPECT(cu.cuEventQuery(ex), CUDA_ERROR_INVALID_HANDLE);
+    CHECK_EQ(stats().live_streams, s0.live_streams + 1);
+    CHECK_EQ(stats().live_events, s0.live_events + 2);
+
+    /* no current context; the per-thread stream of another thread */
+    {
+        CU_OK(cu.cuMemsetD8Async(a, 0x51, 16, s1));
+        CU_OK(cu.cuMemsetD8Async(a, 0x52, 16, CU_STREAM_PER_THREAD));
+        CU_OK(cu.cuEventRecord(e, s1));
+        struct stream_thread_arg ta = {s1, e, 0};
+        pthread_t t;
+        REQUIRE(pthread_create(&t, NULL, stream_thread, &ta) == 0);
+        pthread_join(t, NULL);
+        CHECK_EQ(ta.fails, 0);
+        CHECK_EQ(pending(), 0); /* the thread synchronised the event */
+        CHECK_EQ(peek(a, 0), 0x52);
+    }
+
+    /* injected failures change nothing */
+    CHECK_EQ(ctl.fail_next("cuStreamCreate", 1, CUDA_ERROR_OUT_OF_MEMORY), 0);
+    x = NULL;
+    CU_EXPECT(cu.cuStreamCreate(&x, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(x == NULL);
+    CHECK_EQ(stats().live_streams, s0.live_streams + 1);
+    CHECK_EQ(ctl.fail_next("cuEventCreate", 1, CUDA_ERROR_OUT_OF_MEMORY), 0);
+    y = NULL;
+    CU_EXPECT(cu.cuEventCreate(&y, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(y == NULL);
+    CHECK_EQ(ctl.fail_next("cuMemsetD8Async", 1, CUDA_ERROR_LAUNCH_FAILED), 0);
+    CU_EXPECT(cu.cuMemsetD8Async(a, 0x60, 16, s1), CUDA_ERROR_LAUNCH_FAILED);
+    CHECK_EQ(pending(), 0);
+    CHECK_EQ(ctl.fail_next("cuMemcpyAsync", 1, CUDA_ERROR_LAUNCH_FAILED), 0);
+    CU_EXPECT(cu.cuMemcpyAsync(b, a, 16, s1), CUDA_ERROR_LAUNCH_FAILED);
+    CHECK_EQ(pending(), 0);
+    CU_OK(cu.cuMemsetD8Async(a, 0x61, 16, s1));
+    const uint64_t rec1 = stats().events_recorded;
+    CHECK_EQ(ctl.fail_next("cuEventRecord", 1, CUDA_ERROR_UNKNOWN), 0);
+    CU_EXPECT(cu.cuEventRecord(e, s1), CUDA_ERROR_UNKNOWN);
+    CHECK_EQ(stats().events_recorded, rec1);
+    CU_OK(cu.cuEventQuery(e)); /* the old mark, reached */
+    CU_OK(cu.cuEventRecord(e, s1));
+    CHECK_EQ(ctl.fail_next("cuEventQuery", 1, CUDA_ERROR_LAUNCH_FAILED), 0);
+    CU_EXPECT(cu.cuEventQuery(e), CUDA_ERROR_LAUNCH_FAILED);
+    CU_EXPECT(cu.cuEventQuery(e), CUDA_ERROR_NOT_READY);
+    CHECK_EQ(ctl.fail_next("cuEventSynchronize", 1, CUDA_ERROR_LAUNCH_FAILED), 0);
+    CU_EXPECT(cu.cuEventSynchronize(e), CUDA_ERROR_LAUNCH_FAILED);
+    CHECK_EQ(pending(), 1);
+    CHECK_EQ(ctl.fail_next("cuStreamSynchronize", 1, CUDA_ERROR_LAUNCH_FAILED), 0);
+    CU_EXPECT(cu.cuStreamSynchronize(s1), CUDA_ERROR_LAUNCH_FAILED);
+    CHECK_EQ(pending(), 1);
+    CHECK_EQ(ctl.fail_next("cuStreamQuery", 1, CUDA_ERROR_LAUNCH_FAILED), 0);
+    CU_EXPECT(cu.cuStreamQuery(s1), CUDA_ERROR_LAUNCH_FAILED);
+    CHECK_EQ(ctl.fail_next("cuStreamDestroy_v2", 1, CUDA_ERROR_UNKNOWN), 0);
+    CU_EXPECT(cu.cuStreamDestroy_v2(s1), CUDA_ERROR_UNKNOWN);
+    CU_EXPECT(cu.cuStreamQuery(s1), CUDA_ERROR_NOT_READY); /* still there */
+    CHECK_EQ(ctl.fail_next("cuEventDestroy_v2", 1, CUDA_ERROR_UNKNOWN), 0);
+    CU_EXPECT(cu.cuEventDestroy_v2(e), CUDA_ERROR_UNKNOWN);
+    CU_EXPECT(cu.cuEventQuery(e), CUDA_ERROR_NOT_READY);
+    CHECK_EQ(ctl.fail_next("cuStreamWaitEvent", 1, CUDA_ERROR_UNKNOWN), 0);
+    CU_EXPECT(cu.cuStreamWaitEvent(s1, e, 0), CUDA_ERROR_UNKNOWN);
+    /* a sticky error: every stream and event call returns it */
+    CHECK_EQ(ctl.fail_sticky("cuEventSynchronize", 1, CUDA_ERROR_ILLEGAL_ADDRESS), 0);
+    CU_EXPECT(cu.cuEventSynchronize(e), CUDA_ERROR_ILLEGAL_ADDRESS);
+    CU_EXPECT(cu.cuEventQuery(e), CUDA_ERROR_ILLEGAL_ADDRESS);
+    CU_EXPECT(cu.cuStreamQuery(s1), CUDA_ERROR_ILLEGAL_ADDRESS);
+    CU_EXPECT(cu.cuStreamCreate(&x, 0), CUDA_ERROR_ILLEGAL_ADDRESS);
+    CU_EXPECT(cu.cuMemsetD8Async(a, 0, 16, s1), CUDA_ERROR_ILLEGAL_ADDRESS);
+    CHECK_EQ(pending(), 1);
+    ctl.reset();
+    CU_OK(cu.cuEventSynchronize(e));
+    CHECK_EQ(pending(), 0);
+    CHECK_EQ(peek(a, 0), 0x61);
+
+    /* LENIENT_SYNC: at once, so every event is complete */
+    ctl.set_lenient(lenient | HM_CUDA_TEST_LENIENT_SYNC);
+    CU_OK(cu.cuMemsetD8Async(a, 0x70, 16, s1));
+    CU_OK(cu.cuEventRecord(e, s1));
+    CHECK_EQ(pending(), 0);
+    CHECK_EQ(peek(a, 0), 0x70);
+    CU_OK(cu.cuEventQuery(e));
+    CU_OK(cu.cuStreamQuery(s1));
+    ctl.set_lenient(lenient & ~HM_CUDA_TEST_LENIENT_SYNC);
+
+    /* the queue is bounded; events recorded before a forced run complete */
+    CU_OK(cu.cuMemsetD8Async(a, 0x71, 1, s1));
+    CU_OK(cu.cuEventRecord(e, s1));
+    for (int i = 0; i < 1100; i++) CU_OK(cu.cuMemsetD8Async(b + (unsigned)i, (unsigned char)i, 1, s1));
+    CHECK(pending() > 0 && pending() <= 1024);
+    CU_OK(cu.cuEventQuery(e));
+    CU_OK(cu.cuStreamSynchronize(s1));
+    CHECK(peek(b, 1099) == (uint8_t)1099);
+
+    ctl.set_lenient(lenient);
+    CU_OK(cu.cuStreamDestroy_v2(s1));
+    CU_OK(cu.cuEventDestroy_v2(e));
+    CU_OK(cu.cuEventDestroy_v2(e2));
+    CU_OK(cu.cuMemFree_v2(a));
+    CU_OK(cu.cuMemFree_v2(b));
+    CU_OK(cu.cuMemFreeHost(hv));
+    CU_OK(cu.cuMemFreeHost(hv2));
+    const hm_cuda_test_stats_t s1s = stats();
+    CHECK_EQ(s1s.live_streams, s0.live_streams);
+    CHECK_EQ(s1s.live_events, s0.live_events);
+    CHECK_EQ(s1s.live_allocs, s0.live_allocs);
+}
+
 /* ---- IPC: an exec'd importer ---- */
 
 struct ipc_msg {
@@ -1918,6 +2332,8 @@ static void call_old(const char *name) {
         ((CUresult(*)(const char *, void **, int, cuuint64_t))f)("cuInit", &pv, 13000, 0);
     else if (!strcmp(name, "cuMemHostGetDevicePointer"))
         ((CUresult(*)(unsigned *, void *, unsigned))f)(&u, buf, 0);
+    else if (!strcmp(name, "cuStreamDestroy")) ((CUresult(*)(CUstream))f)(NULL);
+    else if (!strcmp(name, "cuEventDestroy")) ((CUresult(*)(CUevent))f)(NULL);
 }
 
 static void test_old_names(void) {
@@ -2078,6 +2494,17 @@ static void call_harmless(const char *name) {
     else if (!strcmp(name, "cuMemAllocAsync")) (void)cu.cuMemAllocAsync(&d, 0, NULL);
     else if (!strcmp(name, "cuMemFreeAsync")) (void)cu.cuMemFreeAsync(0, NULL);
     else if (!strcmp(name, "cuStreamSynchronize")) (void)cu.cuStreamSynchronize(NULL);
+    else if (!strcmp(name, "cuStreamCreate")) (void)cu.cuStreamCreate(NULL, 0);
+    else if (!strcmp(name, "cuStreamDestroy_v2")) (void)cu.cuStreamDestroy_v2(NULL);
+    else if (!strcmp(name, "cuStreamQuery")) (void)cu.cuStreamQuery(NULL);
+    else if (!strcmp(name, "cuStreamWaitEvent")) (void)cu.cuStreamWaitEvent(NULL, NULL, 0);
+    else if (!strcmp(name, "cuEventCreate")) (void)cu.cuEventCreate(NULL, 0);
+    else if (!strcmp(name, "cuEventRecord")) (void)cu.cuEventRecord(NULL, NULL);
+    else if (!strcmp(name, "cuEventQuery")) (void)cu.cuEventQuery(NULL);
+    else if (!strcmp(name, "cuEventSynchronize")) (void)cu.cuEventSynchronize(NULL);
+    else if (!strcmp(name, "cuEventDestroy_v2")) (void)cu.cuEventDestroy_v2(NULL);
+    else if (!strcmp(name, "cuMemsetD8Async")) (void)cu.cuMemsetD8Async(0, 0, 0, NULL);
+    else if (!strcmp(name, "cuMemcpyAsync")) (void)cu.cuMemcpyAsync(0, 0, 0, NULL);
     else CHECK_MSG(0, "no harmless call for %s", name);
 }
 
@@ -2219,6 +2646,12 @@ static int fork_child_checks(bool lenient) {
     if (cu.cuGetErrorName(CUDA_SUCCESS, &s) != CUDA_ERROR_NOT_INITIALIZED) return 7;
     if (cu.cuDriverGetVersion(&v) != CUDA_ERROR_NOT_INITIALIZED) return 8;
     if (cu.cuStreamSynchronize(NULL) != CUDA_ERROR_NOT_INITIALIZED) return 9;
+    CUstream sx = NULL;
+    CUevent ev = NULL;
+    if (cu.cuStreamCreate(&sx, 0) != CUDA_ERROR_NOT_INITIALIZED || sx) return 13;
+    if (cu.cuEventCreate(&ev, 0) != CUDA_ERROR_NOT_INITIALIZED || ev) return 14;
+    if (cu.cuEventQuery(NULL) != CUDA_ERROR_NOT_INITIALIZED) return 15;
+    if (cu.cuMemsetD8Async(0, 0, 0, NULL) != CUDA_ERROR_NOT_INITIALIZED) return 16;
     if (d != 0 || n != 0 || c != NULL || s != NULL) return 10;
     /* the control API works */
     if (ctl.call_count("cuMemAlloc_v2") != allocs + 1) return 11;
@@ -2300,6 +2733,8 @@ static void test_end(void) {
     CHECK_EQ(s.live_ipc_mappings, 0);
     CHECK_EQ(s.live_ipc_refs, 0);
     CHECK_EQ(s.live_contexts, 0);
+    CHECK_EQ(s.live_streams, 0);
+    CHECK_EQ(s.live_events, 0);
     for (int i = 0; i < HM_CUDA_TEST_MAX_DEVICES; i++) {
         CHECK_EQ(s.primary_refs[i], 0);
         CHECK_EQ(s.device_used[i], 0);
@@ -2363,10 +2798,20 @@ static void test_teardown(void) {
     CUdeviceptr d = 0;
     CU_OK(cu.cuMemAlloc_v2(&d, 4096));
     CU_OK(cu.cuMemsetD8_v2(d, 1, 4096));
-    CHECK_EQ(stats().pending_ops, 1);
+    CUstream st = NULL;
+    CUevent ev = NULL;
+    CU_OK(cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+    CU_OK(cu.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    CU_OK(cu.cuMemsetD8Async(d, 2, 4096, st));
+    CU_OK(cu.cuEventRecord(ev, st));
+    CU_EXPECT(cu.cuEventQuery(ev), CUDA_ERROR_NOT_READY);
+    CHECK_EQ(stats().pending_ops, 2);
     const uint64_t inits = ctl.call_count("cuInit");
     ctl.teardown();
     CHECK_EQ(stats().pending_ops, 0); /* the queued work ran */
+    CU_EXPECT(cu.cuEventQuery(ev), CUDA_ERROR_DEINITIALIZED);
+    CU_EXPECT(cu.cuStreamQuery(st), CUDA_ERROR_DEINITIALIZED);
+    CU_EXPECT(cu.cuStreamDestroy_v2(st), CUDA_ERROR_DEINITIALIZED);
     int n = 0, v = 0;
     const char *s = NULL;
     CU_EXPECT(cu.cuInit(0), CUDA_ERROR_DEINITIALIZED);
@@ -2569,6 +3014,7 @@ int main(int argc, char **argv) {
     test_write_combined();
     test_sticky();
     test_async();
+    test_streams();
     test_ipc();
     test_ipc_exporter_gone();
     test_old_names();
