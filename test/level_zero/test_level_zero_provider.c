@@ -44,6 +44,7 @@ static struct {
     hm_ze_test_call_count_fn calls;
     hm_ze_test_fail_next_fn fail_next;
     hm_ze_test_set_mem_limit_fn set_limit;
+    hm_ze_test_run_queued_fn run_queued;
 } drv;
 
 static void driver_api(void) {
@@ -56,7 +57,9 @@ static void driver_api(void) {
     drv.calls = (hm_ze_test_call_count_fn)dlsym(h, "hm_ze_test_call_count");
     drv.fail_next = (hm_ze_test_fail_next_fn)dlsym(h, "hm_ze_test_fail_next");
     drv.set_limit = (hm_ze_test_set_mem_limit_fn)dlsym(h, "hm_ze_test_set_mem_limit");
-    REQUIRE(drv.reset && drv.stats && drv.calls && drv.fail_next && drv.set_limit);
+    drv.run_queued = (hm_ze_test_run_queued_fn)dlsym(h, "hm_ze_test_run_queued");
+    REQUIRE(drv.reset && drv.stats && drv.calls && drv.fail_next && drv.set_limit &&
+            drv.run_queued);
 }
 
 static hm_ze_test_stats_t stats(void) {
@@ -454,6 +457,256 @@ static void test_fork_child(void) {
     CHECK_OK(hm_provider_destroy(d));
 }
 
+/* ---- streams: the stream ops on the program's immediate command lists ---- */
+
+#define ZE_LOADER_FNS(X)                                                                  \
+    X(zeDriverGet) X(zeDeviceGet) X(zeContextCreate) X(zeContextDestroy)                  \
+    X(zeCommandListCreateImmediate) X(zeCommandListDestroy) X(zeCommandListAppendMemoryFill)
+static struct {
+#define X(name) __typeof__(name) *name;
+    ZE_LOADER_FNS(X)
+#undef X
+} zl;
+
+static void loader_fns(void) {
+    void *h = dlopen("libze_loader.so.1", RTLD_NOW | RTLD_NOLOAD);
+    REQUIRE(h != NULL);
+#define X(name) *(void **)&zl.name = dlsym(h, #name); REQUIRE(zl.name != NULL);
+    ZE_LOADER_FNS(X)
+#undef X
+}
+
+static ze_command_list_handle_t imm_list(ze_context_handle_t c, ze_device_handle_t d,
+                                         ze_command_queue_mode_t mode) {
+    ze_command_queue_desc_t qd = {.stype = ZE_STRUCTURE_TYPE_COMMAND_QUEUE_DESC, .mode = mode};
+    ze_command_list_handle_t l = NULL;
+    REQUIRE(zl.zeCommandListCreateImmediate(c, d, &qd, &l) == ZE_RESULT_SUCCESS);
+    return l;
+}
+
+/* A fill queued on the list (an asynchronous list runs it later). */
+static void queue_fill(ze_command_list_handle_t l, void *p, uint8_t v, size_t n) {
+    CHECK(zl.zeCommandListAppendMemoryFill(l, p, &v, 1, n, NULL, 0, NULL) == ZE_RESULT_SUCCESS);
+}
+
+/* The first byte of provider memory, by the provider's copy. */
+static int first_byte(hm_provider_t *prov, const void *p) {
+    uint8_t b = 0;
+    return hm_provider_copy(prov, &b, p, 1) == HM_SUCCESS ? b : -1;
+}
+
+typedef struct stream_env {
+    ze_context_handle_t ctx;
+    ze_device_handle_t dev;
+    hm_provider_t *prov;
+    const hm_provider_ops_t *ops;
+    void *st;
+} stream_env_t;
+
+static void stream_env_init(stream_env_t *v) {
+    uint32_t n = 1;
+    ze_driver_handle_t d;
+    REQUIRE(zl.zeDriverGet(&n, &d) == ZE_RESULT_SUCCESS && n == 1);
+    n = 1;
+    REQUIRE(zl.zeDeviceGet(d, &n, &v->dev) == ZE_RESULT_SUCCESS && n == 1);
+    ze_context_desc_t cd = {.stype = ZE_STRUCTURE_TYPE_CONTEXT_DESC};
+    REQUIRE(zl.zeContextCreate(d, &cd, &v->ctx) == ZE_RESULT_SUCCESS);
+    hm_level_zero_params_t *p;
+    REQUIRE_OK(hm_level_zero_params_create(&p));
+    REQUIRE_OK(hm_level_zero_params_set_context(p, v->ctx, v->dev));
+    REQUIRE_OK(hm_level_zero_provider_create(p, &v->prov));
+    hm_level_zero_params_destroy(p);
+    v->ops = hm_provider_get_ops(v->prov);
+    v->st = hm_provider_get_state(v->prov);
+}
+
+static void stream_env_fini(stream_env_t *v) {
+    CHECK_OK(hm_provider_destroy(v->prov));
+    CHECK(zl.zeContextDestroy(v->ctx) == ZE_RESULT_SUCCESS); /* no pool or event left */
+}
+
+/* A fork child: every event op that needs the driver is refused, destroy
+ * calls nothing. */
+static int stream_fork_child(stream_env_t *v, void *ev, ze_command_list_handle_t l) {
+    uint64_t c0 = drv.calls("zeEventQueryStatus") + drv.calls("zeEventDestroy") +
+                  drv.calls("zeEventCreate") + drv.calls("zeEventHostSynchronize") +
+                  drv.calls("zeCommandListAppendSignalEvent") + drv.calls("zeEventPoolDestroy");
+    void *other = NULL;
+    if (v->ops->stream.event_query(v->st, ev) != HM_ERROR_NOT_SUPPORTED) return 10;
+    if (v->ops->stream.event_sync(v->st, ev) != HM_ERROR_NOT_SUPPORTED) return 11;
+    if (v->ops->stream.event_record(v->st, ev, l) != HM_ERROR_NOT_SUPPORTED) return 12;
+    if (v->ops->stream.event_create(v->st, &other) != HM_ERROR_NOT_SUPPORTED) return 13;
+    v->ops->stream.event_destroy(v->st, ev);
+    if (hm_provider_destroy(v->prov) != HM_SUCCESS) return 14;
+    uint64_t c1 = drv.calls("zeEventQueryStatus") + drv.calls("zeEventDestroy") +
+                  drv.calls("zeEventCreate") + drv.calls("zeEventHostSynchronize") +
+                  drv.calls("zeCommandListAppendSignalEvent") + drv.calls("zeEventPoolDestroy");
+    return c1 == c0 ? 0 : 15;
+}
+
+static void test_streams(void) {
+    hm_test_set_context("streams: events on immediate command lists");
+    loader_fns();
+    hm_ze_test_stats_t s0 = stats();
+    stream_env_t v;
+    stream_env_init(&v);
+    const hm_provider_ops_t *o = v.ops;
+    CHECK(hm_provider_caps(v.prov) & HM_PROVIDER_CAP_STREAMS);
+    ze_command_list_handle_t a = imm_list(v.ctx, v.dev, ZE_COMMAND_QUEUE_MODE_ASYNCHRONOUS);
+    ze_command_list_handle_t sy = imm_list(v.ctx, v.dev, ZE_COMMAND_QUEUE_MODE_SYNCHRONOUS);
+    void *m = NULL;
+    REQUIRE_OK(hm_provider_alloc(v.prov, 64 * KIB, 0, &m));
+    CHECK_OK(hm_provider_fill(v.prov, m, 0, 64 * KIB));
+
+    /* never recorded: complete */
+    void *ev = NULL;
+    uint64_t pools = drv.calls("zeEventPoolCreate");
+    REQUIRE_OK(o->stream.event_create(v.st, &ev));
+    CHECK_EQ(drv.calls("zeEventPoolCreate"), pools + 1);
+    CHECK_EQ(stats().live_events, s0.live_events + 1);
+    CHECK_OK(o->stream.event_query(v.st, ev));
+    CHECK_OK(o->stream.event_sync(v.st, ev));
+
+    /* recorded after a queued fill: busy until synchronized */
+    queue_fill(a, m, 0x11, 64 * KIB);
+    CHECK_OK(o->stream.event_record(v.st, ev, a));
+    CHECK_EQ(stats().queued_commands, 2);
+    CHECK_RES(o->stream.event_query(v.st, ev), HM_ERROR_BUSY);
+    CHECK_RES(o->stream.event_query(v.st, ev), HM_ERROR_BUSY);
+    CHECK_EQ(first_byte(v.prov, m), 0);
+    CHECK_OK(o->stream.event_sync(v.st, ev));
+    CHECK_OK(o->stream.event_query(v.st, ev));
+    CHECK_EQ(first_byte(v.prov, m), 0x11);
+    CHECK_EQ(stats().queued_commands, 0);
+
+    /* re-recorded after completion: reset and reused; the device catching
+     * up completes it without a sync */
+    uint64_t resets = drv.calls("zeEventHostReset"), creates = drv.calls("zeEventCreate");
+    queue_fill(a, m, 0x22, 64 * KIB);
+    CHECK_OK(o->stream.event_record(v.st, ev, a));
+    CHECK_EQ(drv.calls("zeEventHostReset"), resets + 1);
+    CHECK_EQ(drv.calls("zeEventCreate"), creates);
+    CHECK_RES(o->stream.event_query(v.st, ev), HM_ERROR_BUSY);
+    CHECK_EQ(drv.run_queued(), 2);
+    CHECK_OK(o->stream.event_query(v.st, ev));
+    CHECK_EQ(first_byte(v.prov, m), 0x22);
+
+    /* re-recorded while its signal is queued: a new driver event; the old
+     * one is destroyed once it completes */
+    queue_fill(a, m, 0x33, 64 * KIB);
+    CHECK_OK(o->stream.event_record(v.st, ev, a));
+    queue_fill(a, m, 0x44, 64 * KIB);
+    uint64_t destroys = drv.calls("zeEventDestroy");
+    CHECK_OK(o->stream.event_record(v.st, ev, a));
+    CHECK_EQ(drv.calls("zeEventCreate"), creates + 1);
+    CHECK_EQ(stats().live_events, s0.live_events + 2);
+    CHECK_RES(o->stream.event_query(v.st, ev), HM_ERROR_BUSY);
+    CHECK_OK(o->stream.event_sync(v.st, ev));
+    CHECK_EQ(first_byte(v.prov, m), 0x44);
+    void *ev2 = NULL;
+    REQUIRE_OK(o->stream.event_create(v.st, &ev2)); /* reaps the retired one */
+    CHECK_EQ(drv.calls("zeEventDestroy"), destroys + 1);
+    CHECK_EQ(stats().live_events, s0.live_events + 2);
+
+    /* destroyed while pending: kept from the driver until complete */
+    queue_fill(a, m, 0x55, 64 * KIB);
+    CHECK_OK(o->stream.event_record(v.st, ev2, a));
+    destroys = drv.calls("zeEventDestroy");
+    o->stream.event_destroy(v.st, ev2);
+    CHECK_EQ(drv.calls("zeEventDestroy"), destroys);
+    CHECK_EQ(stats().live_events, s0.live_events + 2);
+    CHECK_EQ(drv.run_queued(), 2);
+    REQUIRE_OK(o->stream.event_create(v.st, &ev2));
+    CHECK_EQ(drv.calls("zeEventDestroy"), destroys + 1);
+    o->stream.event_destroy(v.st, ev2); /* never recorded: destroyed at once */
+    CHECK_EQ(drv.calls("zeEventDestroy"), destroys + 2);
+    CHECK_EQ(stats().live_events, s0.live_events + 1);
+
+    /* a synchronous list: complete at once; a NULL stream is refused */
+    CHECK_OK(o->stream.event_record(v.st, ev, sy));
+    CHECK_OK(o->stream.event_query(v.st, ev));
+    CHECK_RES(o->stream.event_record(v.st, ev, NULL), HM_ERROR_INVALID_ARGUMENT);
+
+    /* more events than a pool holds: a second pool */
+    void *many[70];
+    for (int i = 0; i < 70; i++) REQUIRE_OK(o->stream.event_create(v.st, &many[i]));
+    CHECK_EQ(drv.calls("zeEventPoolCreate"), pools + 2);
+    for (int i = 0; i < 70; i++) {
+        if (i % 2) CHECK_OK(o->stream.event_record(v.st, many[i], a));
+        o->stream.event_destroy(v.st, many[i]);
+    }
+    CHECK_EQ(drv.run_queued(), 35);
+
+    /* injected failures: HM_ERROR_DRIVER with the native code */
+    void *bad = NULL;
+    REQUIRE(drv.fail_next("zeEventCreate", 1, ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY) == 0);
+    CHECK_RES(o->stream.event_create(v.st, &bad), HM_ERROR_OUT_OF_MEMORY);
+    CHECK(bad == NULL);
+    CHECK_EQ(hm_last_native_error(NULL), (int64_t)ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY);
+    REQUIRE(drv.fail_next("zeEventCreate", 1, ZE_RESULT_ERROR_DEVICE_LOST) == 0);
+    CHECK_RES(o->stream.event_create(v.st, &bad), HM_ERROR_DRIVER);
+    CHECK_EQ(hm_last_native_error(NULL), (int64_t)ZE_RESULT_ERROR_DEVICE_LOST);
+    queue_fill(a, m, 0x66, 64 * KIB);
+    REQUIRE(drv.fail_next("zeCommandListAppendSignalEvent", 1, ZE_RESULT_ERROR_DEVICE_LOST) == 0);
+    CHECK_RES(o->stream.event_record(v.st, ev, a), HM_ERROR_DRIVER);
+    CHECK_OK(o->stream.event_query(v.st, ev)); /* left as never recorded */
+    CHECK_OK(o->stream.event_record(v.st, ev, a));
+    REQUIRE(drv.fail_next("zeEventQueryStatus", 1, ZE_RESULT_ERROR_DEVICE_LOST) == 0);
+    CHECK_RES(o->stream.event_query(v.st, ev), HM_ERROR_DRIVER);
+    CHECK_EQ(hm_last_native_error(NULL), (int64_t)ZE_RESULT_ERROR_DEVICE_LOST);
+    REQUIRE(drv.fail_next("zeEventHostSynchronize", 1, ZE_RESULT_ERROR_DEVICE_LOST) == 0);
+    CHECK_RES(o->stream.event_sync(v.st, ev), HM_ERROR_DRIVER);
+    CHECK_RES(o->stream.event_query(v.st, ev), HM_ERROR_BUSY); /* still queued */
+    CHECK_OK(o->stream.event_sync(v.st, ev));
+    REQUIRE(drv.fail_next("zeEventQueryStatus", 1, ZE_RESULT_ERROR_DEVICE_LOST) == 0);
+    CHECK_RES(o->stream.event_record(v.st, ev, a), HM_ERROR_DRIVER);
+    REQUIRE(drv.fail_next("zeEventHostReset", 1, ZE_RESULT_ERROR_DEVICE_LOST) == 0);
+    CHECK_RES(o->stream.event_record(v.st, ev, a), HM_ERROR_DRIVER);
+    CHECK_OK(o->stream.event_record(v.st, ev, a));
+    CHECK_OK(o->stream.event_sync(v.st, ev));
+    /* a refused destroy: the event stays the driver's until the provider's
+     * destroy tries again */
+    REQUIRE_OK(o->stream.event_create(v.st, &bad));
+    destroys = drv.calls("zeEventDestroy");
+    REQUIRE(drv.fail_next("zeEventDestroy", 1, ZE_RESULT_ERROR_DEVICE_LOST) == 0);
+    o->stream.event_destroy(v.st, bad);
+    CHECK_EQ(stats().live_events, s0.live_events + 2);
+    /* a pool the driver will not make: no event */
+    stream_env_t w;
+    stream_env_init(&w);
+    REQUIRE(drv.fail_next("zeEventPoolCreate", 1, ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY) == 0);
+    CHECK_RES(w.ops->stream.event_create(w.st, &bad), HM_ERROR_OUT_OF_HOST_MEMORY);
+    REQUIRE_OK(w.ops->stream.event_create(w.st, &bad));
+    w.ops->stream.event_destroy(w.st, bad);
+    stream_env_fini(&w);
+
+    /* a fork child calls no driver */
+    queue_fill(a, m, 0x77, 64 * KIB);
+    CHECK_OK(o->stream.event_record(v.st, ev, a));
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) _exit(stream_fork_child(&v, ev, a));
+    int wst = 0;
+    REQUIRE(waitpid(pid, &wst, 0) == pid);
+    CHECK_MSG(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "stream fork child failed at step %d",
+              WIFEXITED(wst) ? WEXITSTATUS(wst) : -1);
+    CHECK_RES(o->stream.event_query(v.st, ev), HM_ERROR_BUSY);
+
+    /* the provider's destroy waits for a retired event and destroys the
+     * rest: the program's context then has no pool or event of it */
+    queue_fill(a, m, 0x88, 64 * KIB);
+    CHECK_OK(o->stream.event_record(v.st, ev, a));
+    o->stream.event_destroy(v.st, ev);
+    CHECK_OK(hm_provider_free(v.prov, m, 64 * KIB)); /* runs the fills first */
+    CHECK(zl.zeCommandListDestroy(a) == ZE_RESULT_SUCCESS);
+    CHECK(zl.zeCommandListDestroy(sy) == ZE_RESULT_SUCCESS);
+    stream_env_fini(&v);
+    CHECK_EQ(stats().live_events, s0.live_events);
+    CHECK_EQ(stats().queued_commands, 0);
+}
+
 /* Teardown at exit: pools destroyed by an atexit handler registered before
  * the first provider (it runs after the provider's) and by a destructor of
  * the executable: no call reaches a torn-down driver (it reports any on
@@ -842,6 +1095,7 @@ int main(int argc, char **argv) {
         test_policies_resident();
         test_relaxed_limit();
         test_fork_child();
+        test_streams();
         test_teardown(argv[0]);
         test_no_loader(argv[0]);
     }

@@ -56,12 +56,33 @@
  * the IPC layer's cache of opened mappings is what shares one open between
  * pools of one context.
  *
+ * Streams (stream-ordered allocation, hetmem/stream.h; the provider has
+ * HM_PROVIDER_CAP_STREAMS): a stream is an immediate command list
+ * (ze_command_list_handle_t) that the program created, in any mode, on the
+ * provider's context and device (the spec: a command list and the events
+ * it signals are of one context). So streams need a provider made with the
+ * program's context (hm_level_zero_params_set_context): one made from an
+ * ordinal uses a context of hetmem's own. The events are the
+ * provider's: driver events from host-visible event pools (64 events each)
+ * it creates on its context as needed and destroys at its destroy. A
+ * record appends a signal of the event to the list
+ * (zeCommandListAppendSignalEvent): the event completes once the work
+ * appended to the list before it has run. A query is zeEventQueryStatus
+ * (not yet: HM_ERROR_BUSY), a sync zeEventHostSynchronize without a
+ * timeout. An event destroyed, or recorded again, while its signal is still
+ * queued is kept from the driver's reuse until it completes (the spec
+ * forbids destroying an event the device still uses); the provider's
+ * destroy waits for such events. A record that fails leaves the event as
+ * if never recorded (complete). Calls on one event are the caller's to
+ * serialise; different events are independent.
+ *
  * Fork: Level Zero does not work in a fork child (the loader's zeInit is
  * done once per address space and the handles are the parent's). There a
  * provider made before the fork calls no driver: alloc, fill, copy, IPC
  * export and open, hm_level_zero_allocation_info and a new create answer
- * HM_ERROR_NOT_SUPPORTED (one log line per process); free, IPC close and
- * put and destroy succeed and forget the parent's memory. A process started
+ * HM_ERROR_NOT_SUPPORTED (one log line per process), and so do event
+ * create, record, query and sync; free, IPC close and put, event destroy
+ * and destroy succeed and forget the parent's memory and events. A process started
  * by exec is new: create works there.
  * Exit: once exit() has begun (an atexit handler the provider registers
  * when it opens the loader, which runs before the loader's own exit-time

@@ -12,7 +12,8 @@
  * the device, its identity, the memory type, the page size, and one
  * synchronous immediate command list for fill and copy (created at the
  * first fill or copy, under cl_lock, which also serialises its use: a
- * command list is not thread-safe).
+ * command list is not thread-safe), and the events of stream-ordered
+ * allocation (below).
  *
  * Where the driver cannot be called, the provider does not call it:
  *  - in a fork child (the epoch hm__prim_fork_epoch() differs from the one
@@ -34,9 +35,12 @@
  *                         ze_exiting set once by the atexit handler
  *   owned_ctx list        ctx_lock (create/fini only)
  *   provider state        immutable after init, except the command list
- *                         (cl_lock)
+ *                         (cl_lock) and the event pools and slots (ev_lock)
+ *   one event (lz_event_t) its ops are the caller's to serialise, as the
+ *                         driver's own calls on one event are
  * No lock is held across a driver call except cl_lock around the command
- * list's own calls. */
+ * list's own calls and ev_lock around zeEventPoolCreate, zeEventCreate,
+ * zeEventDestroy and the zeEventQueryStatus of a retired slot. */
 #include "internal.h"
 #include "platform/dl.h"
 #include "platform/prim.h"
@@ -75,6 +79,14 @@ static struct {
     ZE_FN(zeCommandListDestroy);
     ZE_FN(zeCommandListAppendMemoryFill);
     ZE_FN(zeCommandListAppendMemoryCopy);
+    ZE_FN(zeCommandListAppendSignalEvent);
+    ZE_FN(zeEventPoolCreate);
+    ZE_FN(zeEventPoolDestroy);
+    ZE_FN(zeEventCreate);
+    ZE_FN(zeEventDestroy);
+    ZE_FN(zeEventHostReset);
+    ZE_FN(zeEventQueryStatus);
+    ZE_FN(zeEventHostSynchronize);
     /* optional */
     ZE_FN(zeMemFreeExt);
     /* newer than Debian's 1.8 headers: declared here, by the spec's signatures */
@@ -94,7 +106,9 @@ static const hm_dl_sym_t ze_syms[] = {
     REQ(zeMemGetAddressRange), REQ(zeMemGetIpcHandle), REQ(zeMemOpenIpcHandle),
     REQ(zeMemCloseIpcHandle), REQ(zeCommandListCreateImmediate), REQ(zeCommandListDestroy),
     REQ(zeCommandListAppendMemoryFill), REQ(zeCommandListAppendMemoryCopy),
-    OPT(zeMemFreeExt), OPT(zeCommandListHostSynchronize), OPT(zeMemPutIpcHandle),
+    REQ(zeCommandListAppendSignalEvent), REQ(zeEventPoolCreate), REQ(zeEventPoolDestroy),
+    REQ(zeEventCreate), REQ(zeEventDestroy), REQ(zeEventHostReset), REQ(zeEventQueryStatus),
+    REQ(zeEventHostSynchronize), OPT(zeMemFreeExt), OPT(zeCommandListHostSynchronize), OPT(zeMemPutIpcHandle),
     OPT(zeInitDrivers),
 };
 
@@ -330,6 +344,10 @@ typedef struct lz {
     uint64_t max_alloc; /* the device's maxMemAllocSize: larger needs the relaxed limit */
     pthread_mutex_t cl_lock;
     ze_command_list_handle_t cl; /* NULL until the first fill or copy */
+    pthread_mutex_t ev_lock;
+    struct lz_evpool *evpools;   /* every event pool, newest first */
+    struct lz_slot *free_slots;  /* slots with no driver event */
+    struct lz_slot *retired;     /* events whose signal may still be queued */
 } lz_t;
 
 /* The IPC payload: the driver's handle (its first 8 bytes the exporter's
@@ -481,6 +499,7 @@ static hm_result_t lz_init(const void *params, void **state) {
         goto fail_ctx;
     }
     pthread_mutex_init(&z->cl_lock, NULL);
+    pthread_mutex_init(&z->ev_lock, NULL);
     *state = z;
     return HM_SUCCESS;
 
@@ -491,19 +510,26 @@ fail:
     return r;
 }
 
+static void events_fini(lz_t *z);
+static void events_forget(lz_t *z);
+
 static void lz_fini(void *state) {
     lz_t *z = state;
-    if (ze_gone()) { /* the command list and context go with the process */
+    if (ze_gone()) { /* the events, command list and context go with the process */
+        events_forget(z);
         pthread_mutex_destroy(&z->cl_lock);
+        pthread_mutex_destroy(&z->ev_lock);
         free(z);
         return;
     }
+    events_fini(z);
     if (z->cl) {
         ze_result_t zr = ze.zeCommandListDestroy(z->cl);
         if (zr != ZE_RESULT_SUCCESS) (void)ze_fail(zr, "zeCommandListDestroy");
     }
     if (z->own_ctx) ctx_put(z->ctx);
     pthread_mutex_destroy(&z->cl_lock);
+    pthread_mutex_destroy(&z->ev_lock);
     free(z);
 }
 
@@ -699,6 +725,250 @@ static hm_result_t lz_copy(void *state, void *dst, const void *src, size_t size)
     return r;
 }
 
+/* ---- streams and events (provider.h's stream ops) ----
+ * A stream is the program's immediate command list on this provider's
+ * context and device. Events are driver events from host-visible pools the
+ * provider creates as needed on its context (LZ_POOL_EVENTS each, kept
+ * until fini), with signal and wait scope HOST. Each pool's events are
+ * slots: a slot holds a driver event or is free.
+ *
+ * The front end's event (lz_event_t) names one slot at a time. A record
+ * appends a signal of the slot's event to the stream
+ * (zeCommandListAppendSignalEvent), so the event completes after the work
+ * appended before it. Re-recording: an event that completed is reset on the
+ * host (zeEventHostReset) and reused; one whose earlier signal is still
+ * queued takes a new slot (a reset now would be undone by that signal), and
+ * the old slot is retired. Destroying an event whose signal may still be
+ * queued retires its slot too: the spec forbids destroying an event the
+ * device still references (ze_api.h, zeEventDestroy), so a retired slot's
+ * event is destroyed once zeEventQueryStatus says it completed (checked at
+ * each event create and destroy), or at fini after zeEventHostSynchronize.
+ * An event never recorded is complete (query and sync answer at once).
+ *
+ * Invariants (ev_lock): a slot is on exactly one of free_slots (ev NULL),
+ * retired (ev set), or named by one live lz_event_t (ev set); pools are
+ * destroyed only at fini, after every slot's event. */
+
+#define LZ_POOL_EVENTS 64
+
+typedef struct lz_slot {
+    ze_event_handle_t ev;
+    struct lz_evpool *pool;
+    uint32_t index;
+    struct lz_slot *next; /* on free_slots or retired */
+} lz_slot_t;
+
+typedef struct lz_evpool {
+    ze_event_pool_handle_t h;
+    struct lz_evpool *next;
+    lz_slot_t slots[LZ_POOL_EVENTS];
+} lz_evpool_t;
+
+typedef struct lz_event {
+    lz_slot_t *slot;
+    bool recorded; /* a signal was appended (and the event not destroyed) */
+} lz_event_t;
+
+/* The slot's event back to the driver and the slot to the free list
+ * (ev_lock held). A slot whose event the driver would not destroy stays
+ * out of use: its index is still taken in the pool. */
+static void slot_free(lz_t *z, lz_slot_t *s) {
+    ze_result_t zr = ze.zeEventDestroy(s->ev);
+    if (zr != ZE_RESULT_SUCCESS) {
+        (void)ze_fail(zr, "zeEventDestroy");
+        return;
+    }
+    s->ev = NULL;
+    s->next = z->free_slots;
+    z->free_slots = s;
+}
+
+/* Destroys the retired events that have completed (ev_lock held). */
+static void slots_reap(lz_t *z) {
+    for (lz_slot_t **pp = &z->retired; *pp;) {
+        lz_slot_t *s = *pp;
+        ze_result_t zr = ze.zeEventQueryStatus(s->ev);
+        if (zr == ZE_RESULT_NOT_READY) {
+            pp = &s->next;
+            continue;
+        }
+        if (zr != ZE_RESULT_SUCCESS) (void)ze_fail(zr, "zeEventQueryStatus");
+        *pp = s->next;
+        slot_free(z, s); /* a failed query: its signal may be queued, but
+                            there is no other way to learn more */
+    }
+}
+
+/* A slot with a new driver event (ev_lock held). */
+static hm_result_t slot_new(lz_t *z, lz_slot_t **out) {
+    slots_reap(z);
+    if (!z->free_slots) {
+        lz_evpool_t *p = calloc(1, sizeof(*p));
+        if (!p) return HM_ERROR_OUT_OF_HOST_MEMORY;
+        ze_event_pool_desc_t pd = {.stype = ZE_STRUCTURE_TYPE_EVENT_POOL_DESC,
+                                   .flags = ZE_EVENT_POOL_FLAG_HOST_VISIBLE,
+                                   .count = LZ_POOL_EVENTS};
+        ze_device_handle_t dev = z->dev;
+        ze_result_t zr = ze.zeEventPoolCreate(z->ctx, &pd, 1, &dev, &p->h);
+        if (zr != ZE_RESULT_SUCCESS) {
+            free(p);
+            return ze_fail(zr, "zeEventPoolCreate");
+        }
+        for (uint32_t i = LZ_POOL_EVENTS; i-- > 0;) {
+            p->slots[i] = (lz_slot_t){.pool = p, .index = i, .next = z->free_slots};
+            z->free_slots = &p->slots[i];
+        }
+        p->next = z->evpools;
+        z->evpools = p;
+    }
+    lz_slot_t *s = z->free_slots;
+    ze_event_desc_t ed = {.stype = ZE_STRUCTURE_TYPE_EVENT_DESC,
+                          .index = s->index,
+                          .signal = ZE_EVENT_SCOPE_FLAG_HOST,
+                          .wait = ZE_EVENT_SCOPE_FLAG_HOST};
+    ze_result_t zr = ze.zeEventCreate(s->pool->h, &ed, &s->ev);
+    if (zr != ZE_RESULT_SUCCESS) {
+        s->ev = NULL;
+        return ze_fail(zr, "zeEventCreate");
+    }
+    z->free_slots = s->next;
+    s->next = NULL;
+    *out = s;
+    return HM_SUCCESS;
+}
+
+/* A slot whose event's signal may still be queued (ev_lock held). */
+static void slot_retire(lz_t *z, lz_slot_t *s) {
+    s->next = z->retired;
+    z->retired = s;
+}
+
+static hm_result_t lz_event_create(void *state, void **event) {
+    lz_t *z = state;
+    if (ze_gone()) return ze_refuse("event create");
+    lz_event_t *e = calloc(1, sizeof(*e));
+    if (!e) return HM_ERROR_OUT_OF_HOST_MEMORY;
+    hm__mutex_lock(&z->ev_lock);
+    hm_result_t r = slot_new(z, &e->slot);
+    hm__mutex_unlock(&z->ev_lock);
+    if (r != HM_SUCCESS) {
+        free(e);
+        return r;
+    }
+    *event = e;
+    return HM_SUCCESS;
+}
+
+static hm_result_t lz_event_record(void *state, void *event, void *stream) {
+    lz_t *z = state;
+    lz_event_t *e = event;
+    if (ze_gone()) return ze_refuse("event record");
+    if (!stream) {
+        HM_LOG_ERROR("Level Zero provider: a stream is an immediate command list (NULL given)");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (e->recorded) {
+        ze_result_t zr = ze.zeEventQueryStatus(e->slot->ev);
+        if (zr == ZE_RESULT_SUCCESS) {
+            if ((zr = ze.zeEventHostReset(e->slot->ev)) != ZE_RESULT_SUCCESS)
+                return ze_fail(zr, "zeEventHostReset");
+        } else if (zr == ZE_RESULT_NOT_READY) {
+            lz_slot_t *s;
+            hm__mutex_lock(&z->ev_lock);
+            hm_result_t r = slot_new(z, &s);
+            if (r == HM_SUCCESS) {
+                slot_retire(z, e->slot);
+                e->slot = s;
+            }
+            hm__mutex_unlock(&z->ev_lock);
+            if (r != HM_SUCCESS) return r;
+        } else {
+            return ze_fail(zr, "zeEventQueryStatus");
+        }
+        e->recorded = false;
+    }
+    ze_result_t zr = ze.zeCommandListAppendSignalEvent((ze_command_list_handle_t)stream,
+                                                       e->slot->ev);
+    if (zr != ZE_RESULT_SUCCESS) return ze_fail(zr, "zeCommandListAppendSignalEvent");
+    e->recorded = true;
+    return HM_SUCCESS;
+}
+
+static hm_result_t lz_event_query(void *state, void *event) {
+    lz_event_t *e = event;
+    (void)state;
+    if (ze_gone()) return ze_refuse("event query");
+    if (!e->recorded) return HM_SUCCESS;
+    ze_result_t zr = ze.zeEventQueryStatus(e->slot->ev);
+    return zr == ZE_RESULT_SUCCESS     ? HM_SUCCESS
+           : zr == ZE_RESULT_NOT_READY ? HM_ERROR_BUSY
+                                       : ze_fail(zr, "zeEventQueryStatus");
+}
+
+static hm_result_t lz_event_sync(void *state, void *event) {
+    lz_event_t *e = event;
+    (void)state;
+    if (ze_gone()) return ze_refuse("event sync");
+    if (!e->recorded) return HM_SUCCESS;
+    ze_result_t zr = ze.zeEventHostSynchronize(e->slot->ev, UINT64_MAX);
+    return zr == ZE_RESULT_SUCCESS ? HM_SUCCESS : ze_fail(zr, "zeEventHostSynchronize");
+}
+
+static void lz_event_destroy(void *state, void *event) {
+    lz_t *z = state;
+    lz_event_t *e = event;
+    if (!ze_gone()) {
+        hm__mutex_lock(&z->ev_lock);
+        if (e->recorded)
+            slot_retire(z, e->slot);
+        else
+            slot_free(z, e->slot);
+        slots_reap(z);
+        hm__mutex_unlock(&z->ev_lock);
+    }
+    free(e);
+}
+
+/* Fini: every event the driver still has (retired ones once complete, and
+ * those of lz_event_t the front end did not destroy), then the pools. */
+static void events_fini(lz_t *z) {
+    for (lz_slot_t *s = z->retired, *next; s; s = next) {
+        next = s->next;
+        ze_result_t zr = ze.zeEventHostSynchronize(s->ev, UINT64_MAX);
+        if (zr != ZE_RESULT_SUCCESS) (void)ze_fail(zr, "zeEventHostSynchronize");
+        slot_free(z, s);
+    }
+    z->retired = NULL;
+    for (lz_evpool_t *p = z->evpools, *next; p; p = next) {
+        next = p->next;
+        bool busy = false;
+        for (uint32_t i = 0; i < LZ_POOL_EVENTS; i++) {
+            lz_slot_t *s = &p->slots[i];
+            if (!s->ev) continue;
+            ze_result_t zr = ze.zeEventDestroy(s->ev);
+            if (zr != ZE_RESULT_SUCCESS) {
+                (void)ze_fail(zr, "zeEventDestroy");
+                busy = true;
+            }
+        }
+        if (!busy) {
+            ze_result_t zr = ze.zeEventPoolDestroy(p->h);
+            if (zr != ZE_RESULT_SUCCESS) (void)ze_fail(zr, "zeEventPoolDestroy");
+        }
+        free(p);
+    }
+    z->evpools = NULL;
+    z->free_slots = NULL;
+}
+
+/* In a fork child or at exit: the host side only. */
+static void events_forget(lz_t *z) {
+    for (lz_evpool_t *p = z->evpools, *next; p; p = next) {
+        next = p->next;
+        free(p);
+    }
+}
+
 /* ---- IPC ---- */
 
 static size_t lz_ipc_handle_size(void *state) {
@@ -857,6 +1127,14 @@ static const hm_provider_ops_t lz_ops = {
     .copy = lz_copy,
     .ipc_compatible = lz_ipc_compatible,
     .ipc_context = lz_ipc_context,
+    .stream =
+        {
+            .event_create = lz_event_create,
+            .event_record = lz_event_record,
+            .event_query = lz_event_query,
+            .event_sync = lz_event_sync,
+            .event_destroy = lz_event_destroy,
+        },
 };
 
 const hm_provider_ops_t *hm_level_zero_provider_ops(void) { return &lz_ops; }
