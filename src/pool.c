@@ -4,6 +4,7 @@
 #include "pool_internal.h"
 #include "ipc/ipc_internal.h"
 #include "platform/prim.h"
+#include "stream/stream.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -139,6 +140,7 @@ hm_result_t hm_pool_destroy(hm_pool_t *pool) {
         return HM_ERROR_INVALID_ARGUMENT;
     }
     unsigned refused = atomic_load_explicit(&pool->refused, memory_order_relaxed);
+    hm__stream_pool_destroy(pool); /* blocks pending on streams, once their work is done */
     hm__ipc_pool_destroy(pool); /* its cached exports and opened mappings */
     pool->ops.fini(pool->state);
     /* Whatever the pool did not give back is a leak: forget it, report it
@@ -391,7 +393,19 @@ HM_RUN void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size) {
  * it is not an opened mapping: deferred while the block holds an exported
  * pointer with handles outstanding (ipc.h: the bytes are not handed out
  * again before the last put), else the pool's free. */
+/* A host-side free of a block that is pending on a stream (freed with
+ * hm_pool_free_async): refused. */
+static HM_NOINLINE bool stream_refuses(hm_pool_t *pool, const void *ptr) {
+    if (!hm__stream_pending(pool, ptr)) return false;
+    HM_LOG_ERROR("free of %p (pool '%s'): it is pending on a stream (freed with "
+                 "hm_pool_free_async): double free", ptr, pool->ops.name);
+    return true;
+}
+
 static hm_result_t free_tracked(hm_pool_t *pool, void *ptr, const hm_tracker_entry_t *e) {
+    if (hm_unlikely(atomic_load_explicit(&pool->streams, memory_order_relaxed) != NULL) &&
+        stream_refuses(pool, ptr))
+        return HM_ERROR_DOUBLE_FREE;
     if (hm_unlikely(atomic_load_explicit(&pool->ipc, memory_order_relaxed) != NULL)) {
         bool done;
         hm_result_t r = hm__ipc_free_held(pool, ptr, e, &done);
@@ -432,16 +446,30 @@ void hm__pool_set_entries(hm_pool_t *pool, hm_pool_malloc_entry_t m, hm_pool_fre
     atomic_store_explicit(&pool->free_entry, f, memory_order_relaxed);
 }
 
-/* The free entry while exports of the pool are held: a pointer outside
- * every held range (most) goes to the pool's usual entry at once. */
+/* The free entry while exports of the pool are held or blocks are pending
+ * on streams: a pending block is refused; a pointer outside every held
+ * range (most) goes to the pool's usual entry at once. */
 static HM_NOINLINE hm_result_t free_held(hm_pool_t *pool, void *ptr) {
+    if (hm_unlikely(ptr && atomic_load_explicit(&pool->streams, memory_order_relaxed) &&
+                    stream_refuses(pool, ptr)))
+        return HM_ERROR_DOUBLE_FREE;
     if (hm_likely(!hm__pool_maybe_held(pool, ptr))) return pool->base_free_entry(pool, ptr);
     return free_checked(pool, ptr);
 }
 
+static pthread_mutex_t hold_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void hm__pool_hold_atfork(int phase) {
+    if (phase == 0) hm__mutex_lock(&hold_lock);
+    else hm__mutex_unlock(&hold_lock);
+}
+
 void hm__pool_hold_frees(hm_pool_t *pool, bool on) {
-    atomic_store_explicit(&pool->free_entry, on ? free_held : pool->base_free_entry,
+    hm__mutex_lock(&hold_lock);
+    pool->holders = on ? pool->holders + 1 : pool->holders - 1;
+    atomic_store_explicit(&pool->free_entry, pool->holders ? free_held : pool->base_free_entry,
                           memory_order_relaxed);
+    hm__mutex_unlock(&hold_lock);
 }
 
 HM_NOINLINE __attribute__((cold)) hm_result_t hm__pool_refuse_free(hm_pool_t *pool,
@@ -473,6 +501,7 @@ HM_RUN size_t hm_pool_malloc_usable_size(hm_pool_t *pool, const void *ptr) {
 
 hm_result_t hm_pool_trim(hm_pool_t *pool) {
     if (!pool) return HM_ERROR_INVALID_ARGUMENT;
+    hm__stream_pool_trim(pool); /* blocks pending on streams, once their work is done */
     if (!pool->ops.trim) return HM_ERROR_NOT_SUPPORTED;
     return pool->ops.trim(pool->state);
 }

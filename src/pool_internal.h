@@ -69,6 +69,11 @@ struct hm_pool {
      * the provider refused (hm__pool_note_refused): a destroy during which
      * it grows answers HM_ERROR_DRIVER. */
     _Atomic unsigned refused;
+    /* The stream cache (src/stream), made at the first stream-ordered call. */
+    struct hm_stream_pool *_Atomic streams;
+    /* Why frees go through the checking entry (hm__pool_hold_frees): IPC
+     * exports held, blocks pending on streams (hold_lock in pool.c). */
+    unsigned holders;
     hm_tracker_index_t index;
 } HM_CACHE_ALIGNED;
 
@@ -81,11 +86,17 @@ static inline void hm__pool_note_refused(hm_pool_t *pool) {
 /* For a pool's init op: make malloc_entry and (unless the front end must
  * check pointers, hm_pool.check_owner) free_entry the pool's own. */
 void hm__pool_set_entries(hm_pool_t *pool, hm_pool_malloc_entry_t m, hm_pool_free_entry_t f);
-/* The IPC export side, under its lock: on, when the pool gets its first
- * export with handles outstanding (hm_pool_free checks each pointer, so
- * the free of an exported block waits for its last put); off, when the
- * last such export is put (base_free_entry again). */
+/* Frees go through the front end's checks while a reason holds (counted):
+ * on when the IPC export side gets the pool's first export with handles
+ * outstanding (the free of an exported block waits for its last put) or
+ * the stream cache its first pending block (a free of one is a double
+ * free); off when that reason ends (base_free_entry again when none is
+ * left). */
 void hm__pool_hold_frees(hm_pool_t *pool, bool on);
+/* Its lock around fork (the IPC slot's hooks, after IPC's own locks, whose
+ * holders call hm__pool_hold_frees): 0 prepare (lock), 1 parent, 2 child
+ * (unlock). */
+void hm__pool_hold_atfork(int phase);
 
 /* Whether ptr may lie in a range with exports held: false means surely not
  * (the free needs no check). A few relaxed loads, no lock. */

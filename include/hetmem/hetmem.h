@@ -14,5 +14,6 @@
 #include <hetmem/ipc.h>
 #include <hetmem/pools/native.h>
 #include <hetmem/memspace.h>
+#include <hetmem/stream.h>
 
 #endif

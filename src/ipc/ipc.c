@@ -159,9 +159,11 @@ void hm__ipc_atfork_prepare(void) {
     hm__ipc_export_atfork(0);
     hm__ipc_ptrace_atfork(0);
     hm__ipc_pidfd_cache_atfork(0);
+    hm__pool_hold_atfork(0);
 }
 /* Release what prepare took, in reverse (phase: 1 parent, 2 child). */
 static void ipc_atfork_release(int phase) {
+    hm__pool_hold_atfork(phase);
     hm__ipc_pidfd_cache_atfork(phase);
     hm__ipc_ptrace_atfork(phase);
     hm__ipc_export_atfork(phase);

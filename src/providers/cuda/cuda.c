@@ -677,6 +677,68 @@ static hm_result_t cu_ipc_close(void *state, void *ptr, size_t size) {
     return res;
 }
 
+/* ---- streams and events (hetmem/stream.h) ---- */
+
+static bool have_events(void) {
+    return cu.EventCreate && cu.EventRecord && cu.EventQuery && cu.EventSynchronize &&
+           cu.EventDestroy;
+}
+
+static hm_result_t cu_event_create(void *state, void **event) {
+    cuprov_t *c = state;
+    if (!have_events()) {
+        HM_LOG_ERROR("CUDA provider: the driver has no events (cuEventCreate)");
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    if (hm_unlikely(in_child(c))) return refuse_in_child("event create");
+    bool pushed;
+    hm_result_t res = ctx_enter(c, &pushed);
+    if (res != HM_SUCCESS) return res;
+    hm_cu_event_t ev = NULL;
+    hm_cu_result_t r = cu.EventCreate(&ev, HM_CU_EVENT_DISABLE_TIMING);
+    ctx_leave(pushed);
+    if (r != HM_CUDA_SUCCESS) return cu_fail(r, "cuEventCreate");
+    *event = ev;
+    return HM_SUCCESS;
+}
+
+static hm_result_t cu_event_record(void *state, void *event, void *stream) {
+    cuprov_t *c = state;
+    if (hm_unlikely(in_child(c))) return refuse_in_child("event record");
+    bool pushed;
+    hm_result_t res = ctx_enter(c, &pushed);
+    if (res != HM_SUCCESS) return res;
+    hm_cu_result_t r = cu.EventRecord(event, stream);
+    ctx_leave(pushed);
+    return r == HM_CUDA_SUCCESS ? HM_SUCCESS : cu_fail(r, "cuEventRecord");
+}
+
+/* No context needed: an event is the driver's object wherever it is asked. */
+static hm_result_t cu_event_query(void *state, void *event) {
+    cuprov_t *c = state;
+    if (hm_unlikely(in_child(c))) return HM_ERROR_NOT_SUPPORTED;
+    hm_cu_result_t r = cu.EventQuery(event);
+    if (r == HM_CUDA_SUCCESS) return HM_SUCCESS;
+    if (r == HM_CUDA_ERROR_NOT_READY) return HM_ERROR_BUSY;
+    if (torn_down(r)) return HM_SUCCESS; /* the work went with the driver */
+    return cu_fail(r, "cuEventQuery");
+}
+
+static hm_result_t cu_event_sync(void *state, void *event) {
+    cuprov_t *c = state;
+    if (hm_unlikely(in_child(c))) return HM_ERROR_NOT_SUPPORTED;
+    hm_cu_result_t r = cu.EventSynchronize(event);
+    if (r == HM_CUDA_SUCCESS || torn_down(r)) return HM_SUCCESS;
+    return cu_fail(r, "cuEventSynchronize");
+}
+
+static void cu_event_destroy(void *state, void *event) {
+    cuprov_t *c = state;
+    if (hm_unlikely(in_child(c))) return; /* the parent's */
+    hm_cu_result_t r = cu.EventDestroy(event);
+    if (r != HM_CUDA_SUCCESS && !torn_down(r)) (void)cu_fail(r, "cuEventDestroy_v2");
+}
+
 static uint64_t cu_ipc_context(void *state) {
     cuprov_t *c = state;
     return (uint64_t)(uintptr_t)c->ctx;
@@ -703,6 +765,14 @@ static const hm_provider_ops_t cu_ops = {
     .copy = cu_copy,
     .ipc_compatible = cu_ipc_compatible,
     .ipc_context = cu_ipc_context,
+    .stream =
+        {
+            .event_create = cu_event_create,
+            .event_record = cu_event_record,
+            .event_query = cu_event_query,
+            .event_sync = cu_event_sync,
+            .event_destroy = cu_event_destroy,
+        },
 };
 
 const hm_provider_ops_t *hm_cuda_provider_ops(void) { return &cu_ops; }

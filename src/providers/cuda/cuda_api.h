@@ -21,6 +21,7 @@ typedef int hm_cu_device_t;                 /* CUdevice */
 typedef unsigned long long hm_cu_ptr_t;     /* CUdeviceptr (64-bit) */
 typedef struct CUctx_st *hm_cu_context_t;   /* CUcontext */
 typedef struct CUstream_st *hm_cu_stream_t; /* CUstream */
+typedef struct CUevent_st *hm_cu_event_t;   /* CUevent */
 #define HM_CU_IPC_HANDLE_SIZE 64
 #ifndef CUDA_VERSION
 struct CUuuid_st {
@@ -43,6 +44,7 @@ enum {
     HM_CUDA_ERROR_INVALID_DEVICE = 101,
     HM_CUDA_ERROR_INVALID_CONTEXT = 201,
     HM_CUDA_ERROR_ALREADY_MAPPED = 208,
+    HM_CUDA_ERROR_NOT_READY = 600,
     HM_CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 
@@ -66,6 +68,7 @@ enum {
     HM_CU_MEM_ATTACH_GLOBAL = 0x1,
     HM_CU_MEM_ATTACH_HOST = 0x2,
     HM_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1,
+    HM_CU_EVENT_DISABLE_TIMING = 0x2,
 };
 
 /* X(field, exported symbol, return type, parameters), required entry points. */
@@ -110,6 +113,11 @@ enum {
 #define HM_CU_FN_OPTIONAL(X)                                                                  \
     X(GetErrorName, cuGetErrorName, hm_cu_result_t, (hm_cu_result_t error, const char **str)) \
     X(MemHostGetDevicePointer, cuMemHostGetDevicePointer_v2, hm_cu_result_t,                \
-      (hm_cu_ptr_t *pdptr, void *p, unsigned int flags))
+      (hm_cu_ptr_t *pdptr, void *p, unsigned int flags))                                      \
+    X(EventCreate, cuEventCreate, hm_cu_result_t, (hm_cu_event_t *ev, unsigned int flags))  \
+    X(EventRecord, cuEventRecord, hm_cu_result_t, (hm_cu_event_t ev, hm_cu_stream_t stream)) \
+    X(EventQuery, cuEventQuery, hm_cu_result_t, (hm_cu_event_t ev))                         \
+    X(EventSynchronize, cuEventSynchronize, hm_cu_result_t, (hm_cu_event_t ev))             \
+    X(EventDestroy, cuEventDestroy_v2, hm_cu_result_t, (hm_cu_event_t ev))
 
 #endif
