@@ -290,8 +290,9 @@
  *    are unchanged, as another process that opened the memory sees.
  *    The asynchronous calls go on the same queue, tagged with their stream
  *    (the synchronous ones: the legacy stream): cuMemsetD8Async of any of
- *    the driver's memory (cuda.h's "API synchronization behavior": "The
- *    Async versions are always asynchronous with respect to the host"), and
+ *    the driver's memory (the same page: "The Async versions are always
+ *    asynchronous with respect to the host"; its destination as
+ *    cuMemsetD8_v2's, cuMemcpyAsync's pointers as cuMemcpy's), and
  *    cuMemcpyAsync with the driver's memory on both sides but not pinned
  *    host memory on both; with plain (pageable) memory on a side, or host
  *    memory on both, it runs the queue and then itself ("For transfers
