@@ -10,6 +10,15 @@
  *                     from the device's default memory pool (the driver's own
  *                     caching allocator), each followed by cuStreamSynchronize
  *                     every 64 pairs.
+ *   stream alloc+free 1 MiB, one stream / two streams
+ *                     hm_pool_malloc_async + hm_pool_free_async on one
+ *                     created stream, or alternating between two, from the
+ *                     same native pool; baseline "cuMemAllocAsync":
+ *                     cuMemAllocAsync + cuMemFreeAsync on the same streams
+ *                     from the device's default pool with its release
+ *                     threshold at the maximum (as RMM sets it; where the
+ *                     driver has cuMemPoolSetAttribute); both synchronise
+ *                     their streams every 64 pairs.
  *   open+close (hit)  hm_ipc_open + hm_ipc_close of a handle whose mapping is
  *                     cached; baseline: cuIpcOpenMemHandle_v2 +
  *                     cuIpcCloseMemHandle of the same allocation.
@@ -27,6 +36,7 @@
 
 #include <hetmem/hetmem.h>
 #include <hetmem/providers/cuda.h>
+#include <hetmem/stream.h>
 
 #include "providers/cuda/cuda_api.h"
 
@@ -53,6 +63,9 @@ static struct {
     hm_cu_result_t (*ipc_close)(hm_cu_ptr_t);
     hm_cu_result_t (*retain)(hm_cu_context_t *, hm_cu_device_t);
     hm_cu_result_t (*set)(hm_cu_context_t);
+    hm_cu_result_t (*stream_create)(hm_cu_stream_t *, unsigned);
+    hm_cu_result_t (*default_pool)(cu_pool_t *, hm_cu_device_t);
+    hm_cu_result_t (*pool_set)(cu_pool_t, int, void *);
     uint64_t (*calls)(const char *);   /* the test driver's control API, or NULL */
     void (*reset)(void);
 } cu;
@@ -71,6 +84,9 @@ static int cu_raw_init(void) {
     *(void **)&cu.ipc_close = dlsym(l, "cuIpcCloseMemHandle");
     *(void **)&cu.retain = dlsym(l, "cuDevicePrimaryCtxRetain");
     *(void **)&cu.set = dlsym(l, "cuCtxSetCurrent");
+    *(void **)&cu.stream_create = dlsym(l, "cuStreamCreate");
+    *(void **)&cu.default_pool = dlsym(l, "cuDeviceGetDefaultMemPool");
+    *(void **)&cu.pool_set = dlsym(l, "cuMemPoolSetAttribute");
     *(void **)&cu.calls = dlsym(l, "hm_cuda_test_call_count");
     *(void **)&cu.reset = dlsym(l, "hm_cuda_test_reset");
     if (!cu.alloc || !cu.free || !cu.sync || !cu.ipc_get || !cu.ipc_open || !cu.ipc_close ||
@@ -121,6 +137,64 @@ static int async_run(void *ctx, const void *arg, uint64_t iters) {
         if ((i & 63) == 63 && cu.sync(NULL) != HM_CUDA_SUCCESS) return 1;
     }
     return cu.sync(NULL) == HM_CUDA_SUCCESS ? 0 : 1;
+}
+
+/* ---- stream-ordered ---- */
+
+static hm_cu_stream_t g_streams[2];
+static bool g_have_streams;
+
+static int streams_init(void) {
+    if (!cu.stream_create || !cu.alloc_async || !cu.free_async) return -1;
+    for (int i = 0; i < 2; i++)
+        if (cu.stream_create(&g_streams[i], 0x1 /* CU_STREAM_NON_BLOCKING */) != HM_CUDA_SUCCESS)
+            return -1;
+    /* The driver's pool keeps what it frees (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4). */
+    cu_pool_t dp;
+    uint64_t max = UINT64_MAX;
+    if (cu.default_pool && cu.pool_set && cu.default_pool(&dp, 0) == HM_CUDA_SUCCESS &&
+        cu.pool_set(dp, 4, &max) == HM_CUDA_SUCCESS)
+        printf("bench_cuda: the default memory pool's release threshold is the maximum\n");
+    else
+        printf("bench_cuda: the driver has no cuMemPoolSetAttribute: cuMemAllocAsync with its "
+               "default threshold\n");
+    return 0;
+}
+
+static int stream_setup(const void *arg, void **ctx) {
+    (void)arg, (void)ctx;
+    return g_have_streams ? 0 : HM_BENCH_SKIP;
+}
+/* arg: the number of streams (1 or 2); 1 MiB blocks. */
+static int hm_stream_run(void *ctx, const void *arg, uint64_t iters) {
+    (void)ctx;
+    int k = *(const int *)arg;
+    for (uint64_t i = 0; i < iters; i++) {
+        hm_cu_stream_t s = g_streams[k == 2 ? (i & 1) : 0];
+        void *p = hm_pool_malloc_async(g_pool, MIB, s);
+        if (!p) return 1;
+        hm_bench_escape(p);
+        if (hm_pool_free_async(g_pool, p, s) != HM_SUCCESS) return 1;
+        if ((i & 63) == 63)
+            for (int j = 0; j < k; j++)
+                if (cu.sync(g_streams[j]) != HM_CUDA_SUCCESS) return 1;
+    }
+    return 0;
+}
+static int raw_stream_run(void *ctx, const void *arg, uint64_t iters) {
+    (void)ctx;
+    int k = *(const int *)arg;
+    for (uint64_t i = 0; i < iters; i++) {
+        hm_cu_stream_t s = g_streams[k == 2 ? (i & 1) : 0];
+        hm_cu_ptr_t p = 0;
+        if (cu.alloc_async(&p, MIB, s) != HM_CUDA_SUCCESS) return 1;
+        hm_bench_escape((void *)(uintptr_t)p);
+        if (cu.free_async(p, s) != HM_CUDA_SUCCESS) return 1;
+        if ((i & 63) == 63)
+            for (int j = 0; j < k; j++)
+                if (cu.sync(g_streams[j]) != HM_CUDA_SUCCESS) return 1;
+    }
+    return 0;
 }
 
 /* ---- IPC ---- */
@@ -234,6 +308,13 @@ int main(int argc, char **argv) {
     static const char *names[] = {"alloc+free 64 B", "alloc+free 4 KiB", "alloc+free 64 KiB",
                                   "alloc+free 1 MiB", "alloc+free 16 MiB", "alloc+free 64 MiB"};
     for (size_t i = 0; i < 6; i++) hm_bench_case(b, names[i], &sizes[i], 1, &subject, base, 2);
+    g_have_streams = streams_init() == 0;
+    if (!g_have_streams) printf("bench_cuda: the driver has no streams: stream cases skipped\n");
+    static const int one = 1, two = 2;
+    static const hm_bench_impl_t st_s = {"hetmem-native", stream_setup, hm_stream_run, NULL};
+    static const hm_bench_impl_t st_raw = {"cuMemAllocAsync", stream_setup, raw_stream_run, NULL};
+    hm_bench_case(b, "stream alloc+free 1 MiB, one stream", &one, 1, &st_s, &st_raw, 1);
+    hm_bench_case(b, "stream alloc+free 1 MiB, two streams", &two, 1, &st_s, &st_raw, 1);
 
     int sock = -1;
     pid_t pid = start_exporter(argv[0], &sock);

@@ -336,7 +336,7 @@ void *hm_pool_malloc_async(hm_pool_t *pool, size_t size, void *stream) {
         errno = EINVAL;
         return NULL;
     }
-    spool_t *sc = cache_of(pool, false);
+    spool_t *sc = cache_of(pool, true);
     if (sc) {
         cache_lock(sc);
         bool same = false;

@@ -26,11 +26,18 @@
  *   fork      a fork child's allocations from a pool of device memory are
  *             refused, even from blocks the pool caches; it may free and
  *             destroy what it inherited.
+ *   streams   stream-ordered allocation on the driver's streams, whose work
+ *             (a queued memset) runs only at a synchronising call: a block
+ *             freed on one stream goes back to it at once and to another
+ *             only after a sync; injected failures of the event calls; a
+ *             stream forgotten and destroyed with blocks pending.
  * SPDX-License-Identifier: MIT
  *
- * Usage: test_cuda_scenarios [unit|reuse|aligned|oom|fork|all]
+ * Usage: test_cuda_scenarios [unit|reuse|aligned|oom|fork|streams|all]
  *        (unit, the default: wc and errors) */
 #include "cuda_provider_util.h"
+
+#include <hetmem/stream.h>
 
 #include <errno.h>
 #include <sys/wait.h>
@@ -416,6 +423,97 @@ static void test_fork(void) {
     }
 }
 
+/* ---- streams: stream-ordered allocation on the driver's streams ---- */
+
+static void test_streams(void) {
+    void *h = dlopen(getenv("HM_CUDA_DRIVER"), RTLD_NOW | RTLD_NOLOAD);
+    REQUIRE(h);
+    CUresult (*stream_create)(CUstream *, unsigned);
+    CUresult (*stream_destroy)(CUstream);
+    CUresult (*stream_sync)(CUstream);
+    CUresult (*memset_async)(CUdeviceptr, unsigned char, size_t, CUstream);
+    *(void **)&stream_create = dlsym(h, "cuStreamCreate");
+    *(void **)&stream_destroy = dlsym(h, "cuStreamDestroy_v2");
+    *(void **)&stream_sync = dlsym(h, "cuStreamSynchronize");
+    *(void **)&memset_async = dlsym(h, "cuMemsetD8Async");
+    REQUIRE(stream_create && stream_destroy && stream_sync && memset_async);
+    CUcontext ctx;
+    REQUIRE(drv.primary_retain(&ctx, 0) == CUDA_SUCCESS);
+    REQUIRE(drv.ctx_set(ctx) == CUDA_SUCCESS);
+    const size_t n = 1 * MIB;
+    for (int kind = 0; kind < 3; kind++) {
+#ifndef HM_TEST_JEMALLOC
+        if (kind == 2) continue;
+#endif
+        hm_test_set_context(kind == 0   ? "streams, proxy pool"
+                            : kind == 1 ? "streams, native pool"
+                                        : "streams, jemalloc pool");
+        hm_provider_t *prov;
+        REQUIRE_OK(cu_provider(HM_CUDA_MEMORY_DEVICE, 0, &prov));
+        CHECK(hm_provider_caps(prov) & HM_PROVIDER_CAP_STREAMS);
+        hm_pool_t *pool;
+        REQUIRE_OK(pool_over(kind, prov, HM_POOL_FLAG_OWN_PROVIDER, &pool));
+        CUstream s1, s2;
+        REQUIRE(stream_create(&s1, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+        REQUIRE(stream_create(&s2, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+        void *p = hm_pool_malloc_async(pool, n, s1);
+        REQUIRE(p);
+        CHECK(memset_async((CUdeviceptr)(uintptr_t)p, 7, n, s1) == CUDA_SUCCESS);
+        CHECK_OK(hm_pool_free_async(pool, p, s1));
+        CHECK_MSG(stats().pending_ops > 0, "the memset ran already");
+        void *q = hm_pool_malloc_async(pool, n, s2);
+        REQUIRE(q);
+        CHECK_MSG(q != p, "a block freed on s1 went to s2 while s1's memset was queued");
+        void *r = hm_pool_malloc_async(pool, n, s1);
+        CHECK_MSG(r == p, "s1 did not get back its own block at once");
+        CHECK_OK(hm_pool_free_async(pool, r, s1));
+        CHECK_OK(hm_pool_free_async(pool, q, s2));
+        CHECK(stream_sync(s1) == CUDA_SUCCESS);
+        void *a = hm_pool_malloc_async(pool, n, s2); /* its own: q */
+        void *b = hm_pool_malloc_async(pool, n, s2); /* s1's, now done: p */
+        CHECK(a == q);
+        CHECK_MSG(b == p, "s2 did not reuse s1's block after s1's work was done");
+        hm_stream_stats_t st;
+        CHECK_OK(hm_pool_get_stream_stats(pool, &st));
+        CHECK(st.same_stream == 2 && st.other_stream == 1);
+        /* Injected failures: the block stays the caller's. */
+        CHECK(drv.fail_next("cuEventRecord", 1, CUDA_ERROR_ILLEGAL_ADDRESS) == 0);
+        CHECK_RES(hm_pool_free_async(pool, a, s2), HM_ERROR_DRIVER);
+        CHECK_OK(hm_pool_free_async(pool, a, s2));
+        CHECK(memset_async((CUdeviceptr)(uintptr_t)b, 1, n, s2) == CUDA_SUCCESS);
+        CHECK_OK(hm_pool_free_async(pool, b, s2));
+        CHECK(drv.fail_next("cuEventQuery", 1, CUDA_ERROR_ILLEGAL_ADDRESS) == 0);
+        void *c = hm_pool_malloc_async(pool, n, s1); /* s2's blocks: pending or unknown */
+        CHECK(c != NULL && c != a && c != b);
+        CHECK_OK(hm_pool_free(pool, c));
+        /* s2 forgotten and destroyed with its blocks pending: they wait
+         * for their events like any other stream's. */
+        CHECK_OK(hm_pool_stream_forget(pool, s2));
+        CHECK(stream_destroy(s2) == CUDA_SUCCESS);
+        CHECK(drv.fail_next("cuEventSynchronize", 1, CUDA_ERROR_ILLEGAL_ADDRESS) == 0);
+        hm_result_t tr = hm_pool_trim(pool); /* waits (one wait fails: logged) */
+        CHECK(tr == HM_SUCCESS || tr == HM_ERROR_NOT_SUPPORTED);
+        CHECK_OK(hm_pool_get_stream_stats(pool, &st));
+        CHECK_EQ(st.cached_blocks, 0);
+        /* A fresh pool's first event: its creation fails. */
+        void *d = hm_pool_malloc_async(pool, n, s1);
+        REQUIRE(d);
+        CHECK_OK(hm_pool_destroy(pool)); /* d still allocated: reported */
+        REQUIRE_OK(cu_provider(HM_CUDA_MEMORY_DEVICE, 0, &prov));
+        REQUIRE_OK(pool_over(kind, prov, HM_POOL_FLAG_OWN_PROVIDER, &pool));
+        void *e = hm_pool_malloc_async(pool, n, s1);
+        REQUIRE(e);
+        CHECK(drv.fail_next("cuEventCreate", 1, CUDA_ERROR_OUT_OF_MEMORY) == 0);
+        CHECK(hm_pool_free_async(pool, e, s1) != HM_SUCCESS);
+        CHECK_OK(hm_pool_free_async(pool, e, s1));
+        CHECK(stream_destroy(s1) == CUDA_SUCCESS); /* pending work still runs */
+        CHECK_OK(hm_pool_destroy(pool)); /* waits for e's event */
+    }
+    CHECK_EQ(stats().live_events, 0);
+    REQUIRE(drv.ctx_set(NULL) == CUDA_SUCCESS);
+    REQUIRE(drv.primary_release(0) == CUDA_SUCCESS);
+}
+
 int main(int argc, char **argv) {
     if (argc > 2 && strcmp(argv[1], "importer") == 0) return importer(atoi(argv[2]));
     const char *part = argc > 1 ? argv[1] : "unit";
@@ -438,6 +536,7 @@ int main(int argc, char **argv) {
     RUN("unit", test_write_combined(); test_error_text());
     RUN("oom", test_oom());
     RUN("fork", test_fork());
+    RUN("streams", test_streams());
 #undef RUN
     if (!ran) {
         fprintf(stderr, "unknown part '%s'\n", part);
