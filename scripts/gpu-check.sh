@@ -8,7 +8,8 @@
 #       here (with a compiler and network): builds hetmem (Release,
 #       build-gpu/) with $ORIGIN-relative rpaths and puts into DIR (default
 #       gpu-check/ in the repository root) what the check runs: bin/ (the
-#       driver probe cuda_probe, test_cuda_provider, bench_cuda, cuda_ipc),
+#       driver probe cuda_probe, test_cuda_provider, test_cuda_scenarios,
+#       bench_cuda, cuda_ipc, cuda_stream),
 #       lib/ (libhetmem.so.0 and every shared library it and they need that a
 #       bare machine may lack: all but glibc, libgcc_s and libstdc++; hwloc's
 #       PCI plugin in lib/hwloc/), testdriver/libcuda.so.1 (the project's
@@ -125,7 +126,7 @@ prepare() {
            -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN/../lib' \
            -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags \
            -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--disable-new-dtags &&
-         cmake --build "$dir" -j "$jobs" --target hetmem test_cuda_provider bench_cuda cuda_ipc \
+         cmake --build "$dir" -j "$jobs" --target hetmem test_cuda_provider test_cuda_scenarios bench_cuda cuda_ipc cuda_stream \
            cuda_probe cuda_test; } >"$dir/gpu-check-build.log" 2>&1; then
     tail -n 40 "$dir/gpu-check-build.log"
     echo "gpu-check: the build failed (log: $dir/gpu-check-build.log)" >&2
@@ -133,7 +134,8 @@ prepare() {
   fi
 
   mkdir -p "$out/bin" "$out/lib/hwloc" "$out/testdriver"
-  cp "$dir/test/cuda/test_cuda_provider" "$dir/bench/bench_cuda" "$dir/examples/cuda_ipc" \
+  cp "$dir/test/cuda/test_cuda_provider" "$dir/test/cuda/test_cuda_scenarios" \
+     "$dir/bench/bench_cuda" "$dir/examples/cuda_ipc" "$dir/examples/cuda_stream" \
      "$dir/test/gpu_check/cuda_probe" "$out/bin/" || return 1
   cp -L "$dir/src/libhetmem.so.0" "$out/lib/" || return 1
   cp -L "$dir/test/cuda/driver/libcuda.so.1" "$out/testdriver/" || return 1
@@ -326,8 +328,10 @@ run_check() {
       HM_CUDA_TEST_DEVICES=2 step suites-provider "$T_PROVIDER" "$dir/bin/test_cuda_provider" provider
       HM_CUDA_TEST_DEVICES=2 step suites-pools "$T_POOLS" "$dir/bin/test_cuda_provider" pools
       HM_CUDA_TEST_DEVICES=2 step suites-ipc "$T_IPC" "$dir/bin/test_cuda_provider" ipc
+      step scenarios "$T_IPC" "$dir/bin/test_cuda_scenarios" all
     fi
     step ipc-example "$T_EXAMPLE" "$dir/bin/cuda_ipc"
+    step stream-example "$T_EXAMPLE" "$dir/bin/cuda_stream"
     step benchmark "$T_BENCH" "$dir/bin/bench_cuda" --repeats 5 --min-time 0.05 \
       --csv "$out/bench_cuda.csv"
   fi
