@@ -11,14 +11,17 @@
  *
  * Ordering rules
  *  - hm_pool_free_async(pool, p, s): p's bytes may still be in use by work
- *    queued on s before the call. An event is recorded on s at the free;
- *    p stays with the pool's stream cache.
+ *    queued on s before the call; p stays with the pool's stream cache. The
+ *    free makes no driver call: when another stream wants s's blocks (or
+ *    the cache gives them back), one event is recorded on s, which covers
+ *    every block freed on s until then.
  *  - hm_pool_malloc_async(pool, n, s): a block for work queued on s after
  *    the call. It is, in order of preference: a block freed on s (at once:
  *    the work that used it runs before the work that will, in stream
  *    order), a block freed on another stream whose event has completed
  *    (queried, never waited for), a fresh block of the pool. A block freed
- *    on stream A is never handed to stream B before A's event completed:
+ *    on stream A is never handed to stream B before an event recorded on A
+ *    after its free has completed:
  *    no dependency between streams is made (as PyTorch's caching
  *    allocator; CUDA's pools may instead make B wait, which can serialise
  *    streams). The host must not touch the block before work on s has
@@ -64,13 +67,16 @@ extern "C" {
 HM_API void *hm_pool_malloc_async(hm_pool_t *pool, size_t size, void *stream);
 /* ptr NULL: a no-op success. HM_ERROR_INVALID_ARGUMENT: not a live block
  * of pool; HM_ERROR_DOUBLE_FREE: already pending on a stream;
- * HM_ERROR_NOT_SUPPORTED: no streams; HM_ERROR_DRIVER: the event could not
- * be recorded (the block is still the caller's). */
+ * HM_ERROR_NOT_SUPPORTED: no streams; HM_ERROR_OUT_OF_HOST_MEMORY (the
+ * block is still the caller's). A stream on which no event can be recorded
+ * later keeps its blocks to itself (logged); they go back to the pool at
+ * trim or destroy without a wait. */
 HM_API hm_result_t hm_pool_free_async(hm_pool_t *pool, void *ptr, void *stream);
 /* Bytes of freed blocks the stream cache keeps (SIZE_MAX: all). */
 HM_API hm_result_t hm_pool_set_release_threshold(hm_pool_t *pool, size_t bytes);
 /* The stream's blocks no longer go back to it by stream order (call before
- * destroying the stream). Unknown streams: a no-op success. */
+ * destroying the stream: an event is recorded on it now, which its blocks
+ * then wait for). Unknown streams: a no-op success. */
 HM_API hm_result_t hm_pool_stream_forget(hm_pool_t *pool, void *stream);
 
 typedef struct hm_stream_stats {
@@ -82,6 +88,7 @@ typedef struct hm_stream_stats {
     uint64_t from_pool;     /* ... by the pool */
     uint64_t released;      /* blocks given back to the pool */
     uint64_t waits;         /* events waited for (trim, out of memory, destroy) */
+    uint64_t events;        /* events recorded (one per cross-stream demand on a stream) */
 } hm_stream_stats_t;
 HM_API hm_result_t hm_pool_get_stream_stats(hm_pool_t *pool, hm_stream_stats_t *stats);
 

@@ -10,11 +10,17 @@
  *               release threshold go back to the pool from here;
  *   by address  a hash of the pending pointers, so that a second free of
  *               one is refused (pool.c asks while the cache holds any).
- * An event of the provider is recorded on the stream at each free; events
- * are recycled through a free list (creating one is a driver call).
- * PyTorch's CUDA caching allocator keeps blocks per stream and frees
- * cross-stream uses only after events in the same way
- * (c10/cuda/CUDACachingAllocator.cpp, insert_events / process_events).
+ * A free records nothing: stream order alone makes a block safe for its
+ * own stream. Only when another stream wants blocks of a stream (or the
+ * cache must give them back: threshold, trim, destroy, out of memory, a
+ * forgotten stream) is one event of the provider recorded on that stream;
+ * it covers every block freed there since the last one (they were all
+ * freed before it), so a stream costs one event per cross-stream demand,
+ * not one per free. Events are shared (evref_t, counted) and recycled
+ * through a free list (creating one is a driver call). PyTorch's CUDA
+ * caching allocator likewise keeps blocks per stream and makes cross-stream
+ * reuse wait for events (c10/cuda/CUDACachingAllocator.cpp,
+ * insert_events / process_events).
  *
  * Lock: sc->lock (stream.h's table). Waiting for events (event_sync) and
  * calls into the pool happen with it released: blocks are first taken out
@@ -29,12 +35,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* An event recorded on a stream, shared by the blocks it covers. */
+typedef struct evref {
+    void *ev;
+    unsigned refs;
+} evref_t;
+
 typedef struct ent {
     void *ptr;
     size_t size;  /* usable size (0: unknown, never reused, only given back) */
     void *stream; /* the stream it was freed on (NULL also names a stream) */
     bool has_stream; /* false once its stream was forgotten */
-    void *event;
+    evref_t *ev;  /* NULL: freed after the stream's last event (not covered yet) */
     struct ent *sprev, *snext; /* its stream's list */
     struct ent *aprev, *anext; /* the age list */
     struct ent *hnext;         /* the address hash */
@@ -59,7 +71,7 @@ struct hm_stream_pool {
     void **events; /* recorded and done with, or never recorded: reusable */
     size_t nevents, capevents;
     size_t bytes, threshold;
-    uint64_t same, other, fresh, released, waits;
+    uint64_t same, other, fresh, released, waits, recorded;
 };
 typedef struct hm_stream_pool spool_t;
 
@@ -192,12 +204,62 @@ static void event_put(spool_t *sc, void *ev) {
     sc->events[sc->nevents++] = ev;
 }
 
+/* e no longer needs its event (lock held). */
+static void ev_drop(spool_t *sc, ent_t *e) {
+    evref_t *r = e->ev;
+    e->ev = NULL;
+    if (r && !--r->refs) {
+        event_put(sc, r->ev);
+        free(r);
+    }
+}
+
+/* One event recorded on the stream of slot s now, covering every block of
+ * s not yet covered (lock held). false: no event (the blocks stay
+ * uncovered: never handed to another stream). */
+static bool cover(spool_t *sc, sslot_t *s) {
+    if (!s->head || s->head->ev) return true; /* nothing new since the last */
+    const hm_provider_t *p = sc->prov;
+    evref_t *r = calloc(1, sizeof(*r));
+    if (!r) return false;
+    hm_result_t res = HM_SUCCESS;
+    void *ev = sc->nevents ? sc->events[--sc->nevents] : NULL;
+    if (!ev) res = p->ops.stream.event_create(p->state, &ev);
+    if (res == HM_SUCCESS) {
+        res = p->ops.stream.event_record(p->state, ev, s->stream);
+        if (res != HM_SUCCESS) event_put(sc, ev);
+    }
+    if (res != HM_SUCCESS) {
+        free(r);
+        HM_LOG_ERROR("stream cache of pool '%s': no event on stream %p (%s): its freed blocks "
+                     "stay with it", sc->pool->ops.name, s->stream, hm_result_string(res));
+        return false;
+    }
+    r->ev = ev;
+    sc->recorded++;
+    for (ent_t *e = s->head; e && !e->ev; e = e->snext) {
+        e->ev = r;
+        r->refs++;
+    }
+    return true;
+}
+
+/* Whether e's stream work is done (lock held): its event, recorded now if
+ * it has none, has completed. */
+static bool done(spool_t *sc, ent_t *e) {
+    if (!e->ev && (!e->slot || !cover(sc, e->slot))) return false;
+    if (!e->ev) return false;
+    const hm_provider_t *p = sc->prov;
+    return p->ops.stream.event_query(p->state, e->ev->ev) == HM_SUCCESS;
+}
+
 /* In a fork child: the parent's blocks and events are forgotten (never
  * freed nor destroyed: no driver call works here). */
 static void drop_all(spool_t *sc) {
     if (sc->n) hm__pool_hold_frees(sc->pool, false);
     for (ent_t *e = sc->oldest, *nx; e; e = nx) {
         nx = e->anext;
+        if (e->ev && !--e->ev->refs) free(e->ev);
         free(e);
     }
     sc->oldest = sc->newest = NULL;
@@ -223,12 +285,11 @@ static void release_block(spool_t *sc, ent_t *e) {
  * to give back with the lock released. At most `budget` queries. */
 static ent_t *collect_done(spool_t *sc, size_t budget) {
     ent_t *out = NULL;
-    const hm_provider_t *p = sc->prov;
     for (ent_t *e = sc->oldest, *nx; e && sc->bytes > sc->threshold && budget; e = nx, budget--) {
         nx = e->anext;
-        if (p->ops.stream.event_query(p->state, e->event) != HM_SUCCESS) continue;
+        if (!done(sc, e)) continue;
         unlink_ent(sc, e);
-        event_put(sc, e->event);
+        ev_drop(sc, e);
         sc->released++;
         e->anext = out;
         out = e;
@@ -248,6 +309,7 @@ static void release_list(spool_t *sc, ent_t *list) {
  * entry). Returns how many blocks. */
 static size_t release_all(spool_t *sc) {
     cache_lock(sc);
+    for (size_t i = 0; i < sc->nslots; i++) (void)cover(sc, &sc->slots[i]);
     ent_t *list = sc->oldest;
     for (ent_t *e = list; e; e = e->anext) e->slot = NULL;
     sc->oldest = sc->newest = NULL;
@@ -260,18 +322,27 @@ static size_t release_all(spool_t *sc) {
     if (had) hm__pool_hold_frees(sc->pool, false);
     const hm_provider_t *p = sc->prov;
     size_t count = 0;
+    size_t waits = 0;
     for (ent_t *e = list; e; e = e->anext) {
-        hm_result_t r = p->ops.stream.event_sync(p->state, e->event);
+        count++;
+        /* One wait per event: the blocks it covers are neighbours in age. */
+        if (e->anext && e->anext->ev == e->ev) continue;
+        if (!e->ev) {
+            HM_LOG_ERROR("stream cache of pool '%s': %p has no event (its stream could not "
+                         "record one): given back without waiting", sc->pool->ops.name, e->ptr);
+            continue;
+        }
+        waits++;
+        hm_result_t r = p->ops.stream.event_sync(p->state, e->ev->ev);
         if (r != HM_SUCCESS)
             HM_LOG_ERROR("stream cache of pool '%s': waiting for the event of %p failed (%s): "
                          "the block is given back all the same", sc->pool->ops.name, e->ptr,
                          hm_result_string(r));
-        count++;
     }
     cache_lock(sc);
-    sc->waits += count;
+    sc->waits += waits;
     sc->released += count;
-    for (ent_t *e = list; e; e = e->anext) event_put(sc, e->event);
+    for (ent_t *e = list; e; e = e->anext) ev_drop(sc, e);
     hm__mutex_unlock(&sc->lock);
     for (ent_t *e = list, *nx; e; e = nx) {
         nx = e->anext;
@@ -314,12 +385,11 @@ static ent_t *take_block(spool_t *sc, size_t size, void *stream, bool *same) {
                 *same = true;
                 return e;
             }
-    const hm_provider_t *p = sc->prov;
     scan = 0;
     for (ent_t *e = sc->oldest; e && scan < 16; e = e->anext) {
         if (!fits(sc, e->size, size) || (e->slot && e->slot->stream == stream)) continue;
-        scan++; /* a query per candidate */
-        if (p->ops.stream.event_query(p->state, e->event) == HM_SUCCESS) {
+        scan++; /* a query (and at most one record) per candidate */
+        if (done(sc, e)) {
             *same = false;
             return e;
         }
@@ -344,7 +414,7 @@ void *hm_pool_malloc_async(hm_pool_t *pool, size_t size, void *stream) {
         ent_t *done = NULL;
         if (e) {
             unlink_ent(sc, e);
-            event_put(sc, e->event);
+            ev_drop(sc, e);
             if (same) sc->same++;
             else sc->other++;
         } else {
@@ -391,7 +461,6 @@ hm_result_t hm_pool_free_async(hm_pool_t *pool, void *ptr, void *stream) {
     if (!sc) return HM_ERROR_OUT_OF_HOST_MEMORY;
     ent_t *e = calloc(1, sizeof(*e));
     if (!e) return HM_ERROR_OUT_OF_HOST_MEMORY;
-    const hm_provider_t *p = sc->prov;
     cache_lock(sc);
     if (hfind(sc, ptr)) {
         hm__mutex_unlock(&sc->lock);
@@ -400,30 +469,18 @@ hm_result_t hm_pool_free_async(hm_pool_t *pool, void *ptr, void *stream) {
                      pool->ops.name, ptr);
         return HM_ERROR_DOUBLE_FREE;
     }
-    hm_result_t r = HM_SUCCESS;
-    void *ev = sc->nevents ? sc->events[--sc->nevents] : NULL;
-    if (!ev) r = p->ops.stream.event_create(p->state, &ev);
-    if (r == HM_SUCCESS) {
-        r = p->ops.stream.event_record(p->state, ev, stream);
-        if (r != HM_SUCCESS) event_put(sc, ev);
-    }
-    sslot_t *s = r == HM_SUCCESS ? slot_get(sc, stream) : NULL;
-    if (r == HM_SUCCESS && (!s || !hgrow(sc))) {
-        event_put(sc, ev);
-        r = HM_ERROR_OUT_OF_HOST_MEMORY;
-    }
-    if (r != HM_SUCCESS) {
+    sslot_t *s = slot_get(sc, stream);
+    if (!s || !hgrow(sc)) {
         hm__mutex_unlock(&sc->lock);
         free(e);
-        HM_LOG_ERROR("hm_pool_free_async(%s): no event for %p on stream %p (%s): the block is "
-                     "still the caller's", pool->ops.name, ptr, stream, hm_result_string(r));
-        return r;
+        HM_LOG_ERROR("hm_pool_free_async(%s): no memory to keep %p: the block is still the "
+                     "caller's", pool->ops.name, ptr);
+        return HM_ERROR_OUT_OF_HOST_MEMORY;
     }
     e->ptr = ptr;
     e->size = size;
     e->stream = stream;
     e->has_stream = true;
-    e->event = ev;
     e->slot = s;
     e->snext = s->head;
     if (s->head) s->head->sprev = e;
@@ -464,6 +521,9 @@ hm_result_t hm_pool_stream_forget(hm_pool_t *pool, void *stream) {
     cache_lock(sc);
     sslot_t *s = slot_find(sc, stream);
     if (s) {
+        /* The stream is going away: its blocks get their event while it
+         * still exists (without one they could never be reused). */
+        (void)cover(sc, s);
         for (ent_t *e = s->head; e; e = e->snext) {
             e->slot = NULL;
             e->has_stream = false;
@@ -497,6 +557,7 @@ hm_result_t hm_pool_get_stream_stats(hm_pool_t *pool, hm_stream_stats_t *st) {
     st->from_pool = sc->fresh;
     st->released = sc->released;
     st->waits = sc->waits;
+    st->events = sc->recorded;
     hm__mutex_unlock(&sc->lock);
     return HM_SUCCESS;
 }
