@@ -18,6 +18,7 @@
 #include "ze_test_driver.h"
 
 #include <hetmem/providers/level_zero.h>
+#include <hetmem/stream.h>
 #ifdef HM_TEST_JEMALLOC
 #include <hetmem/pools/jemalloc.h>
 #endif
@@ -542,6 +543,46 @@ static int stream_fork_child(stream_env_t *v, void *ev, ze_command_list_handle_t
                   drv.calls("zeEventCreate") + drv.calls("zeEventHostSynchronize") +
                   drv.calls("zeCommandListAppendSignalEvent") + drv.calls("zeEventPoolDestroy");
     return c1 == c0 ? 0 : 15;
+}
+
+/* Stream-ordered allocation (hetmem/stream.h) with immediate command lists
+ * as streams: a block freed on one list goes back to it at once, to
+ * another only once the first list's work (a queued fill) has run. */
+static void test_stream_pools(void) {
+    hm_test_set_context("stream-ordered allocation on immediate command lists");
+    loader_fns();
+    stream_env_t v;
+    stream_env_init(&v);
+    hm_pool_t *pool;
+    REQUIRE_OK(hm_native_pool_create(v.prov, NULL, 0, &pool));
+    ze_command_list_handle_t a = imm_list(v.ctx, v.dev, ZE_COMMAND_QUEUE_MODE_ASYNCHRONOUS);
+    ze_command_list_handle_t b = imm_list(v.ctx, v.dev, ZE_COMMAND_QUEUE_MODE_ASYNCHRONOUS);
+    const size_t n = 64 * KIB;
+    void *p = hm_pool_malloc_async(pool, n, a);
+    REQUIRE(p);
+    queue_fill(a, p, 1, n);
+    CHECK_OK(hm_pool_free_async(pool, p, a));
+    void *q = hm_pool_malloc_async(pool, n, b);
+    CHECK_MSG(q && q != p, "a block freed on list a went to list b while a's fill was queued");
+    void *r = hm_pool_malloc_async(pool, n, a);
+    CHECK_MSG(r == p, "list a did not get its own block back at once");
+    queue_fill(a, r, 2, n);
+    CHECK_OK(hm_pool_free_async(pool, r, a));
+    void *c = hm_pool_malloc_async(pool, n, b); /* records an event on a: pending */
+    CHECK(c && c != p);
+    CHECK(drv.run_queued() > 0); /* the device catches up */
+    void *d = hm_pool_malloc_async(pool, n, b);
+    CHECK_MSG(d == p, "list b did not reuse a's block once a's work had run");
+    CHECK_EQ(first_byte(v.prov, d), 2);
+    CHECK_OK(hm_pool_free(pool, q));
+    CHECK_OK(hm_pool_free(pool, c));
+    CHECK_OK(hm_pool_free_async(pool, d, b));
+    CHECK_OK(hm_pool_stream_forget(pool, a));
+    CHECK_OK(hm_pool_stream_forget(pool, b));
+    CHECK(zl.zeCommandListDestroy(a) == ZE_RESULT_SUCCESS);
+    CHECK(zl.zeCommandListDestroy(b) == ZE_RESULT_SUCCESS);
+    CHECK_OK(hm_pool_destroy(pool));
+    stream_env_fini(&v);
 }
 
 static void test_streams(void) {
@@ -1096,6 +1137,7 @@ int main(int argc, char **argv) {
         test_relaxed_limit();
         test_fork_child();
         test_streams();
+        test_stream_pools();
         test_teardown(argv[0]);
         test_no_loader(argv[0]);
     }
