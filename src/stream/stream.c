@@ -68,6 +68,8 @@ struct hm_stream_pool {
     ent_t *oldest, *newest;
     ent_t **hash;
     size_t hcap, n;
+    ent_t *spare; /* entries to reuse (through hnext), at most SPARE_MAX */
+    size_t nspare;
     void **events; /* recorded and done with, or never recorded: reusable */
     size_t nevents, capevents;
     size_t bytes, threshold;
@@ -76,6 +78,27 @@ struct hm_stream_pool {
 typedef struct hm_stream_pool spool_t;
 
 /* ---- the cache ---- */
+
+#define SPARE_MAX 1024
+
+/* An entry for a new pending block (lock held): a spare one, else new. */
+static ent_t *ent_get(spool_t *sc) {
+    ent_t *e = sc->spare;
+    if (!e) return calloc(1, sizeof(*e));
+    sc->spare = e->hnext;
+    sc->nspare--;
+    memset(e, 0, sizeof(*e));
+    return e;
+}
+static void ent_put(spool_t *sc, ent_t *e) {
+    if (sc->nspare == SPARE_MAX) {
+        free(e);
+        return;
+    }
+    e->hnext = sc->spare;
+    sc->spare = e;
+    sc->nspare++;
+}
 
 static spool_t *cache_of(hm_pool_t *pool, bool make) {
     spool_t *sc = atomic_load_explicit(&pool->streams, memory_order_acquire);
@@ -412,22 +435,21 @@ void *hm_pool_malloc_async(hm_pool_t *pool, size_t size, void *stream) {
         bool same = false;
         ent_t *e = take_block(sc, size, stream, &same);
         ent_t *done = NULL;
+        void *got = NULL;
         if (e) {
             unlink_ent(sc, e);
             ev_drop(sc, e);
             if (same) sc->same++;
             else sc->other++;
+            got = e->ptr;
+            ent_put(sc, e);
         } else {
             sc->fresh++;
         }
         if (sc->bytes > sc->threshold) done = collect_done(sc, 8);
         hm__mutex_unlock(&sc->lock);
         release_list(sc, done);
-        if (e) {
-            void *p = e->ptr;
-            free(e);
-            return p;
-        }
+        if (got) return got;
     }
     void *p = hm_pool_malloc(pool, size);
     if (p || errno != ENOMEM || !sc) return p;
@@ -442,7 +464,10 @@ hm_result_t hm_pool_free_async(hm_pool_t *pool, void *ptr, void *stream) {
     if (!ptr) return HM_SUCCESS;
     if (!check_pool(pool, "hm_pool_free_async"))
         return pool ? HM_ERROR_NOT_SUPPORTED : HM_ERROR_INVALID_ARGUMENT;
-    if (pool->tracked) {
+    /* A pool that validates pointers itself answers usable_size 0 for any
+     * pointer not a live block of its own; the others: the tracker. */
+    bool validates = (pool->ops.flags & HM_POOL_OPS_VALIDATES_POINTERS) && pool->ops.usable_size;
+    if (pool->tracked && !validates) {
         hm_pool_t *owner = hm_pool_by_ptr(ptr);
         if (owner != pool) {
             HM_LOG_ERROR("hm_pool_free_async(%s): %p is not a block of this pool",
@@ -459,20 +484,23 @@ hm_result_t hm_pool_free_async(hm_pool_t *pool, void *ptr, void *stream) {
     }
     spool_t *sc = cache_of(pool, true);
     if (!sc) return HM_ERROR_OUT_OF_HOST_MEMORY;
-    ent_t *e = calloc(1, sizeof(*e));
-    if (!e) return HM_ERROR_OUT_OF_HOST_MEMORY;
     cache_lock(sc);
-    if (hfind(sc, ptr)) {
+    ent_t *e = ent_get(sc);
+    if (!e) {
         hm__mutex_unlock(&sc->lock);
-        free(e);
+        return HM_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    if (hfind(sc, ptr)) {
+        ent_put(sc, e);
+        hm__mutex_unlock(&sc->lock);
         HM_LOG_ERROR("hm_pool_free_async(%s): %p is already pending on a stream (double free)",
                      pool->ops.name, ptr);
         return HM_ERROR_DOUBLE_FREE;
     }
     sslot_t *s = slot_get(sc, stream);
     if (!s || !hgrow(sc)) {
+        ent_put(sc, e);
         hm__mutex_unlock(&sc->lock);
-        free(e);
         HM_LOG_ERROR("hm_pool_free_async(%s): no memory to keep %p: the block is still the "
                      "caller's", pool->ops.name, ptr);
         return HM_ERROR_OUT_OF_HOST_MEMORY;
@@ -587,6 +615,10 @@ void hm__stream_pool_destroy(hm_pool_t *pool) {
         for (size_t i = 0; i < sc->nevents; i++) p->ops.stream.event_destroy(p->state, sc->events[i]);
     } else {
         drop_all(sc); /* a fork child: the parent's */
+    }
+    for (ent_t *e = sc->spare, *nx; e; e = nx) {
+        nx = e->hnext;
+        free(e);
     }
     pthread_mutex_destroy(&sc->lock);
     free(sc->events);
