@@ -486,13 +486,17 @@ static uint64_t id_of(uintptr_t base, uintptr_t h) {
     return (uint64_t)((h & HANDLE_ID_MASK) >> 4);
 }
 
-static struct stream *stream_find(CUstream h) {
-    const uint64_t id = id_of(STREAM_HANDLE_BASE, (uintptr_t)h);
-    size_t lo = 0, hi = g.nstreams;
+/* The element of a by-id sorted array (n elements of elsize bytes, the id
+ * at idoff) whose id is id, or NULL (id 0: none). A binary search. */
+static void *find_by_id(void *arr, size_t n, size_t elsize, size_t idoff, uint64_t id) {
+    size_t lo = 0, hi = n;
     while (id && lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (g.streams[mid].id == id) return &g.streams[mid];
-        if (g.streams[mid].id < id)
+        char *el = (char *)arr + mid * elsize;
+        uint64_t have;
+        memcpy(&have, el + idoff, sizeof(have));
+        if (have == id) return el;
+        if (have < id)
             lo = mid + 1;
         else
             hi = mid;
@@ -500,18 +504,14 @@ static struct stream *stream_find(CUstream h) {
     return NULL;
 }
 
+static struct stream *stream_find(CUstream h) {
+    return find_by_id(g.streams, g.nstreams, sizeof(*g.streams), offsetof(struct stream, id),
+                      id_of(STREAM_HANDLE_BASE, (uintptr_t)h));
+}
+
 static struct event *event_find(CUevent h) {
-    const uint64_t id = id_of(EVENT_HANDLE_BASE, (uintptr_t)h);
-    size_t lo = 0, hi = g.nevents;
-    while (id && lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (g.events[mid].id == id) return &g.events[mid];
-        if (g.events[mid].id < id)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return NULL;
+    return find_by_id(g.events, g.nevents, sizeof(*g.events), offsetof(struct event, id),
+                      id_of(EVENT_HANDLE_BASE, (uintptr_t)h));
 }
 
 /* Room for one more element of a table of `size`-byte elements. */
