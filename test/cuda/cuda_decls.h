@@ -197,10 +197,23 @@ typedef enum CUmemAllocationType_enum {
     CU_MEM_ALLOCATION_TYPE_MANAGED = 0x2
 } CUmemAllocationType;
 
+typedef unsigned long long CUmemGenericAllocationHandle;
+
 typedef enum CUmemAllocationHandleType_enum {
     CU_MEM_HANDLE_TYPE_NONE = 0x0,
-    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1, /* an int */
+    CU_MEM_HANDLE_TYPE_WIN32 = 0x2,
+    CU_MEM_HANDLE_TYPE_WIN32_KMT = 0x4,
+    CU_MEM_HANDLE_TYPE_FABRIC = 0x8,
+    CU_MEM_HANDLE_TYPE_MAX = 0x7FFFFFFF
 } CUmemAllocationHandleType;
+
+typedef enum CUmemAccess_flags_enum {
+    CU_MEM_ACCESS_FLAGS_PROT_NONE = 0x0,
+    CU_MEM_ACCESS_FLAGS_PROT_READ = 0x1,
+    CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3,
+    CU_MEM_ACCESS_FLAGS_PROT_MAX = 0x7FFFFFFF
+} CUmemAccess_flags;
 
 typedef enum CUmemLocationType_enum {
     CU_MEM_LOCATION_TYPE_INVALID = 0x0,
@@ -228,6 +241,11 @@ typedef struct CUmemAllocationProp_st {
     } allocFlags;
 } CUmemAllocationProp;
 
+typedef struct CUmemAccessDesc_st {
+    CUmemLocation location;
+    CUmemAccess_flags flags;
+} CUmemAccessDesc;
+
 typedef enum CUmemAllocationGranularity_flags_enum {
     CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0,
     CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1
@@ -253,6 +271,7 @@ typedef enum CUdriverProcAddressQueryResult_enum {
 _Static_assert(sizeof(CUipcMemHandle) == 64, "CUipcMemHandle is 64 bytes");
 _Static_assert(sizeof(CUuuid) == 16, "CUuuid is 16 bytes");
 _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp layout (LP64)");
+_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc layout");
 _Static_assert(sizeof(CUresult) == 4 && sizeof(CUdeviceptr) == 8, "CUresult and CUdeviceptr");
 
 /* ---- the entry points, by the exact symbol names (cuda.h 13.0 maps the
@@ -328,6 +347,27 @@ CUresult cuEventSynchronize(CUevent hEvent);
 CUresult cuEventDestroy_v2(CUevent hEvent);
 CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream);
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream);
+
+/* virtual memory management: cuda.h has no versioned names for these */
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                     const CUmemAllocationProp *prop, unsigned long long flags);
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags);
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags);
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count);
+CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr);
+CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType handleType,
+                                      unsigned long long flags);
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                        CUmemAllocationHandleType shHandleType);
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                CUmemGenericAllocationHandle handle);
 
 #ifdef __cplusplus
 }

@@ -29,6 +29,11 @@
  *    sorted by id (ids rise and are never reused: a handle encodes its id,
  *    so a destroyed handle is never found again). Each names a context that
  *    is usable; a context's end destroys its streams and events.
+ *  - VMM: g.vmms holds the physical allocations with refs > 0 or maps > 0;
+ *    maps is the number of M_VMM records naming it. An M_VMM record lies
+ *    inside one range of g.vres (reservations, taken from the reservation's
+ *    free set), has no context and charges nothing (its vmm does); a
+ *    reservation is given back only with no mapping left in it.
  */
 #include "cuda_test_driver.h"
 
@@ -101,7 +106,11 @@ extern int __cxa_atexit(void (*fn)(void *), void *arg, void *dso);
     X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamDestroy) X(cuStreamQuery)         \
     X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventRecord) X(cuEventQuery)              \
     X(cuEventSynchronize) X(cuEventDestroy_v2) X(cuEventDestroy)                        \
-    X(cuMemsetD8Async) X(cuMemcpyAsync)
+    X(cuMemsetD8Async) X(cuMemcpyAsync)                                                \
+    X(cuMemCreate) X(cuMemRelease) X(cuMemAddressReserve) X(cuMemAddressFree)           \
+    X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess)                       \
+    X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)                   \
+    X(cuMemRetainAllocationHandle) X(cuMemGetAllocationPropertiesFromHandle)
 
 enum api {
 #define X(name) API_##name,
@@ -144,8 +153,25 @@ struct device {
 };
 
 /* M_WCDEV: the device address of write-combined host memory, the twin of
- * its M_HOST record. */
-enum mkind { M_DEVICE, M_ASYNC, M_HOST, M_MANAGED, M_IPC, M_WCDEV };
+ * its M_HOST record. M_VMM: one cuMemMap mapping of a physical allocation. */
+enum mkind { M_DEVICE, M_ASYNC, M_HOST, M_MANAGED, M_IPC, M_WCDEV, M_VMM };
+
+/* A physical allocation of the VMM API (cuMemCreate, or an import): a
+ * sealed memfd. It lives while refs > 0 (handle references: the create or
+ * import, each cuMemRetainAllocationHandle, minus each cuMemRelease) or
+ * maps > 0 (its M_VMM mappings); `charged` bytes are on dev's `used`
+ * (0 for an import). */
+struct vmm {
+    uint64_t id; /* the handle encodes it (handle_of()) */
+    int fd;
+    size_t size;
+    struct device *dev;
+    uint64_t charged;
+    CUmemAllocationProp prop;
+    unsigned refs;
+    unsigned maps;
+    struct vmm *next;
+};
 
 struct alloc {
     uintptr_t base;
@@ -163,6 +189,9 @@ struct alloc {
     struct ctx *ctx;
     struct device *dev;
     uint64_t charged;
+    /* M_VMM: the physical allocation, and the access flags per device */
+    struct vmm *vmm;
+    unsigned char access[HM_CUDA_TEST_MAX_DEVICES];
     /* M_IPC */
     unsigned refs;
     uint32_t exp_pid;
@@ -242,6 +271,10 @@ static struct {
     struct ctx *ctxs;
     struct alloc **allocs;
     size_t nallocs, cap;
+    struct vmm *vmms;          /* live physical allocations */
+    uint64_t next_vmm_id;
+    struct range *vres;        /* cuMemAddressReserve ranges, unordered */
+    size_t nvres, capvres;
 } g;
 
 /* The calling thread's context stack; t_stack[t_depth - 1] is current. */
@@ -1033,7 +1066,7 @@ static void ctx_end(struct ctx *c) {
 
 /* Whether the driver's memory a lives on a device: queued work touches it. */
 static bool on_device(const struct alloc *a) {
-    return a && (a->kind == M_DEVICE || a->kind == M_ASYNC || a->kind == M_IPC);
+    return a && (a->kind == M_DEVICE || a->kind == M_ASYNC || a->kind == M_IPC || a->kind == M_VMM);
 }
 
 /* Where the driver reads or writes n > 0 bytes at p: the driver's memory
@@ -1049,6 +1082,8 @@ static CUresult resolve(CUdeviceptr ptr, size_t n, bool device_side, char **cpu,
     if (a) {
         if (n > a->size - (p - a->base)) return CUDA_ERROR_INVALID_VALUE;
         if (device_side && a->twin && a->kind == M_HOST) return CUDA_ERROR_INVALID_VALUE;
+        if (a->kind == M_VMM && a->access[a->dev->index] != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            return CUDA_ERROR_INVALID_VALUE; /* mapped, no access granted */
         *cpu = a->cpu + (p - a->base);
         return CUDA_SUCCESS;
     }
@@ -1089,7 +1124,7 @@ __attribute__((destructor)) static void unload(void) {
     free(g.events);
     g.events = NULL;
     g.nevents = g.capevents = 0;
-    if (g.nallocs == 0) { /* nothing left to give back into it */
+    if (g.nallocs == 0 && g.nvres == 0) { /* nothing left to give back into it */
         free(g.va_free);
         g.va_free = NULL;
         g.va_nfree = g.va_capfree = 0;
@@ -1549,6 +1584,312 @@ EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAl
     FIND_DEVICE(d, prop->location.id);
     (void)d;
     *granularity = GRANULARITY;
+    return leave(CUDA_SUCCESS);
+}
+
+/* ---- virtual memory management (cuMemCreate, cuMemMap, ...) ---- */
+
+#define VMM_HANDLE_BASE ((uintptr_t)0x564d000000000000ull) /* "VM" */
+
+/* A physical allocation's memfd is named "hm_cuda_test_vmm<device>:<size>"
+ * and sealed against resizing: an importer learns the device and the size
+ * from the file, and refuses any other file. */
+static void vmm_prefix(char *buf, size_t n, unsigned dev) {
+    snprintf(buf, n, "%s_vmm%u", MEMFD_PREFIX, dev);
+}
+
+static struct vmm *vmm_find(CUmemGenericAllocationHandle h) {
+    const uint64_t id = id_of(VMM_HANDLE_BASE, (uintptr_t)h);
+    if (!id) return NULL;
+    for (struct vmm *v = g.vmms; v; v = v->next)
+        if (v->id == id) return v->refs ? v : NULL; /* released: unknown */
+    return NULL;
+}
+
+/* A new handle for fd (which the allocation takes) on device d. */
+static CUresult vmm_new(int fd, size_t size, struct device *d, uint64_t charged,
+                        CUmemAllocationHandleType types, CUmemGenericAllocationHandle *out) {
+    struct vmm *v = calloc(1, sizeof *v);
+    if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
+    v->id = ++g.next_vmm_id;
+    v->fd = fd;
+    v->size = size;
+    v->dev = d;
+    v->charged = charged;
+    v->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    v->prop.requestedHandleTypes = types;
+    v->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    v->prop.location.id = (int)d->index;
+    v->refs = 1;
+    v->next = g.vmms;
+    g.vmms = v;
+    d->used += charged;
+    *out = (CUmemGenericAllocationHandle)handle_of(VMM_HANDLE_BASE, v->id);
+    return CUDA_SUCCESS;
+}
+
+/* Frees v once no handle reference and no mapping is left. */
+static void vmm_put(struct vmm *v) {
+    if (v->refs || v->maps) return;
+    struct vmm **pp = &g.vmms;
+    while (*pp != v) pp = &(*pp)->next;
+    *pp = v->next;
+    close(v->fd);
+    v->dev->used -= v->charged;
+    free(v);
+}
+
+/* The cuMemAddressReserve range that holds [p, p + n), or -1. */
+static long vres_holder(uintptr_t p, size_t n) {
+    for (size_t i = 0; i < g.nvres; i++)
+        if (g.vres[i].lo <= p && n <= g.vres[i].hi - p) return (long)i;
+    return -1;
+}
+
+/* Whether [p, p + n) is exactly a run of whole adjacent mappings. */
+static bool vmm_whole(uintptr_t p, size_t n) {
+    if (n == 0 || n - 1 > UINTPTR_MAX - p) return false;
+    for (uintptr_t q = p; q < p + n;) {
+        const struct alloc *a = alloc_at(q);
+        if (!a || a->kind != M_VMM || a->base != q || a->size > p + n - q) return false;
+        q += a->size;
+    }
+    return true;
+}
+
+static CUresult prop_device(const CUmemAllocationProp *prop, struct device **d) {
+    if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    *d = device_at(prop->location.id);
+    return *d ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                            const CUmemAllocationProp *prop, unsigned long long flags) {
+    ENTER(cuMemCreate);
+    if (!handle || !prop || flags != 0 || size == 0 || size % GRANULARITY)
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    struct device *d;
+    CUresult r = prop_device(prop, &d);
+    if (r != CUDA_SUCCESS) return leave(r);
+    const unsigned types = (unsigned)prop->requestedHandleTypes;
+    if (types & CU_MEM_HANDLE_TYPE_FABRIC) return leave(CUDA_ERROR_NOT_SUPPORTED);
+    if (types & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return leave(CUDA_ERROR_INVALID_VALUE); /* Win32 handles on Linux */
+    if (d->used > d->limit || size > d->limit - d->used) return leave(CUDA_ERROR_OUT_OF_MEMORY);
+    char prefix[32];
+    vmm_prefix(prefix, sizeof prefix, d->index);
+    int fd = sized_memfd_create(prefix, size);
+    if (fd < 0) return leave(CUDA_ERROR_OUT_OF_MEMORY);
+    if (ftruncate(fd, (off_t)size) != 0 || !sized_memfd_seal(fd)) {
+        close(fd);
+        return leave(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    r = vmm_new(fd, size, d, size, prop->requestedHandleTypes, handle);
+    if (r != CUDA_SUCCESS) close(fd);
+    return leave(r);
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    ENTER(cuMemRelease);
+    struct vmm *v = vmm_find(handle);
+    if (!v) return leave(CUDA_ERROR_INVALID_VALUE);
+    v->refs--;
+    vmm_put(v);
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                    CUdeviceptr addr, unsigned long long flags) {
+    ENTER(cuMemAddressReserve);
+    if (!ptr || size == 0 || size % HOST_PAGE || addr % HOST_PAGE || flags != 0 ||
+        (alignment & (alignment - 1)))
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    size_t align = alignment ? alignment : GRANULARITY;
+    if (align < HOST_PAGE) align = HOST_PAGE;
+    if (g.nvres == g.capvres) {
+        size_t cap = g.capvres ? 2 * g.capvres : 8;
+        struct range *v = realloc(g.vres, cap * sizeof *v);
+        if (!v) return leave(CUDA_ERROR_OUT_OF_MEMORY);
+        g.vres = v;
+        g.capvres = cap;
+    }
+    uintptr_t at = 0;
+    long i = addr && addr % align == 0 && size <= UINTPTR_MAX - addr
+                 ? va_holder((uintptr_t)addr, (uintptr_t)addr + size) : -1;
+    if (i >= 0 && va_take(i, (uintptr_t)addr, (uintptr_t)addr + size)) /* the hint is free */
+        at = (uintptr_t)addr;
+    else
+        at = va_alloc(size, align);
+    if (!at) return leave(CUDA_ERROR_OUT_OF_MEMORY);
+    g.vres[g.nvres++] = (struct range){at, at + size};
+    *ptr = (CUdeviceptr)at;
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    ENTER(cuMemAddressFree);
+    long i = vres_holder((uintptr_t)ptr, size);
+    if (i < 0 || g.vres[i].lo != (uintptr_t)ptr || g.vres[i].hi - g.vres[i].lo != size ||
+        span_overlaps((uintptr_t)ptr, size)) /* mappings left */
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    va_give(g.vres[i].lo, g.vres[i].hi);
+    g.vres[i] = g.vres[--g.nvres];
+    if (g.nvres == 0) {
+        free(g.vres);
+        g.vres = NULL;
+        g.capvres = 0;
+    }
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle handle, unsigned long long flags) {
+    ENTER(cuMemMap);
+    const uintptr_t p = (uintptr_t)ptr;
+    struct vmm *v = vmm_find(handle);
+    if (!v || flags != 0 || offset != 0 || size == 0 || p % GRANULARITY || size % GRANULARITY ||
+        size > v->size || vres_holder(p, size) < 0 || span_overlaps(p, size))
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    struct alloc *a = calloc(1, sizeof *a);
+    if (!a || !table_reserve(1)) goto fail;
+    a->cpu = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, v->fd, 0);
+    if (a->cpu == MAP_FAILED) goto fail;
+    if (!map_at(p, v->fd, size)) {
+        munmap(a->cpu, size);
+        goto fail;
+    }
+    a->base = p;
+    a->size = a->span = size;
+    a->fd = -1;
+    a->id = g.next_id++;
+    a->kind = M_VMM;
+    a->dev = v->dev;
+    a->vmm = v;
+    table_insert(a);
+    v->maps++;
+    return leave(CUDA_SUCCESS);
+fail:
+    free(a);
+    return leave(CUDA_ERROR_OUT_OF_MEMORY);
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    ENTER(cuMemUnmap);
+    const uintptr_t p = (uintptr_t)ptr;
+    if (!vmm_whole(p, size)) return leave(CUDA_ERROR_INVALID_VALUE);
+    queue_run(); /* the queued work may touch it */
+    for (uintptr_t q = p; q < p + size;) {
+        struct alloc *a = alloc_at(q);
+        q += a->size;
+        table_remove(a);
+        munmap(a->cpu, a->span);
+        if (mmap((void *)a->base, a->span, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+            die("re-reserving %#llx: %s", (unsigned long long)a->base, strerror(errno));
+        struct vmm *v = a->vmm;
+        free(a);
+        v->maps--;
+        vmm_put(v);
+    }
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                               size_t count) {
+    ENTER(cuMemSetAccess);
+    const uintptr_t p = (uintptr_t)ptr;
+    if (!desc || count == 0 || !vmm_whole(p, size)) return leave(CUDA_ERROR_INVALID_VALUE);
+    for (size_t k = 0; k < count; k++) {
+        if (desc[k].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+            return leave(CUDA_ERROR_INVALID_VALUE);
+        if (!device_at(desc[k].location.id)) return leave(CUDA_ERROR_INVALID_DEVICE);
+        if (desc[k].flags == CU_MEM_ACCESS_FLAGS_PROT_READ) return leave(CUDA_ERROR_NOT_SUPPORTED);
+        if (desc[k].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+            desc[k].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            return leave(CUDA_ERROR_INVALID_VALUE);
+    }
+    queue_run(); /* access changes after the work queued before */
+    for (uintptr_t q = p; q < p + size;) {
+        struct alloc *a = alloc_at(q);
+        for (size_t k = 0; k < count; k++)
+            a->access[desc[k].location.id] = (unsigned char)desc[k].flags;
+        q += a->size;
+    }
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location,
+                               CUdeviceptr ptr) {
+    ENTER(cuMemGetAccess);
+    if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    if (!device_at(location->id)) return leave(CUDA_ERROR_INVALID_DEVICE);
+    const struct alloc *a = alloc_at((uintptr_t)ptr);
+    if (!a || a->kind != M_VMM) return leave(CUDA_ERROR_INVALID_VALUE);
+    *flags = a->access[location->id];
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                             CUmemAllocationHandleType handleType,
+                                             unsigned long long flags) {
+    ENTER(cuMemExportToShareableHandle);
+    if (handleType == CU_MEM_HANDLE_TYPE_FABRIC) return leave(CUDA_ERROR_NOT_SUPPORTED);
+    struct vmm *v = vmm_find(handle);
+    if (!shareableHandle || !v || flags != 0 || handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+        !(v->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return leave(CUDA_ERROR_OUT_OF_MEMORY);
+    memcpy(shareableHandle, &fd, sizeof fd);
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                               CUmemAllocationHandleType shHandleType) {
+    ENTER(cuMemImportFromShareableHandle);
+    if (shHandleType == CU_MEM_HANDLE_TYPE_FABRIC) return leave(CUDA_ERROR_NOT_SUPPORTED);
+    if (!handle || shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    const intptr_t fd = (intptr_t)osHandle;
+    if (fd < 0 || fd > INT32_MAX) return leave(CUDA_ERROR_INVALID_VALUE);
+    struct stat st;
+    if (fstat((int)fd, &st) != 0) return leave(CUDA_ERROR_INVALID_VALUE);
+    /* the device from the name; one this process does not have: NOT_SUPPORTED */
+    for (unsigned dev = 0; dev < HM_CUDA_TEST_MAX_DEVICES; dev++) {
+        char prefix[32];
+        vmm_prefix(prefix, sizeof prefix, dev);
+        const uint64_t size = sized_memfd_size(prefix, (int)fd);
+        if (size == 0) continue;
+        if (size % GRANULARITY || (uint64_t)st.st_size != size) return leave(CUDA_ERROR_INVALID_VALUE);
+        struct device *d = device_at((CUdevice)dev);
+        if (!d) return leave(CUDA_ERROR_NOT_SUPPORTED);
+        int own = fcntl((int)fd, F_DUPFD_CLOEXEC, 0);
+        if (own < 0) return leave(CUDA_ERROR_OUT_OF_MEMORY);
+        CUresult r = vmm_new(own, (size_t)size, d, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, handle);
+        if (r != CUDA_SUCCESS) close(own);
+        return leave(r);
+    }
+    return leave(CUDA_ERROR_INVALID_VALUE);
+}
+
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    ENTER(cuMemRetainAllocationHandle);
+    const struct alloc *a = alloc_at((uintptr_t)addr);
+    if (!handle || !a || a->kind != M_VMM) return leave(CUDA_ERROR_INVALID_VALUE);
+    a->vmm->refs++;
+    *handle = (CUmemGenericAllocationHandle)handle_of(VMM_HANDLE_BASE, a->vmm->id);
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                       CUmemGenericAllocationHandle handle) {
+    ENTER(cuMemGetAllocationPropertiesFromHandle);
+    const struct vmm *v = vmm_find(handle);
+    if (!prop || !v) return leave(CUDA_ERROR_INVALID_VALUE);
+    *prop = v->prop;
     return leave(CUDA_SUCCESS);
 }
 
@@ -2190,6 +2531,19 @@ static const struct {
     {"cuEventDestroy", 4000, (void *)cuEventDestroy_v2},
     {"cuMemsetD8Async", 3020, (void *)cuMemsetD8Async},
     {"cuMemcpyAsync", 4000, (void *)cuMemcpyAsync},
+    {"cuMemCreate", 10020, (void *)cuMemCreate},
+    {"cuMemRelease", 10020, (void *)cuMemRelease},
+    {"cuMemAddressReserve", 10020, (void *)cuMemAddressReserve},
+    {"cuMemAddressFree", 10020, (void *)cuMemAddressFree},
+    {"cuMemMap", 10020, (void *)cuMemMap},
+    {"cuMemUnmap", 10020, (void *)cuMemUnmap},
+    {"cuMemSetAccess", 10020, (void *)cuMemSetAccess},
+    {"cuMemGetAccess", 10020, (void *)cuMemGetAccess},
+    {"cuMemExportToShareableHandle", 10020, (void *)cuMemExportToShareableHandle},
+    {"cuMemImportFromShareableHandle", 10020, (void *)cuMemImportFromShareableHandle},
+    {"cuMemRetainAllocationHandle", 11000, (void *)cuMemRetainAllocationHandle},
+    {"cuMemGetAllocationPropertiesFromHandle", 10020,
+     (void *)cuMemGetAllocationPropertiesFromHandle},
 };
 
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
@@ -2260,8 +2614,10 @@ EXPORT void hm_cuda_test_get_stats(hm_cuda_test_stats_t *out) {
             s.live_ipc_refs += a->refs;
             break;
         case M_WCDEV: break; /* counted with its host record */
+        case M_VMM: s.live_vmm_mappings++; break;
         }
     }
+    for (const struct vmm *v = g.vmms; v; v = v->next) s.live_vmm_handles++;
     s.pending_ops = g.nq - g.qhead;
     s.live_streams = g.nstreams;
     s.live_events = g.nevents;

@@ -162,6 +162,74 @@
  *    report the limit and what is left of it. cuMemGetAllocationGranularity
  *    is 2 MiB (minimum and recommended) for pinned memory on a device
  *    location; anything else is CUDA_ERROR_INVALID_VALUE.
+ *  - Virtual memory management (cuda.h 13.0, "Virtual Memory Management"
+ *    section; none of these names is versioned; cuGetProcAddress_v2 has
+ *    them from 10020, cuMemRetainAllocationHandle from 11000). No current
+ *    context is needed. A physical allocation (cuMemCreate) is a memfd named
+ *    "hm_cuda_test_vmm<device>:<size>", sealed like device memory; the
+ *    handle encodes an id (never reused, never a pointer).
+ *    cuMemCreate: size a non-zero multiple of the granularity, flags 0
+ *    ("must be a multiple of the value given via
+ *    cuMemGetAllocationGranularity ... MINIMUM", "flags for future use, must
+ *    be zero now"), else CUDA_ERROR_INVALID_VALUE; prop: PINNED on a DEVICE
+ *    location (else CUDA_ERROR_INVALID_VALUE; a device out of range
+ *    CUDA_ERROR_INVALID_DEVICE); requestedHandleTypes NONE or
+ *    POSIX_FILE_DESCRIPTOR; FABRIC is CUDA_ERROR_NOT_SUPPORTED (the test
+ *    driver has no IMEX channel); the Win32 types CUDA_ERROR_INVALID_VALUE.
+ *    The size is charged to the device's limit like cuMemAlloc_v2 (past it
+ *    CUDA_ERROR_OUT_OF_MEMORY); an import charges nothing.
+ *    Lifetime (cuMemRelease: "freed when all outstanding mappings to the
+ *    memory are unmapped and when all outstanding references to the handle
+ *    ... are also released"): create, import and each
+ *    cuMemRetainAllocationHandle (which returns "the same handle value used
+ *    to map the memory") take a reference, cuMemRelease drops one; the
+ *    memory goes at the last release or unmap, whichever is later. A
+ *    released handle is unknown to every call (cuda.h: undefined; here
+ *    CUDA_ERROR_INVALID_VALUE).
+ *    cuMemAddressReserve: size and addr multiples of the host page,
+ *    alignment 0 (2 MiB) or a power of two, flags 0, else
+ *    CUDA_ERROR_INVALID_VALUE; the range comes from the driver's reservation
+ *    (as device memory does): at addr when that is free and aligned ("a
+ *    hint"), else where the placement rules below put it. cuMemAddressFree:
+ *    exactly a reserved (ptr, size) ("The size must match ... the ptr given
+ *    must match"), with nothing mapped in it (cuda.h does not say; here
+ *    CUDA_ERROR_INVALID_VALUE), else CUDA_ERROR_INVALID_VALUE.
+ *    cuMemMap: ptr and size granularity multiples, inside one reservation,
+ *    not mapped yet ("can only create mappings on VA range reservations that
+ *    are not currently mapped"), size not past the allocation, offset 0
+ *    ("Note: currently must be zero"), flags 0, else
+ *    CUDA_ERROR_INVALID_VALUE. A mapping is the memfd MAP_FIXED PROT_NONE
+ *    at ptr (a CPU touch faults) with a private read-write alias, as device
+ *    memory; it starts without access for every device ("cuMemMap does not
+ *    make the address accessible"). cuMemUnmap: whole mappings only ("cannot
+ *    unmap a sub-range"), after the queued work; the range is a reservation
+ *    again. cuMemSetAccess: the range a run of whole adjacent mappings ("a
+ *    fully mapped address range"), DEVICE locations (a bad ordinal
+ *    CUDA_ERROR_INVALID_DEVICE), flags PROT_NONE or PROT_READWRITE; PROT_READ
+ *    is CUDA_ERROR_NOT_SUPPORTED (the test driver models read-write or
+ *    nothing). cuMemGetAccess: the flags of the mapping at ptr for a device.
+ *    The memset and copy calls take a mapping whose own device has
+ *    read-write access, and refuse one without it with
+ *    CUDA_ERROR_INVALID_VALUE (cuda.h names no error for it: on hardware the
+ *    access faults). cuMemFree_v2 and cuIpcGetMemHandle refuse a mapping.
+ *    Pointer attributes and cuMemGetAddressRange_v2 see a mapping as one
+ *    allocation: its base and size (RANGE_START_ADDR, RANGE_SIZE), memory
+ *    type DEVICE, the allocation's device, no context (NULL), not
+ *    IPC-capable.
+ *    cuMemExportToShareableHandle: POSIX_FILE_DESCRIPTOR, when requested at
+ *    creation (else CUDA_ERROR_INVALID_VALUE), writes an int: a new O_CLOEXEC
+ *    descriptor of the memfd, the caller's to close and to pass on
+ *    (SCM_RIGHTS, pidfd_getfd); FABRIC CUDA_ERROR_NOT_SUPPORTED; flags 0.
+ *    cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
+ *    POSIX_FILE_DESCRIPTOR) takes a memfd of this driver (name and seals,
+ *    its size the named one), else CUDA_ERROR_INVALID_VALUE; a device this
+ *    process lacks is CUDA_ERROR_NOT_SUPPORTED ("If the current process
+ *    cannot support the memory described by this shareable handle"); it
+ *    keeps its own descriptor, and each import is a new handle ("no
+ *    guarantee that the contents of handle will be the same"). FABRIC:
+ *    CUDA_ERROR_NOT_SUPPORTED. cuMemGetAllocationPropertiesFromHandle: type,
+ *    location and requestedHandleTypes as created (an import:
+ *    POSIX_FILE_DESCRIPTOR).
  *  - cuMemAllocAsync/cuMemFreeAsync run synchronously (a current context
  *    needed), on the device of the stream's context (cuda.h, cuMemAllocAsync:
  *    "allocates from the current mempool of the provided stream's device");
@@ -437,6 +505,8 @@ typedef struct hm_cuda_test_stats {
     uint64_t live_streams;    /* created streams not destroyed */
     uint64_t live_events;     /* created events not destroyed */
     uint64_t events_recorded; /* a counter: cuEventRecord successes since the last reset */
+    uint64_t live_vmm_handles;  /* physical allocations (cuMemCreate, imports) not yet freed */
+    uint64_t live_vmm_mappings; /* cuMemMap mappings not yet unmapped */
 } hm_cuda_test_stats_t;
 
 /* Counters to 0, every pending failure injection and a sticky error

@@ -2,13 +2,15 @@
  * devices, cuGetProcAddress_v2, per-thread contexts, allocation kinds and
  * flags, pointer attributes, the device limit, faults on device memory,
  * memset and copies, stream-ordered allocation, streams and events, IPC
- * with an exec'd importer
+ * with an exec'd importer, virtual memory management (cuMemCreate, cuMemMap,
+ * shareable descriptors to an exec'd importer)
  * and with an exporter that goes away, the old ABIs that abort, failure
  * injection, call counts, threads and fork, and that everything is freed.
  * Every entry point is resolved by its exact versioned name with dlsym on
  * the driver opened by absolute path; the control API by dlopen(RTLD_NOLOAD)
  * of the same file. Modes (argv[1]): "ipc-importer <in> <out>" (the exec'd
- * importer), "no-device" (HM_CUDA_TEST_DEVICES=0), "soname" (found as
+ * importer), "vmm-importer <socket>" (the exec'd importer of a VMM
+ * allocation's descriptor), "no-device" (HM_CUDA_TEST_DEVICES=0), "soname" (found as
  * libcuda.so.1 through LD_LIBRARY_PATH).
  * SPDX-License-Identifier: MIT */
 #include "harness.h"
@@ -25,6 +27,7 @@
 #include <stdint.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -57,7 +60,11 @@
     X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuStreamSynchronize)                        \
     X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamQuery) X(cuStreamWaitEvent)      \
     X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)            \
-    X(cuEventDestroy_v2) X(cuMemsetD8Async) X(cuMemcpyAsync)
+    X(cuEventDestroy_v2) X(cuMemsetD8Async) X(cuMemcpyAsync)                          \
+    X(cuMemCreate) X(cuMemRelease) X(cuMemAddressReserve) X(cuMemAddressFree)          \
+    X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess)                      \
+    X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)                  \
+    X(cuMemRetainAllocationHandle) X(cuMemGetAllocationPropertiesFromHandle)
 
 static struct {
 #define X(name) __typeof__(name) *name;
@@ -2336,6 +2343,354 @@ static void call_old(const char *name) {
     else if (!strcmp(name, "cuEventDestroy")) ((CUresult(*)(CUevent))f)(NULL);
 }
 
+/* ---- virtual memory management ---- */
+
+static CUmemAllocationProp vmm_prop(int dev, CUmemAllocationHandleType types) {
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof p);
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = dev;
+    p.requestedHandleTypes = types;
+    return p;
+}
+
+static CUresult vmm_access(CUdeviceptr p, size_t n, int dev, CUmemAccess_flags flags) {
+    CUmemAccessDesc d;
+    memset(&d, 0, sizeof d);
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = dev;
+    d.flags = flags;
+    return cu.cuMemSetAccess(p, n, &d, 1);
+}
+
+static unsigned long long vmm_get_access(CUdeviceptr p, int dev) {
+    CUmemLocation l = {CU_MEM_LOCATION_TYPE_DEVICE, dev};
+    unsigned long long f = 99;
+    CU_OK(cu.cuMemGetAccess(&f, &l, p));
+    return f;
+}
+
+/* One descriptor over a Unix socket (SCM_RIGHTS), with one byte. */
+static void send_fd(int sock, int fd) {
+    char byte = 'f';
+    struct iovec iov = {&byte, 1};
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                       .msg_controllen = sizeof u.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    REQUIRE(sendmsg(sock, &m, 0) == 1);
+}
+
+static int recv_fd(int sock) {
+    char byte;
+    struct iovec iov = {&byte, 1};
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } u;
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                       .msg_controllen = sizeof u.buf};
+    if (recvmsg(sock, &m, MSG_CMSG_CLOEXEC) != 1) return -1;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    if (!c || c->cmsg_type != SCM_RIGHTS) return -1;
+    int fd;
+    memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    return fd;
+}
+
+/* The exec'd importer of test_vmm: receives a descriptor of 2 * GRAN bytes
+ * of 0x5a, imports, maps, reads, writes 0xa5, synchronizes, answers 'k'. */
+static int vmm_importer(int sock) {
+    ctl.set_lenient(0);
+    hm_test_set_context("vmm importer");
+    CU_REQUIRE_OK(cu.cuInit(0));
+    CUcontext p0 = NULL;
+    CU_REQUIRE_OK(cu.cuDevicePrimaryCtxRetain(&p0, 0));
+    set_current(p0);
+    int fd = recv_fd(sock);
+    REQUIRE(fd >= 0);
+    CUmemGenericAllocationHandle h = 0;
+    CU_REQUIRE_OK(cu.cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    close(fd); /* the handle holds the memory */
+    CUmemAllocationProp got;
+    CU_OK(cu.cuMemGetAllocationPropertiesFromHandle(&got, h));
+    CHECK_EQ(got.location.id, 0);
+    CHECK_EQ(got.type, CU_MEM_ALLOCATION_TYPE_PINNED);
+    CHECK_EQ(stats().device_used[0], 0); /* charged to the exporter */
+    CUdeviceptr va = 0;
+    CU_REQUIRE_OK(cu.cuMemAddressReserve(&va, 2 * GRAN, 0, 0, 0));
+    CU_REQUIRE_OK(cu.cuMemMap(va, 2 * GRAN, 0, h, 0));
+    CU_OK(cu.cuMemRelease(h)); /* the mapping holds it */
+    CU_OK(vmm_access(va, 2 * GRAN, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    CHECK(all_bytes(va, 0x5a, 2 * GRAN));
+    CU_OK(cu.cuMemsetD8_v2(va, 0xa5, 2 * GRAN));
+    CU_OK(cu.cuCtxSynchronize());
+    CU_OK(cu.cuMemUnmap(va, 2 * GRAN));
+    CU_OK(cu.cuMemAddressFree(va, 2 * GRAN));
+    CHECK_EQ(stats().live_vmm_handles, 0);
+    CU_OK(cu.cuDevicePrimaryCtxRelease_v2(0));
+    printf("vmm importer: %d checks passed, %d failed\n", hm_test_passed_count(), hm_test_failed_count());
+    write_all(sock, "k", 1);
+    return hm_test_failed_count();
+}
+
+static void test_vmm(void) {
+    hm_test_set_context("vmm");
+    set_current(pc[0]);
+    const hm_cuda_test_stats_t s0 = stats();
+
+    /* granularity: 2 MiB, minimum and recommended */
+    CUmemAllocationProp prop = vmm_prop(0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), bad;
+    size_t g = 0;
+    CU_OK(cu.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CHECK_EQ(g, GRAN);
+    CU_OK(cu.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    CHECK_EQ(g, GRAN);
+
+    /* cuMemCreate: sizes in granules, pinned device memory, no fabric */
+    CUmemGenericAllocationHandle h = 0, x = 0;
+    CU_EXPECT(cu.cuMemCreate(&x, GRAN + 4096, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemCreate(&x, 0, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemCreate(&x, GRAN, &prop, 1), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemCreate(NULL, GRAN, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+    bad = prop;
+    bad.type = CU_MEM_ALLOCATION_TYPE_MANAGED;
+    CU_EXPECT(cu.cuMemCreate(&x, GRAN, &bad, 0), CUDA_ERROR_INVALID_VALUE);
+    bad = prop;
+    bad.location.id = HM_CUDA_TEST_MAX_DEVICES;
+    CU_EXPECT(cu.cuMemCreate(&x, GRAN, &bad, 0), CUDA_ERROR_INVALID_DEVICE);
+    bad = prop;
+    bad.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
+    CU_EXPECT(cu.cuMemCreate(&x, GRAN, &bad, 0), CUDA_ERROR_NOT_SUPPORTED);
+    CHECK(x == 0);
+    size_t free_b = 0, total_b = 0;
+    CU_OK(cu.cuMemGetInfo_v2(&free_b, &total_b));
+    CU_EXPECT(cu.cuMemCreate(&x, (free_b / GRAN + 1) * GRAN, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    CU_REQUIRE_OK(cu.cuMemCreate(&h, 2 * GRAN, &prop, 0));
+    CHECK_EQ(stats().device_used[0], s0.device_used[0] + 2 * GRAN);
+    CHECK_EQ(stats().live_vmm_handles, s0.live_vmm_handles + 1);
+    CUmemAllocationProp got;
+    memset(&got, 0xff, sizeof got);
+    CU_OK(cu.cuMemGetAllocationPropertiesFromHandle(&got, h));
+    CHECK_EQ(got.type, CU_MEM_ALLOCATION_TYPE_PINNED);
+    CHECK_EQ(got.location.type, CU_MEM_LOCATION_TYPE_DEVICE);
+    CHECK_EQ(got.location.id, 0);
+    CHECK_EQ(got.requestedHandleTypes, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+
+    /* reservations: in the driver's range, aligned, a free hint taken */
+    CUdeviceptr va = 0, vb = 0;
+    CU_EXPECT(cu.cuMemAddressReserve(&va, 4 * GRAN, 3, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemAddressReserve(&va, 4 * GRAN + 1, 0, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemAddressReserve(&va, 4 * GRAN, 0, 0, 1), CUDA_ERROR_INVALID_VALUE);
+    CU_REQUIRE_OK(cu.cuMemAddressReserve(&va, 4 * GRAN, 0, 0, 0));
+    CHECK(va % GRAN == 0 && va >= ctl.va_base() && va < ctl.va_base() + ((uint64_t)64 << 30));
+    CU_EXPECT(cu.cuMemAddressFree(va, 2 * GRAN), CUDA_ERROR_INVALID_VALUE); /* not its size */
+    CU_OK(cu.cuMemAddressFree(va, 4 * GRAN));
+    CU_EXPECT(cu.cuMemAddressFree(va, 4 * GRAN), CUDA_ERROR_INVALID_VALUE);
+    CU_REQUIRE_OK(cu.cuMemAddressReserve(&vb, 4 * GRAN, 8 * GRAN, va + 4 * GRAN, 0));
+    CHECK(vb == va + 4 * GRAN || vb % (8 * GRAN) == 0); /* the hint, or aligned */
+    CU_REQUIRE_OK(cu.cuMemAddressReserve(&va, 4 * GRAN, 0, va, 0));
+    CHECK(va != vb);
+
+    /* cuMemMap: granules inside a reservation, offset 0, not mapped yet */
+    const CUdeviceptr m = va + GRAN;
+    CU_EXPECT(cu.cuMemMap(m + 4096, GRAN, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemMap(m, GRAN + 4096, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemMap(m, GRAN, GRAN, h, 0), CUDA_ERROR_INVALID_VALUE); /* cuda.h: offset 0 */
+    CU_EXPECT(cu.cuMemMap(m, 4 * GRAN, 0, h, 0), CUDA_ERROR_INVALID_VALUE); /* past the reservation */
+    CU_EXPECT(cu.cuMemMap(va, 4 * GRAN, 0, h, 0), CUDA_ERROR_INVALID_VALUE); /* past the handle */
+    CU_EXPECT(cu.cuMemMap(m, 2 * GRAN, 0, h + 16, 0), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemMap(m, 2 * GRAN, 0, h, 1), CUDA_ERROR_INVALID_VALUE);
+    CU_REQUIRE_OK(cu.cuMemMap(m, 2 * GRAN, 0, h, 0));
+    CU_EXPECT(cu.cuMemMap(va, 2 * GRAN, 0, h, 0), CUDA_ERROR_INVALID_VALUE); /* overlaps */
+    CHECK_EQ(stats().live_vmm_mappings, s0.live_vmm_mappings + 1);
+
+    /* no access until cuMemSetAccess */
+    CHECK_EQ(vmm_get_access(m, 0), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CU_EXPECT(cu.cuMemsetD8_v2(m, 1, 16), CUDA_ERROR_INVALID_VALUE);
+    uint8_t buf[64] = {0};
+    CU_EXPECT(cu.cuMemcpyDtoH_v2(buf, m, sizeof buf), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(vmm_access(va, 4 * GRAN, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(vmm_access(m, 2 * GRAN, HM_CUDA_TEST_MAX_DEVICES, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+              CUDA_ERROR_INVALID_DEVICE);
+    CU_EXPECT(vmm_access(m, 2 * GRAN, 0, CU_MEM_ACCESS_FLAGS_PROT_READ), CUDA_ERROR_NOT_SUPPORTED);
+    CU_OK(vmm_access(m, 2 * GRAN, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    CHECK_EQ(vmm_get_access(m + GRAN + 5, 0), CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK_EQ(touch_in_child(P(m), false), SIGSEGV); /* device memory: the CPU faults */
+
+    /* copies and memsets through the mapping */
+    CU_OK(cu.cuMemsetD8_v2(m, 0x5a, 2 * GRAN));
+    CHECK(all_bytes(m, 0x5a, 2 * GRAN));
+    CUdeviceptr d = 0;
+    CU_REQUIRE_OK(cu.cuMemAlloc_v2(&d, 4096));
+    CU_OK(cu.cuMemsetD8_v2(d, 0x11, 4096));
+    CU_OK(cu.cuMemcpyDtoD_v2(m + GRAN, d, 4096));
+    CHECK(all_bytes(m + GRAN, 0x11, 4096));
+    CHECK(all_bytes(m + GRAN + 4096, 0x5a, 64));
+    memset(buf, 0x22, sizeof buf);
+    CU_OK(cu.cuMemcpyHtoD_v2(m + 100, buf, sizeof buf));
+    CU_OK(cu.cuMemcpyDtoD_v2(d, m + 100, sizeof buf));
+    CHECK(all_bytes(d, 0x22, sizeof buf));
+    CU_EXPECT(cu.cuMemsetD8_v2(m + GRAN, 0, GRAN + 1), CUDA_ERROR_INVALID_VALUE); /* past it */
+    CU_OK(cu.cuMemFree_v2(d));
+    CU_EXPECT(cu.cuMemFree_v2(m), CUDA_ERROR_INVALID_VALUE);
+    CUipcMemHandle ih;
+    CU_EXPECT(cu.cuIpcGetMemHandle(&ih, m), CUDA_ERROR_INVALID_VALUE);
+
+    /* the mapping is the range */
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    CU_OK(cu.cuMemGetAddressRange_v2(&base, &size, m + GRAN + 7));
+    CHECK(base == m && size == 2 * GRAN);
+    CU_EXPECT(cu.cuMemGetAddressRange_v2(&base, &size, va), CUDA_ERROR_NOT_FOUND);
+    CHECK_EQ(mem_type(m + 3), CU_MEMORYTYPE_DEVICE);
+    CHECK_EQ(ordinal_of(m), 0);
+    CUdeviceptr start = 0;
+    CU_OK(cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, m + 9));
+    CHECK(start == m);
+
+    /* released while mapped: the mapping keeps it; a retain names it again */
+    CU_EXPECT(cu.cuMemAddressFree(va, 4 * GRAN), CUDA_ERROR_INVALID_VALUE); /* mapped */
+    CU_OK(cu.cuMemRelease(h));
+    CU_EXPECT(cu.cuMemRelease(h), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemGetAllocationPropertiesFromHandle(&got, h), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(stats().live_vmm_handles, s0.live_vmm_handles + 1);
+    CHECK(all_bytes(m, 0x5a, 64));
+    CUmemGenericAllocationHandle r = 0;
+    CU_EXPECT(cu.cuMemRetainAllocationHandle(&r, P(va)), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cu.cuMemRetainAllocationHandle(&r, P(m + GRAN + 1)));
+    CHECK(r == h);
+    CU_OK(cu.cuMemGetAllocationPropertiesFromHandle(&got, r));
+
+    /* unmap: whole mappings only; then a reservation again, without access */
+    CU_EXPECT(cu.cuMemUnmap(m + GRAN, GRAN), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemUnmap(m, 3 * GRAN), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cu.cuMemUnmap(m, 2 * GRAN));
+    CU_EXPECT(cu.cuMemUnmap(m, 2 * GRAN), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(stats().live_vmm_mappings, s0.live_vmm_mappings);
+    CHECK_EQ(stats().live_vmm_handles, s0.live_vmm_handles + 1); /* the retain */
+    CU_OK(cu.cuMemMap(va, 2 * GRAN, 0, r, 0)); /* elsewhere in the reservation */
+    CU_OK(cu.cuMemMap(va + 2 * GRAN, 2 * GRAN, 0, r, 0)); /* twice, adjacent */
+    CHECK_EQ(vmm_get_access(va, 0), CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CU_OK(vmm_access(va, 4 * GRAN, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)); /* both at once */
+    CHECK(all_bytes(va + 2 * GRAN + GRAN, 0x11, 4096)); /* one memory, two addresses */
+    CU_OK(cu.cuMemsetD8_v2(va, 0x66, 8));
+    CHECK(all_bytes(va + 2 * GRAN, 0x66, 8));
+    CU_OK(cu.cuMemRelease(r));
+    CU_OK(cu.cuMemUnmap(va, 4 * GRAN)); /* both; the last mapping frees it */
+    CHECK_EQ(stats().live_vmm_handles, s0.live_vmm_handles);
+    CHECK_EQ(stats().device_used[0], s0.device_used[0]);
+
+    /* export and import: a CLOEXEC descriptor of a memfd of this driver */
+    CU_REQUIRE_OK(cu.cuMemCreate(&h, 2 * GRAN, &prop, 0));
+    int fd = -1;
+    CU_EXPECT(cu.cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_FABRIC, 0),
+              CUDA_ERROR_NOT_SUPPORTED);
+    CU_EXPECT(cu.cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 1),
+              CUDA_ERROR_INVALID_VALUE);
+    CU_REQUIRE_OK(cu.cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    CHECK(fd >= 0 && (fcntl(fd, F_GETFD) & FD_CLOEXEC));
+    CUmemAllocationProp none = vmm_prop(0, CU_MEM_HANDLE_TYPE_NONE);
+    CUmemGenericAllocationHandle hn = 0;
+    CU_REQUIRE_OK(cu.cuMemCreate(&hn, GRAN, &none, 0));
+    int fd2 = -1;
+    CU_EXPECT(cu.cuMemExportToShareableHandle(&fd2, hn, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+              CUDA_ERROR_INVALID_VALUE); /* not requested at creation */
+    CU_OK(cu.cuMemRelease(hn));
+    int plain = memfd_create("not_the_driver", MFD_CLOEXEC);
+    REQUIRE(plain >= 0);
+    REQUIRE(ftruncate(plain, (off_t)GRAN) == 0);
+    CU_EXPECT(cu.cuMemImportFromShareableHandle(&x, (void *)(uintptr_t)plain,
+                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+              CUDA_ERROR_INVALID_VALUE);
+    close(plain);
+    CU_EXPECT(cu.cuMemImportFromShareableHandle(&x, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_FABRIC),
+              CUDA_ERROR_NOT_SUPPORTED);
+    CUmemGenericAllocationHandle hi = 0;
+    CU_REQUIRE_OK(cu.cuMemImportFromShareableHandle(&hi, (void *)(uintptr_t)fd,
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    CHECK(hi != h);
+    CU_OK(cu.cuMemMap(va, 2 * GRAN, 0, h, 0));
+    CU_OK(cu.cuMemMap(va + 2 * GRAN, 2 * GRAN, 0, hi, 0));
+    CU_OK(vmm_access(va, 4 * GRAN, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    CU_OK(cu.cuMemsetD8_v2(va, 0x5a, 2 * GRAN));
+    CHECK(all_bytes(va + 2 * GRAN, 0x5a, 2 * GRAN));
+    CU_OK(cu.cuMemUnmap(va + 2 * GRAN, 2 * GRAN));
+    CU_OK(cu.cuMemRelease(hi));
+
+    /* another process imports it (the descriptor over SCM_RIGHTS) */
+    int sv[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        if (dup2(sv[1], 100) < 0) _exit(90);
+        execl("/proc/self/exe", "test_cuda_driver", "vmm-importer", "100", (char *)NULL);
+        _exit(91);
+    }
+    close(sv[1]);
+    send_fd(sv[0], fd);
+    close(fd);
+    char ack = 0;
+    CHECK(read_all(sv[0], &ack, 1) && ack == 'k');
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(sv[0]);
+    CHECK(all_bytes(va, 0xa5, 2 * GRAN)); /* what the importer wrote */
+
+    /* injected failures, counts, cuGetProcAddress_v2, a fork child */
+    const uint64_t calls = ctl.call_count("cuMemMap");
+    CHECK_EQ(ctl.fail_next("cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY), 0);
+    x = 0;
+    CU_EXPECT(cu.cuMemCreate(&x, GRAN, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(x == 0);
+    CHECK_EQ(ctl.fail_next("cuMemMap", 1, CUDA_ERROR_INVALID_VALUE), 0);
+    CU_EXPECT(cu.cuMemMap(va + 2 * GRAN, 2 * GRAN, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(ctl.call_count("cuMemMap"), calls + 1);
+    CHECK_EQ(stats().live_vmm_mappings, s0.live_vmm_mappings + 1);
+    void *fn = NULL;
+    CU_OK(cu.cuGetProcAddress_v2("cuMemCreate", &fn, 13000, 0, NULL));
+    CHECK(fn == (void *)cu.cuMemCreate);
+    CU_OK(cu.cuGetProcAddress_v2("cuMemRetainAllocationHandle", &fn, 13000, 0, NULL));
+    CHECK(fn == (void *)cu.cuMemRetainAllocationHandle);
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        CUmemGenericAllocationHandle y = 0;
+        CUdeviceptr z = 0;
+        _exit(cu.cuMemCreate(&y, GRAN, &prop, 0) == CUDA_ERROR_NOT_INITIALIZED &&
+                      cu.cuMemAddressReserve(&z, GRAN, 0, 0, 0) == CUDA_ERROR_NOT_INITIALIZED &&
+                      cu.cuMemUnmap(va, 2 * GRAN) == CUDA_ERROR_NOT_INITIALIZED
+                  ? 0 : 1);
+    }
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+    CU_OK(cu.cuMemUnmap(va, 2 * GRAN));
+    CU_OK(cu.cuMemRelease(h));
+    CU_OK(cu.cuMemAddressFree(va, 4 * GRAN));
+    CU_OK(cu.cuMemAddressFree(vb, 4 * GRAN));
+    const hm_cuda_test_stats_t s1 = stats();
+    CHECK_EQ(s1.live_vmm_handles, s0.live_vmm_handles);
+    CHECK_EQ(s1.live_vmm_mappings, s0.live_vmm_mappings);
+    CHECK_EQ(s1.device_used[0], s0.device_used[0]);
+}
+
 static void test_old_names(void) {
     hm_test_set_context("old ABIs");
     for (size_t i = 0; i < NOLD; i++) {
@@ -2505,6 +2860,21 @@ static void call_harmless(const char *name) {
     else if (!strcmp(name, "cuEventDestroy_v2")) (void)cu.cuEventDestroy_v2(NULL);
     else if (!strcmp(name, "cuMemsetD8Async")) (void)cu.cuMemsetD8Async(0, 0, 0, NULL);
     else if (!strcmp(name, "cuMemcpyAsync")) (void)cu.cuMemcpyAsync(0, 0, 0, NULL);
+    else if (!strcmp(name, "cuMemCreate")) (void)cu.cuMemCreate(NULL, 0, NULL, 0);
+    else if (!strcmp(name, "cuMemRelease")) (void)cu.cuMemRelease(0);
+    else if (!strcmp(name, "cuMemAddressReserve")) (void)cu.cuMemAddressReserve(NULL, 0, 0, 0, 0);
+    else if (!strcmp(name, "cuMemAddressFree")) (void)cu.cuMemAddressFree(0, 0);
+    else if (!strcmp(name, "cuMemMap")) (void)cu.cuMemMap(0, 0, 0, 0, 0);
+    else if (!strcmp(name, "cuMemUnmap")) (void)cu.cuMemUnmap(0, 0);
+    else if (!strcmp(name, "cuMemSetAccess")) (void)cu.cuMemSetAccess(0, 0, NULL, 0);
+    else if (!strcmp(name, "cuMemGetAccess")) (void)cu.cuMemGetAccess(NULL, NULL, 0);
+    else if (!strcmp(name, "cuMemExportToShareableHandle"))
+        (void)cu.cuMemExportToShareableHandle(NULL, 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    else if (!strcmp(name, "cuMemImportFromShareableHandle"))
+        (void)cu.cuMemImportFromShareableHandle(NULL, NULL, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    else if (!strcmp(name, "cuMemRetainAllocationHandle")) (void)cu.cuMemRetainAllocationHandle(NULL, NULL);
+    else if (!strcmp(name, "cuMemGetAllocationPropertiesFromHandle"))
+        (void)cu.cuMemGetAllocationPropertiesFromHandle(NULL, 0);
     else CHECK_MSG(0, "no harmless call for %s", name);
 }
 
@@ -2978,6 +3348,11 @@ int main(int argc, char **argv) {
         control();
         return ipc_exporter(atoi(argv[2]), atoi(argv[3]));
     }
+    if (argc == 3 && strcmp(argv[1], "vmm-importer") == 0) {
+        load();
+        control();
+        return vmm_importer(atoi(argv[2])) ? 1 : 0;
+    }
     if (argc == 4 && strcmp(argv[1], "placement") == 0) {
         load();
         control();
@@ -3017,6 +3392,7 @@ int main(int argc, char **argv) {
     test_streams();
     test_ipc();
     test_ipc_exporter_gone();
+    test_vmm();
     test_old_names();
     test_injection();
     test_counts();
