@@ -1642,7 +1642,7 @@ static void vmm_put(struct vmm *v) {
 /* The cuMemAddressReserve range that holds [p, p + n), or -1. */
 static long vres_holder(uintptr_t p, size_t n) {
     for (size_t i = 0; i < g.nvres; i++)
-        if (g.vres[i].lo <= p && n <= g.vres[i].hi - p) return (long)i;
+        if (g.vres[i].lo <= p && p < g.vres[i].hi && n <= g.vres[i].hi - p) return (long)i;
     return -1;
 }
 
@@ -2036,8 +2036,17 @@ static CUresult attr_get(const struct alloc *a, CUpointer_attribute at, uintptr_
     case CU_POINTER_ATTRIBUTE_IS_MANAGED: v.u = a->kind == M_MANAGED; break;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: v.i = (int)a->dev->index; break;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: v.u = a->kind == M_DEVICE; break;
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: v.dp = (CUdeviceptr)a->base; break;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: v.sz = a->size; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: /* a mapping: its reservation */
+        v.dp = (CUdeviceptr)(a->kind == M_VMM ? g.vres[vres_holder(a->base, a->size)].lo : a->base);
+        break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        if (a->kind == M_VMM) {
+            const struct range r = g.vres[vres_holder(a->base, a->size)];
+            v.sz = r.hi - r.lo;
+        } else {
+            v.sz = a->size;
+        }
+        break;
     case CU_POINTER_ATTRIBUTE_MAPPED: v.u = 1; break;
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
         v.pool = a->kind == M_ASYNC ? (CUmemoryPool)(void *)&a->dev->pool : NULL;

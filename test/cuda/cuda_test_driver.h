@@ -212,10 +212,14 @@
  *    read-write access, and refuse one without it with
  *    CUDA_ERROR_INVALID_VALUE (cuda.h names no error for it: on hardware the
  *    access faults). cuMemFree_v2 and cuIpcGetMemHandle refuse a mapping.
- *    Pointer attributes and cuMemGetAddressRange_v2 see a mapping as one
- *    allocation: its base and size (RANGE_START_ADDR, RANGE_SIZE), memory
- *    type DEVICE, the allocation's device, no context (NULL), not
- *    IPC-capable.
+ *    cuMemGetAddressRange_v2 gives the mapping's base and size (cuda.h,
+ *    RANGE_SIZE: "To retrieve the size of the mapped region, see
+ *    cuMemGetAddressRange"); RANGE_START_ADDR and RANGE_SIZE give its
+ *    reservation's ("the mappable address range ptr references (e.g. from
+ *    cuMemAddressReserve)"). Other attributes: memory type DEVICE, the
+ *    allocation's device, its own BUFFER_ID, MAPPED 1, no context (NULL),
+ *    not IPC-capable; MAPPING_*, ALLOWED_HANDLE_TYPES and ACCESS_FLAGS are
+ *    not answered.
  *    cuMemExportToShareableHandle: POSIX_FILE_DESCRIPTOR, when requested at
  *    creation (else CUDA_ERROR_INVALID_VALUE), writes an int: a new O_CLOEXEC
  *    descriptor of the memfd, the caller's to close and to pass on

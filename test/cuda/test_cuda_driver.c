@@ -2508,6 +2508,8 @@ static void test_vmm(void) {
     CU_EXPECT(cu.cuMemMap(m, GRAN + 4096, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
     CU_EXPECT(cu.cuMemMap(m, GRAN, GRAN, h, 0), CUDA_ERROR_INVALID_VALUE); /* cuda.h: offset 0 */
     CU_EXPECT(cu.cuMemMap(m, 4 * GRAN, 0, h, 0), CUDA_ERROR_INVALID_VALUE); /* past the reservation */
+    const CUdeviceptr unreserved = ctl.va_base() + ((uint64_t)60 << 30);
+    CU_EXPECT(cu.cuMemMap(unreserved, 2 * GRAN, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
     CU_EXPECT(cu.cuMemMap(va, 4 * GRAN, 0, h, 0), CUDA_ERROR_INVALID_VALUE); /* past the handle */
     CU_EXPECT(cu.cuMemMap(m, 2 * GRAN, 0, h + 16, 0), CUDA_ERROR_INVALID_VALUE);
     CU_EXPECT(cu.cuMemMap(m, 2 * GRAN, 0, h, 1), CUDA_ERROR_INVALID_VALUE);
@@ -2557,7 +2559,9 @@ static void test_vmm(void) {
     CHECK_EQ(ordinal_of(m), 0);
     CUdeviceptr start = 0;
     CU_OK(cu.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, m + 9));
-    CHECK(start == m);
+    CHECK(start == va); /* the attributes: the reservation */
+    CU_OK(cu.cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, m + 9));
+    CHECK_EQ(size, 4 * GRAN);
 
     /* released while mapped: the mapping keeps it; a retain names it again */
     CU_EXPECT(cu.cuMemAddressFree(va, 4 * GRAN), CUDA_ERROR_INVALID_VALUE); /* mapped */
