@@ -76,21 +76,28 @@ typedef struct cuf {
     hm_cuda_memory_type_t type;
     int ordinal;
     int pool; /* 0 proxy, 1 native, 2 jemalloc */
+    int vmm;  /* HM_CUDA_ALLOCATOR_VMM */
 } cuf_t;
 
-static inline hm_result_t cu_provider(hm_cuda_memory_type_t type, int ordinal, hm_provider_t **out) {
+static inline hm_result_t cu_provider_with(hm_cuda_memory_type_t type, int ordinal,
+                                           hm_cuda_allocator_t allocator, hm_provider_t **out) {
     hm_cuda_params_t *p;
     hm_result_t r = hm_cuda_params_create(&p);
     if (r != HM_SUCCESS) return r;
     if ((r = hm_cuda_params_set_memory_type(p, type)) == HM_SUCCESS &&
-        (r = hm_cuda_params_set_ordinal(p, ordinal)) == HM_SUCCESS)
+        (r = hm_cuda_params_set_ordinal(p, ordinal)) == HM_SUCCESS &&
+        (r = hm_cuda_params_set_allocator(p, allocator)) == HM_SUCCESS)
         r = hm_cuda_provider_create(p, out);
     hm_cuda_params_destroy(p);
     return r;
 }
+static inline hm_result_t cu_provider(hm_cuda_memory_type_t type, int ordinal, hm_provider_t **out) {
+    return cu_provider_with(type, ordinal, HM_CUDA_ALLOCATOR_LEGACY, out);
+}
 static inline hm_result_t make_provider(void *arg, hm_provider_t **out) {
     const cuf_t *f = arg;
-    return cu_provider(f->type, f->ordinal, out);
+    return cu_provider_with(f->type, f->ordinal,
+                            f->vmm ? HM_CUDA_ALLOCATOR_VMM : HM_CUDA_ALLOCATOR_LEGACY, out);
 }
 static inline hm_result_t pool_over(int kind, hm_provider_t *prov, unsigned flags, hm_pool_t **out) {
     switch (kind) {

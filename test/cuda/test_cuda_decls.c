@@ -68,6 +68,20 @@ SAME(sizeof(unsigned int), sizeof(CUpointer_attribute));
 _Static_assert(__builtin_types_compatible_p(hm_cu_context_t, CUcontext), "CUcontext");
 _Static_assert(__builtin_types_compatible_p(hm_cu_stream_t, CUstream), "CUstream");
 _Static_assert(__builtin_types_compatible_p(hm_cu_ptr_t, CUdeviceptr), "CUdeviceptr");
+SAME(HM_CU_EVENT_DISABLE_TIMING, CU_EVENT_DISABLE_TIMING);
+SAME(HM_CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_ALLOCATION_TYPE_PINNED);
+SAME(HM_CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_DEVICE);
+SAME(HM_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+SAME(HM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+SAME(HM_CU_MEM_ALLOC_GRANULARITY_MINIMUM, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+SAME(HM_CUDA_ERROR_NOT_READY, CUDA_ERROR_NOT_READY);
+SAME(HM_CUDA_ERROR_DEINITIALIZED, CUDA_ERROR_DEINITIALIZED);
+_Static_assert(__builtin_types_compatible_p(hm_cu_mem_handle_t, CUmemGenericAllocationHandle),
+               "CUmemGenericAllocationHandle");
+_Static_assert(__builtin_types_compatible_p(hm_cu_mem_prop_t, CUmemAllocationProp),
+               "CUmemAllocationProp");
+_Static_assert(__builtin_types_compatible_p(hm_cu_mem_access_t, CUmemAccessDesc),
+               "CUmemAccessDesc");
 
 /* The entry points: cuda.h's declaration of the exact symbol the provider
  * resolves has the very function type the provider calls it through

@@ -13,7 +13,7 @@
  * open; fork while other threads export and free.
  * SPDX-License-Identifier: MIT
  *
- * Usage: test_cuda_provider [unit|provider|pools|ipc|all|hardware]
+ * Usage: test_cuda_provider [unit|provider|pools|vmm|ipc|all|hardware]
  *        (hardware: the machine's own libcuda.so.1, skipped without one) */
 #include "cuda_provider_util.h"
 
@@ -315,6 +315,92 @@ static void run_suites_pools(void) {
     }
 }
 
+/* ---- the virtual memory API (HM_CUDA_ALLOCATOR_VMM) ---- */
+
+static void test_vmm(void) {
+    hm_test_set_context("VMM: parameters, exact alignment, failures");
+    hm_cuda_params_t *params;
+    REQUIRE_OK(hm_cuda_params_create(&params));
+    CHECK_RES(hm_cuda_params_set_allocator(params, (hm_cuda_allocator_t)7),
+              HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_cuda_params_set_allocator(NULL, HM_CUDA_ALLOCATOR_VMM), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(hm_cuda_params_set_allocator(params, HM_CUDA_ALLOCATOR_VMM));
+    CHECK_OK(hm_cuda_params_set_memory_type(params, HM_CUDA_MEMORY_HOST));
+    hm_provider_t *bad = NULL;
+    CHECK_RES(hm_cuda_provider_create(params, &bad), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(hm_cuda_params_destroy(params));
+    hm_provider_t *d;
+    REQUIRE_OK(cu_provider_with(HM_CUDA_MEMORY_DEVICE, 0, HM_CUDA_ALLOCATOR_VMM, &d));
+    CHECK_EQ(hm_provider_min_page_size(d), 2 * MIB);
+    CHECK(!(hm_provider_caps(d) & HM_PROVIDER_CAP_IPC));
+    drv.reset();
+    const size_t aligns[] = {0, 4 * KIB, 2 * MIB, 16 * MIB, 64 * MIB};
+    for (size_t i = 0; i < sizeof(aligns) / sizeof(aligns[0]); i++) {
+        void *p = NULL;
+        CHECK_OK(hm_provider_alloc(d, 3 * MIB, aligns[i], &p));
+        if (!p) continue;
+        CHECK_MSG(aligns[i] == 0 || ((uintptr_t)p & (aligns[i] - 1)) == 0, "alignment %zu: %p",
+                  aligns[i], p);
+        dev_put(d, p, 3 * MIB, i);
+        CHECK(dev_check(d, p, 3 * MIB, i));
+        CHECK_OK(hm_provider_fill(d, p, 0xab, 4096));
+        CHECK_OK(hm_provider_free(d, p, 3 * MIB));
+    }
+    /* One create and one reservation each: no over-allocation, no cuMemAlloc. */
+    CHECK_EQ(drv.calls("cuMemCreate"), 5);
+    CHECK_EQ(drv.calls("cuMemAddressReserve"), 5);
+    CHECK_EQ(drv.calls("cuMemAlloc_v2"), 0);
+    CHECK_EQ(stats().live_vmm_handles, 0);
+    CHECK_EQ(stats().live_vmm_mappings, 0);
+    /* Each new driver call failing: a clean error, nothing left behind. */
+    const char *calls[] = {"cuMemCreate", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess",
+                           "cuMemRelease"};
+    for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++) {
+        void *p = NULL;
+        REQUIRE(drv.fail_next(calls[i], 1, CUDA_ERROR_OUT_OF_MEMORY) == 0);
+        hm_result_t r = hm_provider_alloc(d, 2 * MIB, 0, &p);
+        CHECK_MSG(r != HM_SUCCESS && p == NULL, "%s failing: %s", calls[i], hm_result_string(r));
+        CHECK_MSG(stats().live_vmm_handles == 0 && stats().live_vmm_mappings == 0,
+                  "%s failing left memory behind", calls[i]);
+    }
+    void *p = NULL;
+    REQUIRE_OK(hm_provider_alloc(d, 2 * MIB, 0, &p));
+    REQUIRE(drv.fail_next("cuMemUnmap", 1, CUDA_ERROR_ILLEGAL_ADDRESS) == 0);
+    CHECK_RES(hm_provider_free(d, p, 2 * MIB), HM_ERROR_DRIVER);
+    CHECK_OK(hm_provider_free(d, p, 2 * MIB));
+    CHECK_EQ(stats().live_vmm_mappings, 0);
+    /* Out of device memory: the driver's limit. */
+    REQUIRE(drv.set_limit(0, 8 * MIB) == 0);
+    void *big[8];
+    int n = 0;
+    hm_result_t r = HM_SUCCESS;
+    while (n < 8 && (r = hm_provider_alloc(d, 2 * MIB, 0, &big[n])) == HM_SUCCESS) n++;
+    CHECK_EQ(n, 4);
+    CHECK_RES(r, HM_ERROR_OUT_OF_MEMORY);
+    for (int i = 0; i < n; i++) CHECK_OK(hm_provider_free(d, big[i], 2 * MIB));
+    REQUIRE(drv.set_limit(-1, 256 * MIB) == 0);
+    CHECK_OK(hm_provider_destroy(d));
+}
+
+static void run_suites_vmm(void) {
+    cuf_t f = {.type = HM_CUDA_MEMORY_DEVICE, .vmm = 1};
+    hm_test_suite_opts_t opts = {.can_free = 1, .max_alloc = 32 * MIB};
+    hm_test_provider_suite("cuda device (vmm)", make_provider, &f, &opts);
+    if (drv.set_limit) drv.set_limit(-1, (uint64_t)4 << 30);
+    for (int k = 0; k < 3; k++) {
+#ifndef HM_TEST_JEMALLOC
+        if (k == 2) continue;
+#endif
+        cuf_t pf = {.type = HM_CUDA_MEMORY_DEVICE, .pool = k, .vmm = 1};
+        char label[64];
+        snprintf(label, sizeof(label), "%s over cuda device (vmm)",
+                 k == 0 ? "proxy" : k == 1 ? "native" : "jemalloc");
+        hm_test_suite_opts_t po = {.max_alloc = 32 * MIB};
+        hm_test_pool_suite(label, make_pool, &pf, &po);
+    }
+    if (drv.set_limit) drv.set_limit(-1, 256 * MIB);
+}
+
 /* ---- IPC: an importer exec'd afresh ---- */
 
 #define IPC_SIZE (3 * MIB + 5)
@@ -480,6 +566,11 @@ int main(int argc, char **argv) {
     if (PART("pools")) {
         ran++;
         run_suites_pools();
+    }
+    if (PART("vmm")) {
+        ran++;
+        test_vmm();
+        run_suites_vmm();
     }
     if (PART("ipc")) {
         ran++;

@@ -115,6 +115,24 @@ enum {
     HM_CUDA_ATTACH_HOST = 0x2,
 };
 
+/* How device memory is allocated (hm_cuda_params_set_allocator):
+ *   LEGACY  cuMemAlloc_v2 (the default): the driver's alignment (2 MiB for
+ *           2 MiB and more), larger alignments by over-allocation; IPC by
+ *           cuIpcGetMemHandle.
+ *   VMM     the virtual memory API: cuMemCreate (physical memory), an
+ *           address range of exactly the asked alignment from
+ *           cuMemAddressReserve, cuMemMap, cuMemSetAccess (read-write for
+ *           the provider's device); min_page_size is the driver's
+ *           allocation granularity (cuMemGetAllocationGranularity, MINIMUM;
+ *           2 MiB on current GPUs). Device memory only (other memory types:
+ *           HM_ERROR_INVALID_ARGUMENT at create); a driver without the API:
+ *           HM_ERROR_NOT_SUPPORTED at create. IPC in this mode is not
+ *           available yet (hm_ipc_get: HM_ERROR_NOT_SUPPORTED). */
+typedef enum hm_cuda_allocator {
+    HM_CUDA_ALLOCATOR_LEGACY = 0,
+    HM_CUDA_ALLOCATOR_VMM = 1,
+} hm_cuda_allocator_t;
+
 typedef struct hm_cuda_params hm_cuda_params_t;
 
 HM_API const hm_provider_ops_t *hm_cuda_provider_ops(void);
@@ -132,6 +150,10 @@ HM_API hm_result_t hm_cuda_params_set_context(hm_cuda_params_t *params, void *cu
 HM_API hm_result_t hm_cuda_params_set_ordinal(hm_cuda_params_t *params, int ordinal);
 HM_API hm_result_t hm_cuda_params_set_memory_type(hm_cuda_params_t *params,
                                                   hm_cuda_memory_type_t type);
+/* HM_CUDA_ALLOCATOR_LEGACY (default) or _VMM; others:
+ * HM_ERROR_INVALID_ARGUMENT. */
+HM_API hm_result_t hm_cuda_params_set_allocator(hm_cuda_params_t *params,
+                                                hm_cuda_allocator_t allocator);
 /* HOST: HM_CUDA_HOST_* bits (other bits: HM_ERROR_INVALID_ARGUMENT);
  * MANAGED: exactly one of HM_CUDA_ATTACH_*. Checked against the memory type
  * at create. 0: the defaults (no host flags; ATTACH_GLOBAL). */

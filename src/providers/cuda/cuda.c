@@ -94,6 +94,7 @@ struct hm_cuda_params {
     int ordinal;
     hm_cuda_memory_type_t type;
     unsigned flags;
+    hm_cuda_allocator_t allocator;
 };
 
 hm_result_t hm_cuda_params_create(hm_cuda_params_t **params) {
@@ -144,6 +145,15 @@ hm_result_t hm_cuda_params_set_memory_type(hm_cuda_params_t *p, hm_cuda_memory_t
     return HM_SUCCESS;
 }
 
+hm_result_t hm_cuda_params_set_allocator(hm_cuda_params_t *p, hm_cuda_allocator_t a) {
+    if (!p || (unsigned)a > HM_CUDA_ALLOCATOR_VMM) {
+        HM_LOG_ERROR("hm_cuda_params_set_allocator: %s", !p ? "params is NULL" : "not an allocator");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    p->allocator = a;
+    return HM_SUCCESS;
+}
+
 hm_result_t hm_cuda_params_set_flags(hm_cuda_params_t *p, unsigned flags) {
     unsigned all = HM_CUDA_HOST_PORTABLE | HM_CUDA_HOST_MAPPED | HM_CUDA_HOST_WRITE_COMBINED;
     if (!p || (flags & ~all)) {
@@ -170,6 +180,7 @@ typedef struct cuprov {
     unsigned flags;
     uint8_t uuid[HM_DEVICE_UUID_SIZE];
     size_t page;
+    bool vmm; /* HM_CUDA_ALLOCATOR_VMM: cuMemCreate + cuMemAddressReserve + cuMemMap */
     unsigned epoch; /* hm__prim_fork_epoch() at init: another one is a fork child */
     pthread_mutex_t off_lock;
     off_ent_t *off;
@@ -246,6 +257,8 @@ static uintptr_t off_base(cuprov_t *c, uintptr_t ptr, bool take) {
     return base;
 }
 
+static void vmm_prop(const cuprov_t *c, hm_cu_mem_prop_t *prop);
+
 static hm_result_t cu_init(const void *params, void **state) {
     static const hm_cuda_params_t defaults = {0};
     const hm_cuda_params_t *p = params ? params : &defaults;
@@ -262,6 +275,17 @@ static hm_result_t cu_init(const void *params, void **state) {
     if (p->type == HM_CUDA_MEMORY_DEVICE && p->flags) {
         HM_LOG_ERROR("CUDA provider: device memory takes no flags");
         return HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (p->allocator == HM_CUDA_ALLOCATOR_VMM && p->type != HM_CUDA_MEMORY_DEVICE) {
+        HM_LOG_ERROR("CUDA provider: the virtual memory API allocates device memory only");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (p->allocator == HM_CUDA_ALLOCATOR_VMM &&
+        !(cu.MemGetAllocationGranularity && cu.MemCreate && cu.MemRelease &&
+          cu.MemAddressReserve && cu.MemAddressFree && cu.MemMap && cu.MemUnmap &&
+          cu.MemSetAccess)) {
+        HM_LOG_ERROR("CUDA provider: the driver has no virtual memory API (cuMemCreate)");
+        return HM_ERROR_NOT_SUPPORTED;
     }
     cuprov_t *c = calloc(1, sizeof(*c));
     if (!c) return HM_ERROR_OUT_OF_HOST_MEMORY;
@@ -318,6 +342,19 @@ static hm_result_t cu_init(const void *params, void **state) {
     memcpy(c->uuid, u.bytes, sizeof(c->uuid));
     size_t sys = hm__prim_page_size();
     c->page = c->type == HM_CUDA_MEMORY_HOST ? sys : (size_t)2 << 20;
+    if (p->allocator == HM_CUDA_ALLOCATOR_VMM) {
+        hm_cu_mem_prop_t prop;
+        vmm_prop(c, &prop);
+        size_t gran = 0;
+        r = cu.MemGetAllocationGranularity(&gran, &prop, HM_CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        if (r != HM_CUDA_SUCCESS || !hm_is_pow2(gran)) {
+            res = r != HM_CUDA_SUCCESS ? cu_fail(r, "cuMemGetAllocationGranularity")
+                                       : HM_ERROR_NOT_SUPPORTED;
+            goto fail_ctx;
+        }
+        c->vmm = true;
+        c->page = gran;
+    }
     c->epoch = hm__prim_fork_epoch();
     pthread_mutex_init(&c->off_lock, NULL);
     *state = c;
@@ -348,9 +385,9 @@ static void cu_get_info(void *state, hm_provider_info_t *info) {
     info->caps = HM_PROVIDER_CAP_FREE;
     switch (c->type) {
     case HM_CUDA_MEMORY_DEVICE:
-        info->name = "cuda(device)";
+        info->name = c->vmm ? "cuda(device, vmm)" : "cuda(device)";
         info->kind = HM_MEMORY_DEVICE;
-        info->caps |= HM_PROVIDER_CAP_IPC;
+        if (!c->vmm) info->caps |= HM_PROVIDER_CAP_IPC; /* VMM: not yet */
         break;
     case HM_CUDA_MEMORY_HOST:
         info->name = "cuda(host)";
@@ -372,6 +409,74 @@ static void cu_get_device(void *state, hm_device_id_t *device) {
     device->ordinal = c->dev;
     device->has_uuid = true;
     memcpy(device->uuid, c->uuid, sizeof(device->uuid));
+}
+
+/* ---- the virtual memory API (HM_CUDA_ALLOCATOR_VMM) ---- */
+
+/* Pinned device memory of the provider's device. */
+static void vmm_prop(const cuprov_t *c, hm_cu_mem_prop_t *prop) {
+    memset(prop, 0, sizeof(*prop));
+    prop->type = HM_CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->location.type = HM_CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = c->dev;
+}
+
+static inline size_t vmm_round(const cuprov_t *c, size_t size) {
+    return (size + c->page - 1) & ~(c->page - 1);
+}
+
+/* Physical memory (cuMemCreate), an address range of the asked alignment
+ * (cuMemAddressReserve: exact, no over-allocation), the memory mapped
+ * there with read-write access for the provider's device. The mapping
+ * keeps the physical memory: its handle is released at once. The context
+ * current. NCCL and UCX allocate device memory the same way. */
+static hm_result_t vmm_alloc(cuprov_t *c, size_t size, size_t alignment, uintptr_t *out) {
+    if (size > SIZE_MAX - (c->page - 1)) return HM_ERROR_OUT_OF_MEMORY;
+    size_t len = vmm_round(c, size);
+    hm_cu_mem_prop_t prop;
+    vmm_prop(c, &prop);
+    hm_cu_mem_handle_t h = 0;
+    hm_cu_result_t r = cu.MemCreate(&h, len, &prop, 0);
+    if (r != HM_CUDA_SUCCESS) return cu_fail(r, "cuMemCreate");
+    hm_cu_ptr_t ptr = 0;
+    const char *call = "cuMemAddressReserve";
+    r = cu.MemAddressReserve(&ptr, len, alignment > c->page ? alignment : c->page, 0, 0);
+    if (r == HM_CUDA_SUCCESS) {
+        call = "cuMemMap";
+        r = cu.MemMap(ptr, len, 0, h, 0);
+        if (r == HM_CUDA_SUCCESS) {
+            hm_cu_mem_access_t acc = {.location = prop.location,
+                                      .flags = HM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+            call = "cuMemSetAccess";
+            r = cu.MemSetAccess(ptr, len, &acc, 1);
+            if (r != HM_CUDA_SUCCESS) (void)cu.MemUnmap(ptr, len);
+        }
+        if (r != HM_CUDA_SUCCESS) (void)cu.MemAddressFree(ptr, len);
+    }
+    hm_result_t res = r == HM_CUDA_SUCCESS ? HM_SUCCESS : cu_fail(r, call);
+    hm_cu_result_t rr = cu.MemRelease(h); /* the mapping keeps it, or nothing does */
+    if (rr != HM_CUDA_SUCCESS) {
+        /* Not handed out: unmapped, and the release tried once more. */
+        res = cu_fail(rr, "cuMemRelease");
+        if (r == HM_CUDA_SUCCESS) {
+            (void)cu.MemUnmap(ptr, len);
+            (void)cu.MemAddressFree(ptr, len);
+        }
+        (void)cu.MemRelease(h);
+    }
+    if (res == HM_SUCCESS) *out = (uintptr_t)ptr;
+    return res;
+}
+
+/* Unmapping frees the physical memory (its handle was released). */
+static hm_result_t vmm_free(cuprov_t *c, uintptr_t ptr, size_t size) {
+    size_t len = vmm_round(c, size);
+    hm_cu_result_t r = cu.MemUnmap((hm_cu_ptr_t)ptr, len);
+    if (torn_down(r)) return HM_SUCCESS;
+    if (r != HM_CUDA_SUCCESS) return cu_fail(r, "cuMemUnmap");
+    r = cu.MemAddressFree((hm_cu_ptr_t)ptr, len);
+    if (r != HM_CUDA_SUCCESS && !torn_down(r)) return cu_fail(r, "cuMemAddressFree");
+    return HM_SUCCESS;
 }
 
 /* One driver allocation of size bytes (the context current). */
@@ -433,6 +538,12 @@ static hm_result_t cu_alloc(void *state, size_t size, size_t alignment, void **p
     hm_result_t res = ctx_enter(c, &pushed);
     if (res != HM_SUCCESS) return res;
     uintptr_t base = 0;
+    if (c->vmm) {
+        res = vmm_alloc(c, size, alignment, &base);
+        ctx_leave(pushed);
+        *ptr = res == HM_SUCCESS ? (void *)base : NULL;
+        return res;
+    }
     /* The driver hands out allocations of 2 MiB and more 2 MiB-aligned, and
      * smaller ones packed (only 256 B is promised): up to the page's
      * alignment, a whole number of pages is asked for, which comes aligned
@@ -466,10 +577,19 @@ static hm_result_t cu_alloc(void *state, size_t size, size_t alignment, void **p
  * driver would refuse every call). */
 static hm_result_t cu_free(void *state, void *ptr, size_t size) {
     cuprov_t *c = state;
-    (void)size;
-    uintptr_t base = off_base(c, (uintptr_t)ptr, true);
-    if (hm_unlikely(in_child(c))) return HM_SUCCESS;
-    return raw_free(c, base);
+    if (hm_unlikely(in_child(c))) {
+        (void)off_base(c, (uintptr_t)ptr, true);
+        return HM_SUCCESS;
+    }
+    if (c->vmm) {
+        bool pushed;
+        hm_result_t res = ctx_enter(c, &pushed);
+        if (res != HM_SUCCESS) return res;
+        res = vmm_free(c, (uintptr_t)ptr, size);
+        ctx_leave(pushed);
+        return res;
+    }
+    return raw_free(c, off_base(c, (uintptr_t)ptr, true));
 }
 
 /* ---- fill and copy ---- */

@@ -34,6 +34,33 @@ struct CUipcMemHandle_st {
 typedef struct CUuuid_st hm_cu_uuid_t;              /* CUuuid */
 typedef struct CUipcMemHandle_st hm_cu_ipc_handle_t; /* CUipcMemHandle */
 
+/* The virtual memory management API (cuMemCreate, cuMemMap, ...). */
+typedef unsigned long long hm_cu_mem_handle_t; /* CUmemGenericAllocationHandle */
+#ifndef CUDA_VERSION
+struct CUmemLocation_st {
+    unsigned int type; /* CUmemLocationType */
+    int id;
+};
+struct CUmemAllocationProp_st {
+    unsigned int type;                 /* CUmemAllocationType */
+    unsigned int requestedHandleTypes; /* CUmemAllocationHandleType */
+    struct CUmemLocation_st location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+};
+struct CUmemAccessDesc_st {
+    struct CUmemLocation_st location;
+    unsigned int flags; /* CUmemAccess_flags */
+};
+#endif
+typedef struct CUmemAllocationProp_st hm_cu_mem_prop_t; /* CUmemAllocationProp */
+typedef struct CUmemAccessDesc_st hm_cu_mem_access_t;   /* CUmemAccessDesc */
+
 enum {
     HM_CUDA_SUCCESS = 0,
     HM_CUDA_ERROR_INVALID_VALUE = 1,
@@ -69,6 +96,11 @@ enum {
     HM_CU_MEM_ATTACH_HOST = 0x2,
     HM_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1,
     HM_CU_EVENT_DISABLE_TIMING = 0x2,
+    HM_CU_MEM_ALLOCATION_TYPE_PINNED = 0x1,
+    HM_CU_MEM_LOCATION_TYPE_DEVICE = 0x1,
+    HM_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1,
+    HM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3,
+    HM_CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0,
 };
 
 /* X(field, exported symbol, return type, parameters), required entry points. */
@@ -118,6 +150,22 @@ enum {
     X(EventRecord, cuEventRecord, hm_cu_result_t, (hm_cu_event_t ev, hm_cu_stream_t stream)) \
     X(EventQuery, cuEventQuery, hm_cu_result_t, (hm_cu_event_t ev))                         \
     X(EventSynchronize, cuEventSynchronize, hm_cu_result_t, (hm_cu_event_t ev))             \
-    X(EventDestroy, cuEventDestroy_v2, hm_cu_result_t, (hm_cu_event_t ev))
+    X(EventDestroy, cuEventDestroy_v2, hm_cu_result_t, (hm_cu_event_t ev))                  \
+    X(MemGetAllocationGranularity, cuMemGetAllocationGranularity, hm_cu_result_t,           \
+      (size_t *granularity, const hm_cu_mem_prop_t *prop, unsigned int option))              \
+    X(MemCreate, cuMemCreate, hm_cu_result_t,                                               \
+      (hm_cu_mem_handle_t *handle, size_t size, const hm_cu_mem_prop_t *prop,                \
+       unsigned long long flags))                                                            \
+    X(MemRelease, cuMemRelease, hm_cu_result_t, (hm_cu_mem_handle_t handle))                \
+    X(MemAddressReserve, cuMemAddressReserve, hm_cu_result_t,                               \
+      (hm_cu_ptr_t *ptr, size_t size, size_t alignment, hm_cu_ptr_t addr,                   \
+       unsigned long long flags))                                                            \
+    X(MemAddressFree, cuMemAddressFree, hm_cu_result_t, (hm_cu_ptr_t ptr, size_t size))     \
+    X(MemMap, cuMemMap, hm_cu_result_t,                                                     \
+      (hm_cu_ptr_t ptr, size_t size, size_t offset, hm_cu_mem_handle_t handle,               \
+       unsigned long long flags))                                                            \
+    X(MemUnmap, cuMemUnmap, hm_cu_result_t, (hm_cu_ptr_t ptr, size_t size))                 \
+    X(MemSetAccess, cuMemSetAccess, hm_cu_result_t,                                         \
+      (hm_cu_ptr_t ptr, size_t size, const hm_cu_mem_access_t *desc, size_t count))
 
 #endif
