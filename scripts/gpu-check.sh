@@ -42,13 +42,12 @@
 #
 # Proven here against the test driver in a Debian minbase chroot without
 # hetmem's build dependencies (no hwloc, liburcu, libpciaccess, compiler),
-# with only DIR bound in:
+# with only DIR bound in (the chroot in ../gpucheck-root, beside the checkout):
 #   apt-get install -y debootstrap      # when missing
-#   debootstrap --variant=minbase bookworm /work/gpucheck-root http://deb.debian.org/debian
+#   debootstrap --variant=minbase bookworm ../gpucheck-root http://deb.debian.org/debian
 #   scripts/gpu-check.sh --prepare /tmp/gpu-check
-#   mkdir -p /work/gpucheck-root/gpu-check
-#   unshare --mount --fork sh -c '
-#     r=/work/gpucheck-root
+#   mkdir -p ../gpucheck-root/gpu-check
+#   r=$(realpath ../gpucheck-root) unshare --mount --fork sh -c '
 #     mount --bind /tmp/gpu-check $r/gpu-check && mount -t proc proc $r/proc &&
 #     mount -t tmpfs tmpfs $r/dev/shm && mount -t tmpfs tmpfs $r/tmp &&
 #     exec chroot $r env -i PATH=/usr/bin:/bin HOME=/tmp \
