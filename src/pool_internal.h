@@ -44,6 +44,9 @@ struct hm_pool {
     hm_result_t (*alloc)(void *state, size_t size, size_t alignment, void **ptr); /* ops.alloc */
     hm_result_t (*free)(void *state, void *ptr);                                  /* ops.free */
     struct hm_ipc_pool *_Atomic ipc; /* IPC exports/imports (src/ipc), made on first use */
+    /* The stream cache (src/stream), made at the first stream-ordered call:
+     * hm_free checks it beside ipc, on the same line. */
+    struct hm_stream_pool *_Atomic streams;
     bool check_owner; /* tracked, and the pool does not validate pointers itself */
     /* The entry hm_pool_free uses while no export of the pool is held: the
      * pool's own (hm__pool_set_entries), pool.c's thin one, or, where the
@@ -69,13 +72,13 @@ struct hm_pool {
      * the provider refused (hm__pool_note_refused): a destroy during which
      * it grows answers HM_ERROR_DRIVER. */
     _Atomic unsigned refused;
-    /* The stream cache (src/stream), made at the first stream-ordered call. */
-    struct hm_stream_pool *_Atomic streams;
     /* Why frees go through the checking entry (hm__pool_hold_frees): IPC
      * exports held, blocks pending on streams (hold_lock in pool.c). */
     unsigned holders;
     hm_tracker_index_t index;
 } HM_CACHE_ALIGNED;
+_Static_assert(offsetof(struct hm_pool, streams) + sizeof(void *) <= 64,
+               "hm_pool: the fast paths' fields on line 0");
 
 /* The provider refused to free a range of the pool or to close one of its
  * IPC mappings (logged by the caller). */

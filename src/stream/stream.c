@@ -68,6 +68,7 @@ struct hm_stream_pool {
     ent_t *oldest, *newest;
     ent_t **hash;
     size_t hcap, n;
+    _Atomic size_t npending; /* n, readable without the lock (hm__stream_pending) */
     ent_t *spare; /* entries to reuse (through hnext), at most SPARE_MAX */
     size_t nspare;
     void **events; /* recorded and done with, or never recorded: reusable */
@@ -208,6 +209,7 @@ static void unlink_ent(spool_t *sc, ent_t *e) {
     while (*pp != e) pp = &(*pp)->hnext;
     *pp = e->hnext;
     sc->n--;
+    atomic_store_explicit(&sc->npending, sc->n, memory_order_relaxed);
     sc->bytes -= e->size;
     if (!sc->n) hm__pool_hold_frees(sc->pool, false);
 }
@@ -291,6 +293,7 @@ static void drop_all(spool_t *sc) {
     sc->nslots = sc->capslots = 0;
     if (sc->hash) memset(sc->hash, 0, sc->hcap * sizeof(*sc->hash));
     sc->n = 0;
+    atomic_store_explicit(&sc->npending, 0, memory_order_relaxed);
     sc->bytes = 0;
     sc->nevents = 0;
 }
@@ -340,6 +343,7 @@ static size_t release_all(spool_t *sc) {
     if (sc->hash) memset(sc->hash, 0, sc->hcap * sizeof(*sc->hash));
     bool had = sc->n != 0;
     sc->n = 0;
+    atomic_store_explicit(&sc->npending, 0, memory_order_relaxed);
     sc->bytes = 0;
     hm__mutex_unlock(&sc->lock);
     if (had) hm__pool_hold_frees(sc->pool, false);
@@ -521,6 +525,7 @@ hm_result_t hm_pool_free_async(hm_pool_t *pool, void *ptr, void *stream) {
     e->hnext = sc->hash[b];
     sc->hash[b] = e;
     if (!sc->n++) hm__pool_hold_frees(pool, true);
+    atomic_store_explicit(&sc->npending, sc->n, memory_order_relaxed);
     sc->bytes += size;
     ent_t *done = sc->bytes > sc->threshold ? collect_done(sc, 8) : NULL;
     hm__mutex_unlock(&sc->lock);
@@ -592,9 +597,12 @@ hm_result_t hm_pool_get_stream_stats(hm_pool_t *pool, hm_stream_stats_t *st) {
 
 /* ---- pool.c's hooks ---- */
 
+/* Nothing pending (the common case once the cache exists): no lock. A
+ * free racing with a stream-ordered free of the same block is the
+ * program's double free either way. */
 bool hm__stream_pending(hm_pool_t *pool, const void *ptr) {
     spool_t *sc = cache_of(pool, false);
-    if (!sc) return false;
+    if (!sc || !atomic_load_explicit(&sc->npending, memory_order_relaxed)) return false;
     cache_lock(sc);
     bool found = hfind(sc, ptr) != NULL;
     hm__mutex_unlock(&sc->lock);

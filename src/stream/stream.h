@@ -10,6 +10,8 @@
  *   structure                 guarded by
  *   entries, stream slots,    the cache's lock
  *   pending hash, counters
+ *   npending (= the count)    written under the lock, read relaxed without
+ *                             it (a free with nothing pending takes no lock)
  *   pool->streams (pointer)   written once (compare-and-swap), then read
  *                             with an acquire load */
 #ifndef HM_STREAM_STREAM_H
