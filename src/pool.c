@@ -193,14 +193,16 @@ void *hm__malloc_via(hm_result_t (*alloc)(void *state, size_t size, size_t align
 
 /* The pool's alloc op; where the provider is out of memory and the pool
  * can give back what it caches (trim), once more after the trim. hetmem's
- * own caching pools (native, jemalloc) do this inside their alloc paths,
- * and a user pool gets it here: device memory has no swap to fall back
+ * own caching pools (native, jemalloc) do this inside their alloc paths
+ * (HM_POOL_OPS_RETRIES_OUT_OF_MEMORY), and a user pool gets it here: device memory has no swap to fall back
  * on, so memory a pool caches must not make an allocation fail (PyTorch's
  * CUDA caching allocator frees its cached blocks and retries for the same
  * reason). */
 static hm_result_t alloc_or_trim(hm_pool_t *pool, size_t size, size_t alignment, void **p) {
     hm_result_t r = pool->ops.alloc(pool->state, size, alignment, p);
-    if (hm_likely(r != HM_ERROR_OUT_OF_MEMORY) || !pool->ops.trim) return r;
+    if (hm_likely(r != HM_ERROR_OUT_OF_MEMORY) || !pool->ops.trim ||
+        (pool->ops.flags & HM_POOL_OPS_RETRIES_OUT_OF_MEMORY))
+        return r;
     (void)pool->ops.trim(pool->state);
     return pool->ops.alloc(pool->state, size, alignment, p);
 }

@@ -99,6 +99,10 @@ enum {
      * every pointer they did not hand out, by their own metadata; the
      * front-end then skips its tracker check on those paths. */
     HM_POOL_OPS_VALIDATES_POINTERS = 1u << 0,
+    /* The pool's alloc paths give back what the pool caches and try once
+     * more when the provider is out of memory; the front-end then does not
+     * do it again around them (see the malloc family below). */
+    HM_POOL_OPS_RETRIES_OUT_OF_MEMORY = 1u << 1,
 };
 
 HM_API hm_result_t hm_pool_create(const hm_pool_ops_t *ops, hm_provider_t *provider,
@@ -122,8 +126,8 @@ HM_API hm_result_t hm_pool_destroy(hm_pool_t *pool);
  * before failing: memory a pool caches never makes an allocation fail
  * that the provider could serve after a trim. hetmem's pools do this
  * themselves; for a pool of one's own the front end does it around the
- * alloc op when the pool has a trim op (a malloc_fast op must do it
- * itself). */
+ * alloc op when the pool has a trim op and no HM_POOL_OPS_RETRIES_OUT_OF_MEMORY
+ * (a malloc_fast op must do it itself). */
 HM_API void *hm_pool_malloc(hm_pool_t *pool, size_t size);
 HM_API void *hm_pool_calloc(hm_pool_t *pool, size_t num, size_t size);
 HM_API void *hm_pool_realloc(hm_pool_t *pool, void *ptr, size_t size);

@@ -1088,7 +1088,7 @@ static const hm_pool_ops_t jemalloc_ops = {
     .realloc = jp_realloc,
     .trim = jp_trim,
     .get_stats = jp_get_stats,
-    .flags = HM_POOL_OPS_VALIDATES_POINTERS,
+    .flags = HM_POOL_OPS_VALIDATES_POINTERS | HM_POOL_OPS_RETRIES_OUT_OF_MEMORY,
 };
 
 const hm_pool_ops_t *hm_jemalloc_pool_ops(void) { return &jemalloc_ops; }

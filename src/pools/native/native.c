@@ -173,7 +173,7 @@ static const hm_pool_ops_t native_ops = {
     /* nv_free/nv_usable_size refuse foreign and interior pointers through the
      * pool's own slab map: the front-end's tracker check would double the
      * cost of a local free. */
-    .flags = HM_POOL_OPS_VALIDATES_POINTERS,
+    .flags = HM_POOL_OPS_VALIDATES_POINTERS | HM_POOL_OPS_RETRIES_OUT_OF_MEMORY,
 };
 
 const hm_pool_ops_t *hm_native_pool_ops(void) { return &native_ops; }
