@@ -48,6 +48,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -237,6 +238,7 @@ static struct {
     bool deinit;      /* torn down (exit, or hm_cuda_test_teardown) */
     bool atexit_set;
     bool strict_ipc;
+    bool fabric; /* HM_CUDA_TEST_FABRIC=1: fabric handles */
     unsigned lenient; /* HM_CUDA_TEST_LENIENT_* */
     CUresult sticky;  /* CUDA_SUCCESS: none */
     /* the reservation: [va_base, va_base + VA_SIZE) once reserved */
@@ -391,6 +393,8 @@ static void setup(void) {
     }
     s = getenv("HM_CUDA_TEST_STRICT_IPC");
     g.strict_ipc = s && strcmp(s, "1") == 0;
+    s = getenv("HM_CUDA_TEST_FABRIC");
+    g.fabric = s && strcmp(s, "1") == 0;
     g.lenient = parse_lenient(getenv("HM_CUDA_TEST_LENIENT"));
     g.va_base = DEFAULT_VA_BASE;
     s = getenv("HM_CUDA_TEST_VA_BASE");
@@ -1285,6 +1289,7 @@ static int attribute_value(const struct device *d, CUdevice_attribute a) {
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED:
         return 1;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: return g.fabric;
     default: return 0;
     }
 }
@@ -1657,6 +1662,78 @@ static bool vmm_whole(uintptr_t p, size_t n) {
     return true;
 }
 
+/* Fabric handles (HM_CUDA_TEST_FABRIC=1). The 64 bytes name the exporter's
+ * memfd: [0,4) magic 0x42464d48 ("HMFB"), [4,8) exporter pid, [8,12) the
+ * memfd's number there, [12,16) device ordinal, [16,24) size, [24,32) the
+ * nonce, [32,40) st_ino, [40,48) st_dev, [48,64) zero. The nonce is random
+ * per allocation and kept as the file offset of the allocation's open file
+ * description (the driver never reads or writes through it; every
+ * duplicate, pidfd_getfd's too, shares it and no other process can set
+ * it), so an importer checks it on the descriptor it fetched. */
+#define FABRIC_MAGIC 0x42464d48u
+#define FABRIC_NONCE_MASK (((uint64_t)1 << 62) - 1)
+
+static bool fabric_nonce_set(int fd) {
+    uint64_t n = 0;
+    while (!(n & FABRIC_NONCE_MASK))
+        if (getrandom(&n, sizeof n, 0) != (ssize_t)sizeof n) return false;
+    n &= FABRIC_NONCE_MASK;
+    return lseek(fd, (off_t)n, SEEK_SET) == (off_t)n;
+}
+
+static CUresult fabric_export(unsigned char out[64], const struct vmm *v) {
+    struct stat st;
+    off_t nonce = lseek(v->fd, 0, SEEK_CUR);
+    if (nonce <= 0 || fstat(v->fd, &st) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint32_t w[4] = {FABRIC_MAGIC, (uint32_t)getpid(), (uint32_t)v->fd, v->dev->index};
+    uint64_t q[4] = {v->size, (uint64_t)nonce, (uint64_t)st.st_ino, (uint64_t)st.st_dev};
+    memset(out, 0, 64);
+    memcpy(out, w, sizeof w);
+    memcpy(out + 16, q, sizeof q);
+    return CUDA_SUCCESS;
+}
+
+/* The exporter's memfd, fetched with pidfd_open + pidfd_getfd (ptrace
+ * access to the exporter, as for the IPC layer's own transport) and checked
+ * against every field: a value that names anything else is refused. The
+ * importer's own descriptor in *own. */
+static CUresult fabric_fetch(const unsigned char in[64], struct device **d, uint64_t *size,
+                             int *own) {
+    uint32_t w[4];
+    uint64_t q[4];
+    memcpy(w, in, sizeof w);
+    memcpy(q, in + 16, sizeof q);
+    for (int i = 48; i < 64; i++)
+        if (in[i]) return CUDA_ERROR_INVALID_VALUE;
+    if (w[0] != FABRIC_MAGIC || !w[1] || w[3] >= HM_CUDA_TEST_MAX_DEVICES || !q[0] ||
+        q[0] % GRANULARITY || !q[1] || (q[1] & ~FABRIC_NONCE_MASK))
+        return CUDA_ERROR_INVALID_VALUE;
+    int pidfd = (int)syscall(SYS_pidfd_open, (pid_t)w[1], 0);
+    if (pidfd < 0) return errno == EPERM ? CUDA_ERROR_NOT_PERMITTED : CUDA_ERROR_INVALID_VALUE;
+    int fd = (int)syscall(SYS_pidfd_getfd, pidfd, (int)w[2], 0);
+    int e = errno;
+    close(pidfd);
+    if (fd < 0) return e == EPERM || e == EACCES ? CUDA_ERROR_NOT_PERMITTED : CUDA_ERROR_INVALID_VALUE;
+    (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+    char prefix[32];
+    vmm_prefix(prefix, sizeof prefix, w[3]);
+    struct stat st;
+    if (sized_memfd_size(prefix, fd) != q[0] || fstat(fd, &st) != 0 ||
+        (uint64_t)st.st_size != q[0] || (uint64_t)st.st_ino != q[2] ||
+        (uint64_t)st.st_dev != q[3] || lseek(fd, 0, SEEK_CUR) != (off_t)q[1]) {
+        close(fd);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    *d = device_at((CUdevice)w[3]);
+    if (!*d) { /* memory of a device this process lacks */
+        close(fd);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    *size = q[0];
+    *own = fd;
+    return CUDA_SUCCESS;
+}
+
 static CUresult prop_device(const CUmemAllocationProp *prop, struct device **d) {
     if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
         prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
@@ -1674,8 +1751,8 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     CUresult r = prop_device(prop, &d);
     if (r != CUDA_SUCCESS) return leave(r);
     const unsigned types = (unsigned)prop->requestedHandleTypes;
-    if (types & CU_MEM_HANDLE_TYPE_FABRIC) return leave(CUDA_ERROR_NOT_SUPPORTED);
-    if (types & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    if ((types & CU_MEM_HANDLE_TYPE_FABRIC) && !g.fabric) return leave(CUDA_ERROR_NOT_SUPPORTED);
+    if (types & ~(unsigned)(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC))
         return leave(CUDA_ERROR_INVALID_VALUE); /* Win32 handles on Linux */
     if (d->used > d->limit || size > d->limit - d->used) return leave(CUDA_ERROR_OUT_OF_MEMORY);
     char prefix[32];
@@ -1683,6 +1760,10 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     int fd = sized_memfd_create(prefix, size);
     if (fd < 0) return leave(CUDA_ERROR_OUT_OF_MEMORY);
     if (ftruncate(fd, (off_t)size) != 0 || !sized_memfd_seal(fd)) {
+        close(fd);
+        return leave(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    if ((types & CU_MEM_HANDLE_TYPE_FABRIC) && !fabric_nonce_set(fd)) {
         close(fd);
         return leave(CUDA_ERROR_OUT_OF_MEMORY);
     }
@@ -1836,7 +1917,14 @@ EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGeneric
                                              CUmemAllocationHandleType handleType,
                                              unsigned long long flags) {
     ENTER(cuMemExportToShareableHandle);
-    if (handleType == CU_MEM_HANDLE_TYPE_FABRIC) return leave(CUDA_ERROR_NOT_SUPPORTED);
+    if (handleType == CU_MEM_HANDLE_TYPE_FABRIC) {
+        if (!g.fabric) return leave(CUDA_ERROR_NOT_SUPPORTED);
+        const struct vmm *fv = vmm_find(handle);
+        if (!shareableHandle || !fv || flags != 0 ||
+            !(fv->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC))
+            return leave(CUDA_ERROR_INVALID_VALUE);
+        return leave(fabric_export(shareableHandle, fv));
+    }
     struct vmm *v = vmm_find(handle);
     if (!shareableHandle || !v || flags != 0 || handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
         !(v->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
@@ -1850,7 +1938,18 @@ EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGeneric
 EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
                                                CUmemAllocationHandleType shHandleType) {
     ENTER(cuMemImportFromShareableHandle);
-    if (shHandleType == CU_MEM_HANDLE_TYPE_FABRIC) return leave(CUDA_ERROR_NOT_SUPPORTED);
+    if (shHandleType == CU_MEM_HANDLE_TYPE_FABRIC) {
+        if (!g.fabric) return leave(CUDA_ERROR_NOT_SUPPORTED);
+        if (!handle || !osHandle) return leave(CUDA_ERROR_INVALID_VALUE);
+        struct device *fd_dev = NULL;
+        uint64_t fsize = 0;
+        int own = -1;
+        CUresult fr = fabric_fetch(osHandle, &fd_dev, &fsize, &own);
+        if (fr != CUDA_SUCCESS) return leave(fr);
+        fr = vmm_new(own, (size_t)fsize, fd_dev, 0, CU_MEM_HANDLE_TYPE_FABRIC, handle);
+        if (fr != CUDA_SUCCESS) close(own);
+        return leave(fr);
+    }
     if (!handle || shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
         return leave(CUDA_ERROR_INVALID_VALUE);
     const intptr_t fd = (intptr_t)osHandle;

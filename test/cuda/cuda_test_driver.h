@@ -175,7 +175,8 @@
  *    location (else CUDA_ERROR_INVALID_VALUE; a device out of range
  *    CUDA_ERROR_INVALID_DEVICE); requestedHandleTypes NONE or
  *    POSIX_FILE_DESCRIPTOR; FABRIC is CUDA_ERROR_NOT_SUPPORTED (the test
- *    driver has no IMEX channel); the Win32 types CUDA_ERROR_INVALID_VALUE.
+ *    driver has no IMEX channel) unless HM_CUDA_TEST_FABRIC=1 (below); the
+ *    Win32 types CUDA_ERROR_INVALID_VALUE.
  *    The size is charged to the device's limit like cuMemAlloc_v2 (past it
  *    CUDA_ERROR_OUT_OF_MEMORY); an import charges nothing.
  *    Lifetime (cuMemRelease: "freed when all outstanding mappings to the
@@ -232,8 +233,32 @@
  *    keeps its own descriptor, and each import is a new handle ("no
  *    guarantee that the contents of handle will be the same"). FABRIC:
  *    CUDA_ERROR_NOT_SUPPORTED. cuMemGetAllocationPropertiesFromHandle: type,
- *    location and requestedHandleTypes as created (an import:
- *    POSIX_FILE_DESCRIPTOR).
+ *    location and requestedHandleTypes as created (an import: the type it
+ *    was imported by).
+ *    Fabric handles, only with HM_CUDA_TEST_FABRIC=1 (read at the first
+ *    call; otherwise FABRIC is CUDA_ERROR_NOT_SUPPORTED everywhere and the
+ *    attribute 0): CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED is 1
+ *    (cuda.h: "Device supports exporting memory to a fabric handle with
+ *    cuMemExportToShareableHandle() or requested with cuMemCreate()");
+ *    cuMemCreate accepts FABRIC (alone or with POSIX_FILE_DESCRIPTOR);
+ *    cuMemExportToShareableHandle(FABRIC), when requested at creation (else
+ *    CUDA_ERROR_INVALID_VALUE), writes 64 bytes (CUmemFabricHandle) by value:
+ *      [0,4) magic 0x42464d48 ("HMFB")  [4,8) exporter pid  [8,12) the
+ *      memfd's number there  [12,16) device ordinal  [16,24) size
+ *      [24,32) a random nonce per allocation  [32,40) st_ino  [40,48)
+ *      st_dev  [48,64) zero;
+ *    the nonce is kept as the file offset of the exporter's open file
+ *    description (shared by every duplicate of it, pidfd_getfd's too).
+ *    cuMemImportFromShareableHandle(&h, &fabric_handle, FABRIC) fetches the
+ *    memfd (pidfd_open + pidfd_getfd: same user, ptrace access to the
+ *    exporter, as the IPC layer's own transport needs) and checks name,
+ *    seals, size, st_ino/st_dev and nonce: anything else (a forged or
+ *    stale value, an exporter gone) is CUDA_ERROR_INVALID_VALUE, a refused
+ *    pidfd_getfd CUDA_ERROR_NOT_PERMITTED (cuda.h's error for an importer
+ *    without access to the exporter's IMEX channel), a device this process
+ *    lacks CUDA_ERROR_NOT_SUPPORTED. Whether the real driver imports a
+ *    fabric handle in the exporting process itself is not documented; here
+ *    it does.
  *  - cuMemAllocAsync/cuMemFreeAsync run synchronously (a current context
  *    needed), on the device of the stream's context (cuda.h, cuMemAllocAsync:
  *    "allocates from the current mempool of the provided stream's device");

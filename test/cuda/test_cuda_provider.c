@@ -11,12 +11,21 @@
  * importer, two importing pools on one device making one driver open (the
  * driver in strict mode refuses a second), a pool destroyed with a mapping
  * open; fork while other threads export and free.
+ *
+ * VMM IPC (vmm_ipc): shareable FD handles between two processes, over the
+ * channel and by pidfd, opened by a VMM and a legacy provider, closed
+ * through another pool of the context; peers; every payload field forged
+ * and every new driver call failing, with nothing left behind; exports from
+ * every pool. vmm_fabric (the test driver's HM_CUDA_TEST_FABRIC=1): fabric
+ * handles by value, a forged one refused.
  * SPDX-License-Identifier: MIT
  *
- * Usage: test_cuda_provider [unit|provider|pools|vmm|ipc|all|hardware]
+ * Usage: test_cuda_provider [unit|provider|pools|vmm|vmm_ipc|vmm_fabric|ipc|all|hardware]
  *        (hardware: the machine's own libcuda.so.1, skipped without one) */
 #include "cuda_provider_util.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -332,7 +341,7 @@ static void test_vmm(void) {
     hm_provider_t *d;
     REQUIRE_OK(cu_provider_with(HM_CUDA_MEMORY_DEVICE, 0, HM_CUDA_ALLOCATOR_VMM, &d));
     CHECK_EQ(hm_provider_min_page_size(d), 2 * MIB);
-    CHECK(!(hm_provider_caps(d) & HM_PROVIDER_CAP_IPC));
+    CHECK(hm_provider_caps(d) & HM_PROVIDER_CAP_IPC); /* FD handles, the default */
     drv.reset();
     const size_t aligns[] = {0, 4 * KIB, 2 * MIB, 16 * MIB, 64 * MIB};
     for (size_t i = 0; i < sizeof(aligns) / sizeof(aligns[0]); i++) {
@@ -401,9 +410,492 @@ static void run_suites_vmm(void) {
     if (drv.set_limit) drv.set_limit(-1, 256 * MIB);
 }
 
-/* ---- IPC: an importer exec'd afresh ---- */
+
+/* ---- IPC of VMM memory: shareable handles ---- */
 
 #define IPC_SIZE (3 * MIB + 5)
+
+static struct {
+    CUresult (*get_access)(unsigned long long *, const CUmemLocation *, CUdeviceptr);
+    CUresult (*addr_range)(CUdeviceptr *, size_t *, CUdeviceptr);
+    int (*set_peer)(int, int, int);
+} vdrv;
+static void vmm_driver_api(void) {
+    void *h = dlopen(getenv("HM_CUDA_DRIVER"), RTLD_NOW | RTLD_NOLOAD);
+    REQUIRE(h != NULL);
+    *(void **)&vdrv.get_access = dlsym(h, "cuMemGetAccess");
+    *(void **)&vdrv.addr_range = dlsym(h, "cuMemGetAddressRange_v2");
+    *(void **)&vdrv.set_peer = dlsym(h, "hm_cuda_test_set_peer_access");
+    REQUIRE(vdrv.get_access && vdrv.addr_range && vdrv.set_peer);
+}
+
+static hm_result_t vmm_provider(int ordinal, hm_cuda_shareable_t sh, const int *peers,
+                                size_t npeers, hm_provider_t **out) {
+    hm_cuda_params_t *p;
+    hm_result_t r = hm_cuda_params_create(&p);
+    if (r != HM_SUCCESS) return r;
+    if ((r = hm_cuda_params_set_ordinal(p, ordinal)) == HM_SUCCESS &&
+        (r = hm_cuda_params_set_allocator(p, HM_CUDA_ALLOCATOR_VMM)) == HM_SUCCESS &&
+        (r = hm_cuda_params_set_shareable_handle(p, sh)) == HM_SUCCESS &&
+        (r = hm_cuda_params_set_peers(p, peers, npeers)) == HM_SUCCESS)
+        r = hm_cuda_provider_create(p, out);
+    hm_cuda_params_destroy(p);
+    return r;
+}
+
+/* Open descriptors of this process. */
+static int fd_count(void) {
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return -1;
+    while (readdir(d)) n++;
+    closedir(d);
+    return n;
+}
+
+static int rw_access(int dev, const void *p) {
+    CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev};
+    unsigned long long f = 0;
+    if (vdrv.get_access(&f, &loc, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS) return -1;
+    return f == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+}
+
+/* The VMM payload (cuda.c's cu_vmm_payload_t), after the IPC header. */
+enum {
+    VP_MAGIC = 0, VP_KIND = 4, VP_UUID = 8, VP_ALLOC = 24, VP_OFFSET = 32, VP_SIZE = 40,
+    VP_FD = 48, VP_ZERO = 52, VP_ID = 56, VP_ZERO2 = 64, VP_FABRIC = 48, VP_LEN = 112
+};
+static void put_le(unsigned char *b, size_t at, unsigned n, uint64_t v) {
+    for (unsigned i = 0; i < n; i++) b[at + i] = (unsigned char)(v >> (8 * i));
+}
+static uint64_t get_le(const unsigned char *b, size_t at, unsigned n) {
+    uint64_t v = 0;
+    for (unsigned i = 0; i < n; i++) v |= (uint64_t)b[at + i] << (8 * i);
+    return v;
+}
+
+typedef struct vmm_live {
+    uint64_t handles, mappings;
+    int fds;
+} vmm_live_t;
+static vmm_live_t vmm_live(void) {
+    hm_cuda_test_stats_t st = stats();
+    return (vmm_live_t){st.live_vmm_handles, st.live_vmm_mappings, fd_count()};
+}
+static int vmm_same(vmm_live_t a, vmm_live_t b) {
+    return a.handles == b.handles && a.mappings == b.mappings && a.fds == b.fds;
+}
+
+/* ipc.open of payload through prov's ops with a copy of fd (-1: none),
+ * which the open must not keep. */
+static hm_result_t raw_open(hm_provider_t *prov, const unsigned char *pl, int fd, size_t size,
+                            void **out) {
+    const hm_provider_ops_t *o = hm_provider_get_ops(prov);
+    int mine = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+    hm_result_t r = o->ipc.open(hm_provider_get_state(prov), pl, mine, size, out);
+    if (mine >= 0) close(mine);
+    return r;
+}
+static hm_result_t raw_close(hm_provider_t *prov, void *p, size_t size) {
+    const hm_provider_ops_t *o = hm_provider_get_ops(prov);
+    return o->ipc.close(hm_provider_get_state(prov), p, size);
+}
+
+/* One forged payload: refused with `want`, nothing left mapped, held or
+ * open. */
+static void forged_open(hm_provider_t *prov, const unsigned char *good, int fd, size_t size,
+                        const char *what, size_t at, unsigned n, uint64_t v, hm_result_t want) {
+    unsigned char pl[VP_LEN];
+    memcpy(pl, good, VP_LEN);
+    if (n) put_le(pl, at, n, v);
+    vmm_live_t before = vmm_live();
+    void *q = (void *)1;
+    hm_result_t r = raw_open(prov, pl, fd, size, &q);
+    CHECK_MSG(r == want && q == NULL, "forged %s: %s (want %s)", what, hm_result_string(r),
+              hm_result_string(want));
+    if (r == HM_SUCCESS) (void)raw_close(prov, q, size);
+    CHECK_MSG(vmm_same(before, vmm_live()), "forged %s left something behind", what);
+}
+
+/* Parameters, peers, whole-mapping exports, put of a wrong payload, and
+ * ipc.open of every forgery and every failing driver call, in one process
+ * (the provider's ops, no IPC layer: it refuses a process's own handles). */
+static void test_vmm_share_local(void) {
+    hm_test_set_context("VMM IPC: parameters and peers");
+    hm_cuda_params_t *params;
+    REQUIRE_OK(hm_cuda_params_create(&params));
+    CHECK_RES(hm_cuda_params_set_shareable_handle(params, (hm_cuda_shareable_t)3),
+              HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_cuda_params_set_shareable_handle(NULL, HM_CUDA_SHAREABLE_FD),
+              HM_ERROR_INVALID_ARGUMENT);
+    int bad[] = {0, -1};
+    CHECK_RES(hm_cuda_params_set_peers(params, bad, 2), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_cuda_params_set_peers(params, NULL, 1), HM_ERROR_INVALID_ARGUMENT);
+    CHECK_RES(hm_cuda_params_set_peers(params, bad, HM_CUDA_PEERS_MAX + 1),
+              HM_ERROR_INVALID_ARGUMENT);
+    CHECK_OK(hm_cuda_params_set_peers(params, NULL, 0));
+    hm_provider_t *x = NULL;
+    CHECK_OK(hm_cuda_params_set_shareable_handle(params, HM_CUDA_SHAREABLE_FABRIC));
+    CHECK_RES(hm_cuda_provider_create(params, &x), HM_ERROR_INVALID_ARGUMENT); /* legacy */
+    CHECK_OK(hm_cuda_params_set_shareable_handle(params, HM_CUDA_SHAREABLE_FD));
+    int one = 1;
+    CHECK_OK(hm_cuda_params_set_peers(params, &one, 1));
+    CHECK_RES(hm_cuda_provider_create(params, &x), HM_ERROR_INVALID_ARGUMENT); /* legacy */
+    CHECK_OK(hm_cuda_params_destroy(params));
+    const char *fab = getenv("HM_CUDA_TEST_FABRIC");
+    if (!fab || strcmp(fab, "1") != 0) {
+        CHECK_RES(vmm_provider(0, HM_CUDA_SHAREABLE_FABRIC, NULL, 0, &x), HM_ERROR_NOT_SUPPORTED);
+        CHECK(x == NULL);
+    }
+    int five = 5, own_and_peer[] = {0, 1, 1};
+    CHECK_RES(vmm_provider(0, HM_CUDA_SHAREABLE_FD, &five, 1, &x), HM_ERROR_INVALID_ARGUMENT);
+    REQUIRE(vdrv.set_peer(1, 0, 0) == 0);
+    CHECK_RES(vmm_provider(0, HM_CUDA_SHAREABLE_FD, &one, 1, &x), HM_ERROR_NOT_SUPPORTED);
+    REQUIRE(vdrv.set_peer(1, 0, 1) == 0);
+    hm_provider_t *pp;
+    REQUIRE_OK(vmm_provider(0, HM_CUDA_SHAREABLE_FD, own_and_peer, 3, &pp));
+    void *m = NULL;
+    REQUIRE_OK(hm_provider_alloc(pp, 2 * MIB, 0, &m));
+    CHECK_EQ(rw_access(0, m), 1);
+    CHECK_EQ(rw_access(1, m), 1);
+    CHECK_OK(hm_provider_free(pp, m, 2 * MIB));
+    CHECK_OK(hm_provider_destroy(pp));
+    REQUIRE_OK(vmm_provider(0, HM_CUDA_SHAREABLE_FD, NULL, 0, &pp));
+    REQUIRE_OK(hm_provider_alloc(pp, 2 * MIB, 0, &m));
+    CHECK_EQ(rw_access(0, m), 1);
+    CHECK_EQ(rw_access(1, m), 0); /* no peers asked for */
+    CHECK_OK(hm_provider_free(pp, m, 2 * MIB));
+    CHECK_OK(hm_provider_destroy(pp));
+    /* NONE: no IPC. */
+    hm_provider_t *none;
+    REQUIRE_OK(vmm_provider(0, HM_CUDA_SHAREABLE_NONE, NULL, 0, &none));
+    CHECK(!(hm_provider_caps(none) & HM_PROVIDER_CAP_IPC));
+    hm_pool_t *np;
+    REQUIRE_OK(pool_over(0, none, HM_POOL_FLAG_OWN_PROVIDER, &np));
+    void *nm = hm_pool_malloc(np, 4096);
+    REQUIRE(nm);
+    hm_ipc_handle_t *h;
+    size_t hl;
+    CHECK(hm_ipc_get(nm, &h, &hl) != HM_SUCCESS);
+    CHECK_OK(hm_pool_free(np, nm));
+    CHECK_OK(hm_pool_destroy(np));
+
+    hm_test_set_context("VMM IPC: export, put, open in one process");
+    hm_provider_t *d, *legacy;
+    REQUIRE_OK(vmm_provider(0, HM_CUDA_SHAREABLE_FD, &one, 1, &d));
+    REQUIRE_OK(cu_provider(HM_CUDA_MEMORY_DEVICE, 0, &legacy));
+    const hm_provider_ops_t *o = hm_provider_get_ops(d);
+    void *st = hm_provider_get_state(d);
+    vmm_live_t base = vmm_live();
+    void *p = NULL;
+    const size_t sz = 3 * MIB + 5, len = 4 * MIB;
+    REQUIRE_OK(hm_provider_alloc(d, sz, 0, &p));
+    dev_put(d, p, sz, 51);
+    /* The driver reports the mapping (cuMemGetAddressRange_v2, pointer attributes). */
+    CUdeviceptr rb = 0;
+    size_t rl = 0;
+    CUcontext prim = NULL;
+    REQUIRE(drv.primary_retain(&prim, 0) == CUDA_SUCCESS && drv.ctx_set(prim) == CUDA_SUCCESS);
+    CHECK(vdrv.addr_range(&rb, &rl, (CUdeviceptr)(uintptr_t)p + 5000) == CUDA_SUCCESS);
+    CHECK(rb == (uintptr_t)p && rl == len);
+    REQUIRE(drv.ctx_set(NULL) == CUDA_SUCCESS && drv.primary_release(0) == CUDA_SUCCESS);
+    hm_cuda_allocation_t ai;
+    CHECK_OK(hm_cuda_allocation_info(d, (char *)p + 5000, &ai));
+    CHECK(ai.type == HM_CUDA_MEMORY_DEVICE && ai.device == 0 && ai.base == (uintptr_t)p &&
+          ai.size == len);
+    unsigned char pl[VP_LEN], junk[VP_LEN];
+    int fd = -1;
+    /* Not a whole mapping: refused, nothing held. */
+    vmm_live_t mid = vmm_live();
+    CHECK_RES(o->ipc.get(st, (char *)p + 2 * MIB, 2 * MIB, junk, &fd), HM_ERROR_NOT_SUPPORTED);
+    CHECK_RES(o->ipc.get(st, p, 2 * MIB, junk, &fd), HM_ERROR_NOT_SUPPORTED);
+    CHECK(fd == -1 && vmm_same(mid, vmm_live()));
+    REQUIRE_OK(o->ipc.get(st, p, sz, pl, &fd));
+    CHECK(fd >= 0);
+    CHECK_EQ(get_le(pl, VP_MAGIC, 4), 0x68637532u);
+    CHECK_EQ(get_le(pl, VP_KIND, 4), 1);
+    CHECK_EQ(get_le(pl, VP_ALLOC, 8), len);
+    CHECK_EQ(get_le(pl, VP_OFFSET, 8), 0);
+    CHECK_EQ(get_le(pl, VP_SIZE, 8), sz);
+    CHECK_EQ((int)get_le(pl, VP_FD, 4), fd);
+    /* put of a payload naming another descriptor, or the right one with
+     * another id: nothing closed. */
+    int other = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    REQUIRE(other >= 0);
+    memcpy(junk, pl, VP_LEN);
+    put_le(junk, VP_FD, 4, (uint64_t)other);
+    CHECK_RES(o->ipc.put(st, junk), HM_ERROR_INVALID_HANDLE);
+    CHECK(fcntl(other, F_GETFD) >= 0);
+    memcpy(junk, pl, VP_LEN);
+    put_le(junk, VP_ID, 8, get_le(pl, VP_ID, 8) + 1);
+    CHECK_RES(o->ipc.put(st, junk), HM_ERROR_INVALID_HANDLE);
+    CHECK(fcntl(fd, F_GETFD) >= 0);
+    close(other);
+
+    /* Open through a legacy-mode provider and through the VMM one: the data,
+     * the access (the VMM one's peer too), close through the other. */
+    void *q = NULL, *q2 = NULL;
+    REQUIRE_OK(raw_open(legacy, pl, fd, sz, &q));
+    CHECK(q != NULL && q != p);
+    CHECK(dev_check(legacy, q, sz, 51));
+    CHECK_EQ(rw_access(0, q), 1);
+    CHECK_EQ(rw_access(1, q), 0);
+    REQUIRE_OK(raw_open(d, pl, fd, sz, &q2));
+    CHECK_EQ(rw_access(1, q2), 1);
+    dev_put(d, q2, 4096, 52);
+    CHECK(dev_check(legacy, q, 4096, 52)); /* one physical allocation */
+    CHECK(dev_check(d, p, 4096, 52));
+    drv.reset();
+    CHECK_OK(raw_close(d, q, sz)); /* the legacy provider opened it */
+    CHECK_OK(raw_close(legacy, q2, sz));
+    CHECK_EQ(drv.calls("cuMemUnmap"), 2);
+    CHECK_EQ(drv.calls("cuIpcCloseMemHandle"), 0);
+
+    /* Every field forged. */
+    uint64_t gran = 2 * MIB;
+    forged_open(legacy, pl, fd, sz, "magic", VP_MAGIC, 4, 0x68637533u, HM_ERROR_INVALID_HANDLE);
+    forged_open(legacy, pl, fd, sz, "kind 0", VP_KIND, 4, 0, HM_ERROR_INVALID_HANDLE);
+    forged_open(legacy, pl, fd, sz, "kind 3", VP_KIND, 4, 3, HM_ERROR_INVALID_HANDLE);
+    forged_open(legacy, pl, fd, sz, "reserved", VP_ZERO, 4, 1, HM_ERROR_INVALID_HANDLE);
+    forged_open(legacy, pl, fd, sz, "reserved (tail)", VP_LEN - 1, 1, 1, HM_ERROR_INVALID_HANDLE);
+    forged_open(legacy, pl, fd, sz, "uuid", VP_UUID, 8, 0x1234, HM_ERROR_NOT_SUPPORTED);
+    forged_open(legacy, pl, fd, sz, "allocation 0", VP_ALLOC, 8, 0, HM_ERROR_INVALID_HANDLE);
+    forged_open(legacy, pl, fd, sz, "allocation not a granule", VP_ALLOC, 8, len + 4096,
+                HM_ERROR_INVALID_HANDLE);
+    forged_open(legacy, pl, fd, sz, "allocation too small", VP_ALLOC, 8, gran,
+                HM_ERROR_INVALID_HANDLE);
+    forged_open(legacy, pl, fd, sz, "allocation larger than the real one", VP_ALLOC, 8,
+                len + gran, HM_ERROR_INVALID_HANDLE);
+    /* So large that no address range is reserved: out of (address) memory. */
+    forged_open(legacy, pl, fd, sz, "allocation 2^62", VP_ALLOC, 8, (uint64_t)1 << 62,
+                HM_ERROR_OUT_OF_MEMORY);
+    forged_open(legacy, pl, fd, sz, "offset not a granule", VP_OFFSET, 8, 4096,
+                HM_ERROR_INVALID_HANDLE);
+    forged_open(legacy, pl, fd, sz, "offset past the end", VP_OFFSET, 8, gran,
+                HM_ERROR_INVALID_HANDLE);
+    forged_open(legacy, pl, fd, sz, "offset wraps", VP_OFFSET, 8, UINT64_MAX - gran + 1,
+                HM_ERROR_INVALID_HANDLE);
+    forged_open(legacy, pl, fd, sz, "size 0", VP_SIZE, 8, 0, HM_ERROR_INVALID_HANDLE);
+    forged_open(legacy, pl, fd, sz, "size not the handle's", VP_SIZE, 8, sz - 1,
+                HM_ERROR_INVALID_HANDLE);
+    forged_open(legacy, pl, fd, 0, "handle size 0", 0, 0, 0, HM_ERROR_INVALID_HANDLE);
+    forged_open(legacy, pl, -1, sz, "no descriptor", 0, 0, 0, HM_ERROR_INVALID_HANDLE);
+    int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    forged_open(legacy, pl, nul, sz, "another file", 0, 0, 0, HM_ERROR_INVALID_HANDLE);
+    close(nul);
+    /* Every driver call of the open failing: an error, nothing behind. */
+    const char *calls[] = {"cuMemImportFromShareableHandle",
+                           "cuMemGetAllocationPropertiesFromHandle", "cuMemAddressReserve",
+                           "cuMemMap", "cuMemSetAccess", "cuMemRelease"};
+    for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++) {
+        vmm_live_t before = vmm_live();
+        REQUIRE(drv.fail_next(calls[i], 1, CUDA_ERROR_OUT_OF_MEMORY) == 0);
+        q = (void *)1;
+        hm_result_t r = raw_open(d, pl, fd, sz, &q);
+        CHECK_MSG(r != HM_SUCCESS && q == NULL, "open with %s failing: %s", calls[i],
+                  hm_result_string(r));
+        CHECK_MSG(vmm_same(before, vmm_live()), "open with %s failing left something", calls[i]);
+    }
+    drv.reset();
+    void *kept = NULL; /* outlives the exporter's free */
+    REQUIRE_OK(raw_open(legacy, pl, fd, sz, &kept));
+    CHECK_OK(o->ipc.put(st, pl));
+    CHECK(fcntl(fd, F_GETFD) < 0); /* closed by the put */
+    /* Every driver call of the export failing: an error, nothing held. */
+    const char *xcalls[] = {"cuMemGetAddressRange_v2", "cuMemRetainAllocationHandle",
+                            "cuMemExportToShareableHandle", "cuMemRelease"};
+    for (size_t i = 0; i < sizeof(xcalls) / sizeof(xcalls[0]); i++) {
+        vmm_live_t before = vmm_live();
+        REQUIRE(drv.fail_next(xcalls[i], 1, CUDA_ERROR_ILLEGAL_ADDRESS) == 0);
+        fd = -1;
+        hm_result_t r = o->ipc.get(st, p, sz, junk, &fd);
+        CHECK_MSG(r != HM_SUCCESS && fd == -1, "export with %s failing: %s", xcalls[i],
+                  hm_result_string(r));
+        CHECK_MSG(vmm_same(before, vmm_live()), "export with %s failing left something",
+                  xcalls[i]);
+    }
+    drv.reset();
+    CHECK_OK(hm_provider_free(d, p, sz));
+    CHECK(dev_check(legacy, kept, 4096, 52));
+    dev_put(legacy, kept, 4096, 53);
+    CHECK(dev_check(legacy, kept, 4096, 53));
+    CHECK_OK(raw_close(legacy, kept, sz));
+    CHECK_MSG(vmm_same(base, vmm_live()), "the export's memory or descriptors outlive it");
+    CHECK_OK(hm_provider_destroy(d));
+    CHECK_OK(hm_provider_destroy(legacy));
+
+    hm_test_set_context("VMM IPC: exports from every pool");
+    int fds0 = fd_count();
+    for (int k = 0; k < 3; k++) {
+        hm_provider_t *vp;
+        REQUIRE_OK(vmm_provider(0, HM_CUDA_SHAREABLE_FD, NULL, 0, &vp));
+        hm_pool_t *pool;
+        hm_result_t r = pool_over(k, vp, HM_POOL_FLAG_OWN_PROVIDER, &pool);
+        if (r == HM_ERROR_NOT_SUPPORTED) {
+            hm_provider_destroy(vp);
+            continue;
+        }
+        REQUIRE_OK(r);
+        const size_t sizes[] = {100, 64 * KIB, 3 * MIB + 5, 5 * MIB};
+        for (size_t i = 0; i < 4; i++) {
+            void *b = hm_pool_malloc(pool, sizes[i]);
+            REQUIRE(b);
+            hm_ipc_handle_t *hh = NULL;
+            size_t hlen = 0;
+            CHECK_OK(hm_ipc_get(b, &hh, &hlen));
+            hm_ipc_handle_info_t info;
+            CHECK_OK(hm_ipc_handle_info(hh, hlen, &info));
+            CHECK(info.has_fd && info.payload_size == VP_LEN);
+            CHECK_OK(hm_ipc_put(hh));
+            CHECK_OK(hm_pool_free(pool, b));
+        }
+        CHECK_OK(hm_pool_destroy(pool));
+    }
+    CHECK_EQ(fd_count(), fds0);
+}
+
+/* Fabric handles (the test driver's HM_CUDA_TEST_FABRIC=1): by value, no
+ * descriptor; opened by a legacy provider; a forged value refused. */
+static void test_vmm_fabric_local(void) {
+    hm_test_set_context("VMM IPC: fabric handles in one process");
+    hm_provider_t *f, *legacy;
+    REQUIRE_OK(vmm_provider(0, HM_CUDA_SHAREABLE_FABRIC, NULL, 0, &f));
+    CHECK(hm_provider_caps(f) & HM_PROVIDER_CAP_IPC);
+    REQUIRE_OK(cu_provider(HM_CUDA_MEMORY_DEVICE, 0, &legacy));
+    const hm_provider_ops_t *o = hm_provider_get_ops(f);
+    void *st = hm_provider_get_state(f);
+    vmm_live_t base = vmm_live();
+    void *p = NULL;
+    const size_t sz = 2 * MIB;
+    REQUIRE_OK(hm_provider_alloc(f, sz, 0, &p));
+    dev_put(f, p, sz, 61);
+    unsigned char pl[VP_LEN];
+    int fd = 7;
+    REQUIRE_OK(o->ipc.get(st, p, sz, pl, &fd));
+    CHECK_EQ(fd, -1);
+    CHECK_EQ(get_le(pl, VP_KIND, 4), 2);
+    void *q = NULL;
+    REQUIRE_OK(raw_open(legacy, pl, -1, sz, &q));
+    CHECK(dev_check(legacy, q, sz, 61));
+    CHECK_OK(raw_close(f, q, sz));
+    /* The driver's value forged: its pid, descriptor, size, nonce. */
+    forged_open(legacy, pl, -1, sz, "fabric pid", VP_FABRIC + 4, 4, 1, HM_ERROR_INVALID_HANDLE);
+    forged_open(legacy, pl, -1, sz, "fabric descriptor", VP_FABRIC + 8, 4, 0,
+                HM_ERROR_INVALID_HANDLE);
+    forged_open(legacy, pl, -1, sz, "fabric size", VP_FABRIC + 16, 8, 4 * MIB,
+                HM_ERROR_INVALID_HANDLE);
+    forged_open(legacy, pl, -1, sz, "fabric nonce", VP_FABRIC + 24, 8,
+                get_le(pl, VP_FABRIC + 24, 8) ^ 1, HM_ERROR_INVALID_HANDLE);
+    CHECK_OK(o->ipc.put(st, pl));
+    CHECK_OK(hm_provider_free(f, p, sz));
+    CHECK(vmm_same(base, vmm_live()));
+    CHECK_OK(hm_provider_destroy(f));
+    CHECK_OK(hm_provider_destroy(legacy));
+}
+
+/* Two processes: the importer, exec'd afresh, gets handle A with its
+ * descriptor over the channel and handle B alone (its descriptor by
+ * pidfd_getfd; a fabric handle by value). */
+static int vmm_importer(int sock, bool fabric) {
+    hm_ipc_channel_t *ch;
+    if (hm_ipc_channel_from_fd(sock, &ch) != HM_SUCCESS) return 10;
+    static unsigned char ha[4096], hb[4096];
+    size_t la = 0, lb = 0;
+    int fa = -1, fb = -1;
+    if (hm_ipc_channel_recv(ch, ha, sizeof(ha), &la, &fa) != HM_SUCCESS) return 11;
+    if (hm_ipc_channel_recv(ch, hb, sizeof(hb), &lb, &fb) != HM_SUCCESS) return 12;
+    if ((fa < 0) != fabric || fb >= 0) return 13;
+    int one = 1;
+    hm_provider_t *p0, *p1;
+    if (vmm_provider(0, HM_CUDA_SHAREABLE_FD, &one, 1, &p0) != HM_SUCCESS) return 14;
+    if (cu_provider(HM_CUDA_MEMORY_DEVICE, 0, &p1) != HM_SUCCESS) return 15;
+    hm_pool_t *a, *b;
+    if (pool_over(1, p0, HM_POOL_FLAG_OWN_PROVIDER, &a) != HM_SUCCESS) return 16;
+    if (pool_over(0, p1, HM_POOL_FLAG_OWN_PROVIDER, &b) != HM_SUCCESS) return 17;
+    driver_api();
+    vmm_driver_api();
+    vmm_live_t base = vmm_live();
+    drv.reset();
+    /* Truncated handles: refused before anything is imported. */
+    void *t = NULL;
+    if (hm_ipc_open_fd(a, (hm_ipc_handle_t *)ha, la - 1, fa, &t) == HM_SUCCESS || t) return 18;
+    if (hm_ipc_open_fd(a, (hm_ipc_handle_t *)ha, HM_IPC_HEADER_SIZE + 8, fa, &t) == HM_SUCCESS)
+        return 19;
+    if (drv.calls("cuMemImportFromShareableHandle") != 0) return 20;
+    void *qa = NULL, *qa2 = NULL, *qb = NULL;
+    if (hm_ipc_open_fd(a, (hm_ipc_handle_t *)ha, la, fa, &qa) != HM_SUCCESS || !qa) return 21;
+    if (fa >= 0) close(fa);
+    if (!dev_check(p0, qa, IPC_SIZE, 41)) return 22;
+    if (rw_access(0, qa) != 1 || rw_access(1, qa) != 1) return 23; /* its peer too */
+    /* A legacy-mode importer, B by pidfd (or fabric by value). */
+    if (hm_ipc_open(b, (hm_ipc_handle_t *)hb, lb, &qb) != HM_SUCCESS || !qb) return 24;
+    if (!dev_check(p1, qb, IPC_SIZE, 42)) return 25;
+    if (rw_access(1, qb) != 0) return 26; /* no peers asked for */
+    dev_put(p1, qb, 4096, 43);
+    /* A in the second pool of the same context: the same mapping. */
+    if (hm_ipc_open(b, (hm_ipc_handle_t *)ha, la, &qa2) != HM_SUCCESS || qa2 != qa) return 27;
+    if (drv.calls("cuMemImportFromShareableHandle") != 2) return 28;
+    if (stats().live_vmm_mappings != base.mappings + 2) return 29;
+    /* The opening pool destroyed with A open: the mapping stays, and the
+     * legacy provider's pool closes it. */
+    if (hm_pool_destroy(a) != HM_SUCCESS) return 30;
+    if (drv.calls("cuMemUnmap") != 0 || !dev_check(p1, qa2, 4096, 41)) return 31;
+    if (hm_ipc_close(qa2) != HM_SUCCESS || hm_ipc_close(qb) != HM_SUCCESS) return 32;
+    if (hm_pool_destroy(b) != HM_SUCCESS) return 33;
+    if (drv.calls("cuMemUnmap") != 2 || drv.calls("cuIpcCloseMemHandle") != 0) return 34;
+    if (!vmm_same(base, vmm_live())) return 35;
+    char ack = 1;
+    if (hm_ipc_channel_send_bytes(ch, &ack, 1) != HM_SUCCESS) return 36;
+    hm_ipc_channel_destroy(ch);
+    return 0;
+}
+
+static void test_vmm_ipc(const char *self, bool fabric) {
+    hm_test_set_context(fabric ? "VMM IPC: fabric, two processes" : "VMM IPC: two processes");
+    int fds0 = fd_count();
+    int sv0;
+    pid_t pid = hm_test_spawn_importer(self, fabric ? "fabric" : "vmm", &sv0);
+    (void)hm_ipc_allow_importer(pid); /* Yama at ptrace_scope 1: pidfd_getfd */
+    hm_provider_t *prov;
+    REQUIRE_OK(vmm_provider(0, fabric ? HM_CUDA_SHAREABLE_FABRIC : HM_CUDA_SHAREABLE_FD, NULL, 0,
+                            &prov));
+    hm_pool_t *pool;
+    REQUIRE_OK(pool_over(1, prov, HM_POOL_FLAG_OWN_PROVIDER, &pool));
+    void *pa = hm_pool_malloc(pool, IPC_SIZE), *pb = hm_pool_malloc(pool, IPC_SIZE);
+    REQUIRE(pa && pb);
+    dev_put(prov, pa, IPC_SIZE, 41);
+    dev_put(prov, pb, IPC_SIZE, 42);
+    hm_ipc_handle_t *ha = NULL, *hb = NULL;
+    size_t la = 0, lb = 0;
+    REQUIRE_OK(hm_ipc_get(pa, &ha, &la));
+    REQUIRE_OK(hm_ipc_get(pb, &hb, &lb));
+    hm_ipc_channel_t *ch;
+    REQUIRE_OK(hm_ipc_channel_from_fd(sv0, &ch));
+    CHECK_OK(hm_ipc_channel_send(ch, ha, la));        /* with its descriptor */
+    CHECK_OK(hm_ipc_channel_send_bytes(ch, hb, lb)); /* the bytes alone */
+    char ack = 0;
+    size_t got = 0;
+    hm_result_t ar = hm_ipc_channel_recv_bytes(ch, &ack, 1, &got);
+    int st = 0;
+    REQUIRE(waitpid(pid, &st, 0) == pid);
+    int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    CHECK_MSG(code == 0, "importer failed at step %d (status 0x%x)", code, st);
+    if (code == 0) {
+        CHECK(ar == HM_SUCCESS && got == 1 && ack == 1);
+        CHECK(dev_check(prov, pb, 4096, 43)); /* the importer's write */
+    }
+    CHECK_OK(hm_ipc_put(ha));
+    CHECK_OK(hm_ipc_put(hb));
+    CHECK_OK(hm_pool_free(pool, pa));
+    CHECK_OK(hm_pool_free(pool, pb));
+    CHECK_OK(hm_pool_destroy(pool));
+    hm_ipc_channel_destroy(ch);
+    CHECK_EQ(fd_count(), fds0);
+    CHECK_EQ(stats().live_vmm_handles, 0);
+}
+
+/* ---- IPC: an importer exec'd afresh ---- */
+
 
 static int importer(int sock) {
     hm_ipc_channel_t *ch;
@@ -530,6 +1022,10 @@ static void test_fork_while_exporting(void) {
 int main(int argc, char **argv) {
     g_part = argc > 1 ? argv[1] : "unit";
     if (strcmp(g_part, "nodriver") == 0) return no_driver_child();
+    if (strcmp(g_part, "importer") == 0 && argc > 3) {
+        if (!getenv("HM_CUDA_DRIVER")) return 9;
+        return vmm_importer(atoi(argv[2]), strcmp(argv[3], "fabric") == 0);
+    }
     if (strcmp(g_part, "importer") == 0 && argc > 2) return importer(atoi(argv[2]));
     hm_provider_t *probe;
     if (strcmp(g_part, "hardware") == 0) {
@@ -571,6 +1067,20 @@ int main(int argc, char **argv) {
         ran++;
         test_vmm();
         run_suites_vmm();
+    }
+    if (PART("vmm_ipc")) {
+        ran++;
+        vmm_driver_api();
+        test_vmm_share_local();
+        test_vmm_ipc(argv[0], false);
+    }
+    if (strcmp(g_part, "vmm_fabric") == 0) {
+        ran++;
+        const char *fab = getenv("HM_CUDA_TEST_FABRIC");
+        if (!fab || strcmp(fab, "1") != 0) HM_TEST_SKIP("HM_CUDA_TEST_FABRIC is not 1");
+        vmm_driver_api();
+        test_vmm_fabric_local();
+        test_vmm_ipc(argv[0], true);
     }
     if (PART("ipc")) {
         ran++;

@@ -40,7 +40,8 @@
  *   MANAGED  HM_MEMORY_SHARED; attach HM_CUDA_ATTACH_GLOBAL (default) or
  *            _HOST (cuMemAllocManaged's).
  * IPC (device memory only; host-pinned and managed: hm_ipc_get answers
- * HM_ERROR_NOT_SUPPORTED): cuIpcGetMemHandle, the 64-byte handle carried by
+ * HM_ERROR_NOT_SUPPORTED). The VMM allocator's is described with it below;
+ * the legacy allocator's: cuIpcGetMemHandle, the 64-byte handle carried by
  * value in hetmem's handle (no descriptor moves), cuIpcOpenMemHandle_v2 with
  * lazy peer access in the importer, cuIpcCloseMemHandle (of the mapping's
  * base, which the driver reports: any provider of the context may close
@@ -126,12 +127,74 @@ enum {
  *           allocation granularity (cuMemGetAllocationGranularity, MINIMUM;
  *           2 MiB on current GPUs). Device memory only (other memory types:
  *           HM_ERROR_INVALID_ARGUMENT at create); a driver without the API:
- *           HM_ERROR_NOT_SUPPORTED at create. IPC in this mode is not
- *           available yet (hm_ipc_get: HM_ERROR_NOT_SUPPORTED). */
+ *           HM_ERROR_NOT_SUPPORTED at create. IPC through a shareable
+ *           handle (hm_cuda_params_set_shareable_handle, below), and
+ *           access for peer devices (hm_cuda_params_set_peers).
+ *
+ * IPC in VMM mode. The physical allocation is created asking for the
+ * shareable handle type chosen (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR by
+ * default, or _FABRIC), and the provider has HM_PROVIDER_CAP_IPC (not with
+ * HM_CUDA_SHAREABLE_NONE). A handle grants exactly what it names, so only a
+ * whole allocation of the provider is exported, which is what the IPC layer
+ * asks for (the provider allocation that holds the pointer); any other
+ * range is refused with HM_ERROR_NOT_SUPPORTED and a log line. Export:
+ * cuMemRetainAllocationHandle, cuMemExportToShareableHandle, cuMemRelease of
+ * the retained handle. FD: the driver's descriptor travels like the memory
+ * of host providers (pidfd_getfd, or with the handle over
+ * hm_ipc_channel_send / hm_ipc_open_fd); the exporter keeps it open until
+ * hm_ipc_put gives the export back, then closes it. FABRIC: the driver's
+ * 64-byte fabric handle travels by value (no descriptor), for memory shared
+ * across the nodes of a multi-node NVLink system (the importer's process
+ * needs access to the exporter's IMEX channel; the driver refuses an import
+ * otherwise).
+ * Import (hm_ipc_open), by any device provider of this family, legacy or VMM
+ * mode, of either payload (legacy cuIpcGetMemHandle or VMM): every field of
+ * the payload is checked before use (kind, reserved bytes, sizes nonzero and
+ * multiples of the allocation granularity, the range within the allocation,
+ * the size the one of the handle) and the device as for legacy handles (its
+ * own or a peer it can access); then cuMemImportFromShareableHandle,
+ * cuMemGetAllocationPropertiesFromHandle (pinned device memory only),
+ * cuMemAddressReserve of the allocation's size at an address of the
+ * importer's choosing, cuMemMap (the driver refuses a size larger than the
+ * real allocation: a payload that claims more is HM_ERROR_INVALID_HANDLE;
+ * one that claims more than any address range can hold fails the
+ * reservation: HM_ERROR_OUT_OF_MEMORY),
+ * cuMemSetAccess read-write for the importer's device and its peers, and
+ * cuMemRelease of the imported handle (the mapping keeps the memory). A
+ * failure at any step undoes the others: nothing stays mapped or reserved.
+ * hm_ipc_close: cuMemUnmap and cuMemAddressFree, through any provider of
+ * the same context (the process records which mappings are VMM imports).
+ * The memory stays readable and writable for the importer after the
+ * exporter frees it, until the importer closes it (the driver frees the
+ * physical memory at the last unmap or release). */
 typedef enum hm_cuda_allocator {
     HM_CUDA_ALLOCATOR_LEGACY = 0,
     HM_CUDA_ALLOCATOR_VMM = 1,
 } hm_cuda_allocator_t;
+
+/* The shareable handle type of VMM allocations
+ * (hm_cuda_params_set_shareable_handle):
+ *   FD      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, the default: a file
+ *           descriptor, for processes of one machine.
+ *   FABRIC  CU_MEM_HANDLE_TYPE_FABRIC: 64 bytes by value, for processes on
+ *           the nodes of a multi-node NVLink system (and of one machine).
+ *           The device must report
+ *           CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED; otherwise (or
+ *           without cuDeviceGetAttribute) create answers
+ *           HM_ERROR_NOT_SUPPORTED with a log line.
+ *   NONE    no shareable handle: no IPC (no HM_PROVIDER_CAP_IPC; hm_ipc_get
+ *           answers HM_ERROR_NOT_SUPPORTED).
+ * The legacy allocator exports with cuIpcGetMemHandle whatever is chosen
+ * here: FD (the default) is accepted and means nothing there; FABRIC and
+ * NONE are refused at create with HM_ERROR_INVALID_ARGUMENT. */
+typedef enum hm_cuda_shareable {
+    HM_CUDA_SHAREABLE_FD = 0,
+    HM_CUDA_SHAREABLE_FABRIC = 1,
+    HM_CUDA_SHAREABLE_NONE = 2,
+} hm_cuda_shareable_t;
+
+/* The most peer ordinals hm_cuda_params_set_peers takes. */
+#define HM_CUDA_PEERS_MAX 32
 
 typedef struct hm_cuda_params hm_cuda_params_t;
 
@@ -154,6 +217,23 @@ HM_API hm_result_t hm_cuda_params_set_memory_type(hm_cuda_params_t *params,
  * HM_ERROR_INVALID_ARGUMENT. */
 HM_API hm_result_t hm_cuda_params_set_allocator(hm_cuda_params_t *params,
                                                 hm_cuda_allocator_t allocator);
+/* HM_CUDA_SHAREABLE_FD (default), _FABRIC or _NONE; others:
+ * HM_ERROR_INVALID_ARGUMENT. Checked against the allocator at create. */
+HM_API hm_result_t hm_cuda_params_set_shareable_handle(hm_cuda_params_t *params,
+                                                       hm_cuda_shareable_t type);
+/* VMM mode: devices (ordinals) that get read-write access to every
+ * allocation, and to every mapping the provider opens through IPC, next to
+ * the provider's own device (cuMemSetAccess). Replaces an earlier list;
+ * n == 0 clears it (ordinals may then be NULL). ordinals NULL with n > 0,
+ * a negative ordinal or n > HM_CUDA_PEERS_MAX: HM_ERROR_INVALID_ARGUMENT.
+ * The provider's own device in the list is ignored. At create, an ordinal
+ * that does not exist is HM_ERROR_INVALID_ARGUMENT, and a peer that cannot
+ * access the provider's device (cuDeviceCanAccessPeer(peer, own) is 0)
+ * HM_ERROR_NOT_SUPPORTED, each with a log line; a list with the legacy
+ * allocator is HM_ERROR_INVALID_ARGUMENT (it maps with cuMemAlloc_v2, whose
+ * peer access is the context's, cuCtxEnablePeerAccess). */
+HM_API hm_result_t hm_cuda_params_set_peers(hm_cuda_params_t *params, const int *ordinals,
+                                            size_t n);
 /* HOST: HM_CUDA_HOST_* bits (other bits: HM_ERROR_INVALID_ARGUMENT);
  * MANAGED: exactly one of HM_CUDA_ATTACH_*. Checked against the memory type
  * at create. 0: the defaults (no host flags; ATTACH_GLOBAL). */

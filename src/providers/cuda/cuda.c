@@ -13,11 +13,22 @@
  * Context switching (ctx_enter / ctx_leave): one cuCtxGetCurrent; a push
  * and a pop only when another context (or none) is current.
  *
+ * VMM mode (HM_CUDA_ALLOCATOR_VMM) exports a whole allocation through a
+ * shareable handle (FD or fabric); an FD export's descriptor stays in the
+ * provider's export table until put. VMM imports (by any device provider)
+ * are recorded process-wide, so that close, through any provider of the
+ * context, unmaps them instead of cuIpcCloseMemHandle.
+ *
  * Concurrency:
  *   cu (entry points)      written once under pthread_once, then read-only
- *   provider state         immutable after init, but the offset table
+ *   provider state         immutable after init, but the two tables
  *   offset table           off_lock; noff read without it (relaxed) to skip
- *                          the lookup when it is empty */
+ *                          the lookup when it is empty
+ *   export table           x_lock
+ *   VMM import record      vimp.lock (process-wide); n read without it
+ *                          (relaxed) to skip the lookup when it is empty:
+ *                          a close of a mapping follows its open in the
+ *                          IPC layer's order, which publishes the entry */
 #include "internal.h"
 #include "platform/dl.h"
 #include "platform/prim.h"
@@ -26,6 +37,7 @@
 #include <hetmem/providers/cuda.h>
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,6 +107,9 @@ struct hm_cuda_params {
     hm_cuda_memory_type_t type;
     unsigned flags;
     hm_cuda_allocator_t allocator;
+    hm_cuda_shareable_t shareable;
+    size_t npeers;
+    int peers[HM_CUDA_PEERS_MAX];
 };
 
 hm_result_t hm_cuda_params_create(hm_cuda_params_t **params) {
@@ -154,6 +169,32 @@ hm_result_t hm_cuda_params_set_allocator(hm_cuda_params_t *p, hm_cuda_allocator_
     return HM_SUCCESS;
 }
 
+hm_result_t hm_cuda_params_set_shareable_handle(hm_cuda_params_t *p, hm_cuda_shareable_t type) {
+    if (!p || (unsigned)type > HM_CUDA_SHAREABLE_NONE) {
+        HM_LOG_ERROR("hm_cuda_params_set_shareable_handle: %s",
+                     !p ? "params is NULL" : "not a shareable handle type");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    p->shareable = type;
+    return HM_SUCCESS;
+}
+
+hm_result_t hm_cuda_params_set_peers(hm_cuda_params_t *p, const int *ordinals, size_t n) {
+    const char *why = !p                       ? "params is NULL"
+                      : n && !ordinals         ? "ordinals is NULL"
+                      : n > HM_CUDA_PEERS_MAX ? "more than HM_CUDA_PEERS_MAX peers"
+                                               : NULL;
+    for (size_t i = 0; !why && i < n; i++)
+        if (ordinals[i] < 0) why = "a negative ordinal";
+    if (why) {
+        HM_LOG_ERROR("hm_cuda_params_set_peers: %s", why);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (n) memcpy(p->peers, ordinals, n * sizeof(*ordinals));
+    p->npeers = n;
+    return HM_SUCCESS;
+}
+
 hm_result_t hm_cuda_params_set_flags(hm_cuda_params_t *p, unsigned flags) {
     unsigned all = HM_CUDA_HOST_PORTABLE | HM_CUDA_HOST_MAPPED | HM_CUDA_HOST_WRITE_COMBINED;
     if (!p || (flags & ~all)) {
@@ -172,6 +213,13 @@ typedef struct off_ent {
     uintptr_t base; /* what the driver handed out */
 } off_ent_t;
 
+/* An export's descriptor (VMM, FD handles): the exporter's until put. id
+ * tells two exports apart that the driver gave the same number in turn. */
+typedef struct xfd_ent {
+    int fd;
+    uint64_t id;
+} xfd_ent_t;
+
 typedef struct cuprov {
     hm_cu_context_t ctx;
     hm_cu_device_t dev;
@@ -181,11 +229,24 @@ typedef struct cuprov {
     uint8_t uuid[HM_DEVICE_UUID_SIZE];
     size_t page;
     bool vmm; /* HM_CUDA_ALLOCATOR_VMM: cuMemCreate + cuMemAddressReserve + cuMemMap */
+    hm_cuda_shareable_t shareable; /* VMM: what cuMemCreate asks for */
+    /* Device memory: the VMM allocation granularity (0: no VMM API, so no
+     * import of VMM handles), and the access every VMM allocation and
+     * import gets: read-write for the provider's device, then its peers. */
+    size_t vmm_gran;
+    size_t nacc;
+    hm_cu_mem_access_t acc[1 + HM_CUDA_PEERS_MAX];
     unsigned epoch; /* hm__prim_fork_epoch() at init: another one is a fork child */
     pthread_mutex_t off_lock;
     off_ent_t *off;
     size_t noff_cap;
     _Atomic size_t noff;
+    /* The descriptors of live FD exports (x_lock): put closes one only when
+     * it is found here with the payload's id. */
+    pthread_mutex_t x_lock;
+    xfd_ent_t *xfd;
+    size_t nxfd, xfd_cap;
+    uint64_t xfd_next;
 } cuprov_t;
 
 /* The provider's context current on this thread: *pushed says whether it
@@ -259,6 +320,54 @@ static uintptr_t off_base(cuprov_t *c, uintptr_t ptr, bool take) {
 
 static void vmm_prop(const cuprov_t *c, hm_cu_mem_prop_t *prop);
 
+static bool have_vmm(void) {
+    return cu.MemGetAllocationGranularity && cu.MemCreate && cu.MemRelease &&
+           cu.MemAddressReserve && cu.MemAddressFree && cu.MemMap && cu.MemUnmap &&
+           cu.MemSetAccess;
+}
+static bool have_vmm_ipc(void) {
+    return have_vmm() && cu.MemRetainAllocationHandle && cu.MemExportToShareableHandle &&
+           cu.MemImportFromShareableHandle && cu.MemGetAllocationPropertiesFromHandle;
+}
+
+/* The peers of p (VMM): each an existing device that can access c's
+ * memory (cuDeviceCanAccessPeer(peer, own)), added to c->acc after the
+ * provider's own device; the own device and repeats are skipped. */
+static hm_result_t vmm_peers(cuprov_t *c, const hm_cuda_params_t *p) {
+    c->acc[0] = (hm_cu_mem_access_t){.location = {.type = HM_CU_MEM_LOCATION_TYPE_DEVICE,
+                                                  .id = c->dev},
+                                     .flags = HM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    c->nacc = 1;
+    if (!p->npeers) return HM_SUCCESS;
+    int count = 0;
+    hm_cu_result_t r = cu.DeviceGetCount(&count);
+    if (r != HM_CUDA_SUCCESS) return cu_fail(r, "cuDeviceGetCount");
+    for (size_t i = 0; i < p->npeers; i++) {
+        if (p->peers[i] >= count) {
+            HM_LOG_ERROR("CUDA provider: no peer device of ordinal %d (%d found)", p->peers[i],
+                         count);
+            return HM_ERROR_INVALID_ARGUMENT;
+        }
+        hm_cu_device_t d;
+        if ((r = cu.DeviceGet(&d, p->peers[i])) != HM_CUDA_SUCCESS) return cu_fail(r, "cuDeviceGet");
+        bool seen = d == c->dev;
+        for (size_t k = 1; k < c->nacc && !seen; k++) seen = c->acc[k].location.id == d;
+        if (seen) continue;
+        int can = 0;
+        if ((r = cu.DeviceCanAccessPeer(&can, d, c->dev)) != HM_CUDA_SUCCESS)
+            return cu_fail(r, "cuDeviceCanAccessPeer");
+        if (!can) {
+            HM_LOG_ERROR("CUDA provider: device %d cannot access device %d's memory "
+                         "(cuDeviceCanAccessPeer): not a peer", p->peers[i], (int)c->dev);
+            return HM_ERROR_NOT_SUPPORTED;
+        }
+        c->acc[c->nacc++] = (hm_cu_mem_access_t){
+            .location = {.type = HM_CU_MEM_LOCATION_TYPE_DEVICE, .id = d},
+            .flags = HM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    }
+    return HM_SUCCESS;
+}
+
 static hm_result_t cu_init(const void *params, void **state) {
     static const hm_cuda_params_t defaults = {0};
     const hm_cuda_params_t *p = params ? params : &defaults;
@@ -280,11 +389,21 @@ static hm_result_t cu_init(const void *params, void **state) {
         HM_LOG_ERROR("CUDA provider: the virtual memory API allocates device memory only");
         return HM_ERROR_INVALID_ARGUMENT;
     }
-    if (p->allocator == HM_CUDA_ALLOCATOR_VMM &&
-        !(cu.MemGetAllocationGranularity && cu.MemCreate && cu.MemRelease &&
-          cu.MemAddressReserve && cu.MemAddressFree && cu.MemMap && cu.MemUnmap &&
-          cu.MemSetAccess)) {
+    if (p->allocator != HM_CUDA_ALLOCATOR_VMM &&
+        (p->shareable != HM_CUDA_SHAREABLE_FD || p->npeers)) {
+        HM_LOG_ERROR("CUDA provider: %s applies to the virtual memory allocator only "
+                     "(HM_CUDA_ALLOCATOR_VMM)",
+                     p->npeers ? "a list of peers" : "a shareable handle type");
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (p->allocator == HM_CUDA_ALLOCATOR_VMM && !have_vmm()) {
         HM_LOG_ERROR("CUDA provider: the driver has no virtual memory API (cuMemCreate)");
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    if (p->allocator == HM_CUDA_ALLOCATOR_VMM && p->shareable != HM_CUDA_SHAREABLE_NONE &&
+        !have_vmm_ipc()) {
+        HM_LOG_ERROR("CUDA provider: the driver cannot share virtual memory allocations "
+                     "(cuMemExportToShareableHandle): ask for HM_CUDA_SHAREABLE_NONE");
         return HM_ERROR_NOT_SUPPORTED;
     }
     cuprov_t *c = calloc(1, sizeof(*c));
@@ -342,7 +461,25 @@ static hm_result_t cu_init(const void *params, void **state) {
     memcpy(c->uuid, u.bytes, sizeof(c->uuid));
     size_t sys = hm__prim_page_size();
     c->page = c->type == HM_CUDA_MEMORY_HOST ? sys : (size_t)2 << 20;
+    if ((res = vmm_peers(c, p)) != HM_SUCCESS) goto fail_ctx;
+    c->shareable = HM_CUDA_SHAREABLE_NONE; /* legacy: cuMemAlloc_v2 asks for no type */
     if (p->allocator == HM_CUDA_ALLOCATOR_VMM) {
+        c->shareable = p->shareable;
+        if (c->shareable == HM_CUDA_SHAREABLE_FABRIC) {
+            int fabric = 0;
+            r = cu.DeviceGetAttribute
+                    ? cu.DeviceGetAttribute(&fabric,
+                                            HM_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+                                            c->dev)
+                    : HM_CUDA_ERROR_NOT_SUPPORTED;
+            if (r != HM_CUDA_SUCCESS || !fabric) {
+                HM_LOG_ERROR("CUDA provider: device %d has no fabric handles "
+                             "(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED %s)",
+                             (int)c->dev, r != HM_CUDA_SUCCESS ? "not answered" : "is 0");
+                res = HM_ERROR_NOT_SUPPORTED;
+                goto fail_ctx;
+            }
+        }
         hm_cu_mem_prop_t prop;
         vmm_prop(c, &prop);
         size_t gran = 0;
@@ -354,9 +491,20 @@ static hm_result_t cu_init(const void *params, void **state) {
         }
         c->vmm = true;
         c->page = gran;
+        c->vmm_gran = gran;
+    } else if (c->type == HM_CUDA_MEMORY_DEVICE && have_vmm_ipc()) {
+        /* A legacy provider opens VMM handles too: their granularity. */
+        hm_cu_mem_prop_t prop;
+        vmm_prop(c, &prop);
+        size_t gran = 0;
+        if (cu.MemGetAllocationGranularity(&gran, &prop, HM_CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
+                HM_CUDA_SUCCESS &&
+            hm_is_pow2(gran))
+            c->vmm_gran = gran;
     }
     c->epoch = hm__prim_fork_epoch();
     pthread_mutex_init(&c->off_lock, NULL);
+    pthread_mutex_init(&c->x_lock, NULL);
     *state = c;
     return HM_SUCCESS;
 
@@ -373,7 +521,12 @@ static void cu_fini(void *state) {
         hm_cu_result_t r = cu.DevicePrimaryCtxRelease(c->dev);
         if (r != HM_CUDA_SUCCESS && !torn_down(r)) (void)cu_fail(r, "cuDevicePrimaryCtxRelease_v2");
     }
+    /* Exports never put (the IPC layer puts each before a pool's destroy
+     * ends; a program that destroys a provider under a live pool leaks). */
+    for (size_t i = 0; i < c->nxfd; i++) (void)hm__prim_close(c->xfd[i].fd);
+    pthread_mutex_destroy(&c->x_lock);
     pthread_mutex_destroy(&c->off_lock);
+    free(c->xfd);
     free(c->off);
     free(c);
 }
@@ -387,7 +540,7 @@ static void cu_get_info(void *state, hm_provider_info_t *info) {
     case HM_CUDA_MEMORY_DEVICE:
         info->name = c->vmm ? "cuda(device, vmm)" : "cuda(device)";
         info->kind = HM_MEMORY_DEVICE;
-        if (!c->vmm) info->caps |= HM_PROVIDER_CAP_IPC; /* VMM: not yet */
+        if (!c->vmm || c->shareable != HM_CUDA_SHAREABLE_NONE) info->caps |= HM_PROVIDER_CAP_IPC;
         break;
     case HM_CUDA_MEMORY_HOST:
         info->name = "cuda(host)";
@@ -419,6 +572,10 @@ static void vmm_prop(const cuprov_t *c, hm_cu_mem_prop_t *prop) {
     prop->type = HM_CU_MEM_ALLOCATION_TYPE_PINNED;
     prop->location.type = HM_CU_MEM_LOCATION_TYPE_DEVICE;
     prop->location.id = c->dev;
+    prop->requestedHandleTypes =
+        c->shareable == HM_CUDA_SHAREABLE_FD       ? HM_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        : c->shareable == HM_CUDA_SHAREABLE_FABRIC ? HM_CU_MEM_HANDLE_TYPE_FABRIC
+                                                   : HM_CU_MEM_HANDLE_TYPE_NONE;
 }
 
 static inline size_t vmm_round(const cuprov_t *c, size_t size) {
@@ -445,10 +602,8 @@ static hm_result_t vmm_alloc(cuprov_t *c, size_t size, size_t alignment, uintptr
         call = "cuMemMap";
         r = cu.MemMap(ptr, len, 0, h, 0);
         if (r == HM_CUDA_SUCCESS) {
-            hm_cu_mem_access_t acc = {.location = prop.location,
-                                      .flags = HM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
             call = "cuMemSetAccess";
-            r = cu.MemSetAccess(ptr, len, &acc, 1);
+            r = cu.MemSetAccess(ptr, len, c->acc, c->nacc);
             if (r != HM_CUDA_SUCCESS) (void)cu.MemUnmap(ptr, len);
         }
         if (r != HM_CUDA_SUCCESS) (void)cu.MemAddressFree(ptr, len);
@@ -637,7 +792,13 @@ static hm_result_t cu_copy(void *state, void *dst, const void *src, size_t size)
     return res;
 }
 
-/* ---- IPC (device memory) ---- */
+/* ---- IPC (device memory) ----
+ *
+ * Two payloads of one size (the IPC layer asks every provider of a family
+ * for the same handle_size), told apart by their magic, with the device's
+ * UUID at the same offset: cu_payload_t (legacy allocator:
+ * cuIpcGetMemHandle) and cu_vmm_payload_t (VMM allocator: a shareable
+ * handle). Any device provider opens either. */
 
 #define CU_MAGIC 0x68637531u /* "hcu1" */
 typedef struct cu_payload {
@@ -650,9 +811,191 @@ typedef struct cu_payload {
     hm_cu_ipc_handle_t h;
 } cu_payload_t;
 
+#define CU_VMM_MAGIC 0x68637532u /* "hcu2" */
+enum { CU_VMM_FD = 1, CU_VMM_FABRIC = 2 };
+typedef struct cu_vmm_payload {
+    uint32_t magic;
+    uint32_t kind; /* CU_VMM_FD or CU_VMM_FABRIC */
+    uint8_t uuid[HM_DEVICE_UUID_SIZE];
+    uint64_t alloc_size; /* the physical allocation's */
+    uint64_t offset;     /* of the exported range in it */
+    uint64_t size;       /* of the exported range */
+    union {
+        /* FD: the exporter's descriptor and export id, for its put (the
+         * importer receives its own copy of the descriptor and ignores
+         * these); the rest zero. */
+        struct {
+            int32_t fd;
+            uint32_t zero;
+            uint64_t id;
+            uint8_t zero2[48];
+        } x;
+        hm_cu_fabric_handle_t fabric; /* FABRIC: the driver's, by value */
+    } h;
+} cu_vmm_payload_t;
+_Static_assert(sizeof(cu_vmm_payload_t) == sizeof(cu_payload_t), "one handle_size");
+_Static_assert(offsetof(cu_vmm_payload_t, uuid) == offsetof(cu_payload_t, uuid), "the UUID");
+
 static size_t cu_ipc_handle_size(void *state) {
     (void)state;
     return sizeof(cu_payload_t);
+}
+
+static uint32_t payload_magic(const void *payload) {
+    uint32_t m;
+    memcpy(&m, payload, sizeof(m));
+    return m;
+}
+
+/* The export table (FD descriptors until put). */
+static bool xfd_add(cuprov_t *c, int fd, uint64_t *id) {
+    hm__mutex_lock(&c->x_lock);
+    if (c->nxfd == c->xfd_cap) {
+        size_t cap = c->xfd_cap ? 2 * c->xfd_cap : 16;
+        xfd_ent_t *t = realloc(c->xfd, cap * sizeof(*t));
+        if (!t) {
+            hm__mutex_unlock(&c->x_lock);
+            return false;
+        }
+        c->xfd = t;
+        c->xfd_cap = cap;
+    }
+    *id = ++c->xfd_next;
+    c->xfd[c->nxfd++] = (xfd_ent_t){fd, *id};
+    hm__mutex_unlock(&c->x_lock);
+    return true;
+}
+static bool xfd_take(cuprov_t *c, int fd, uint64_t id) {
+    bool found = false;
+    hm__mutex_lock(&c->x_lock);
+    for (size_t i = 0; i < c->nxfd && !found; i++) {
+        if (c->xfd[i].fd != fd || c->xfd[i].id != id) continue;
+        c->xfd[i] = c->xfd[--c->nxfd];
+        found = true;
+    }
+    hm__mutex_unlock(&c->x_lock);
+    return found;
+}
+
+/* The process's VMM imports (base, length of the reservation): close goes
+ * through any provider of the context, which unmaps these instead of
+ * cuIpcCloseMemHandle. n is read without the lock (relaxed) to skip the
+ * lookup while there are none. */
+typedef struct vimp_ent {
+    uintptr_t base;
+    size_t len;
+} vimp_ent_t;
+static struct {
+    pthread_mutex_t lock;
+    vimp_ent_t *v;
+    size_t cap;
+    _Atomic size_t n;
+} vimp = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static bool vimp_add(uintptr_t base, size_t len) {
+    hm__mutex_lock(&vimp.lock);
+    size_t n = atomic_load_explicit(&vimp.n, memory_order_relaxed);
+    if (n == vimp.cap) {
+        size_t cap = vimp.cap ? 2 * vimp.cap : 16;
+        vimp_ent_t *t = realloc(vimp.v, cap * sizeof(*t));
+        if (!t) {
+            hm__mutex_unlock(&vimp.lock);
+            return false;
+        }
+        vimp.v = t;
+        vimp.cap = cap;
+    }
+    vimp.v[n] = (vimp_ent_t){base, len};
+    atomic_store_explicit(&vimp.n, n + 1, memory_order_relaxed);
+    hm__mutex_unlock(&vimp.lock);
+    return true;
+}
+/* The import that holds ptr, taken out of the record. */
+static bool vimp_take(uintptr_t ptr, vimp_ent_t *out) {
+    if (!atomic_load_explicit(&vimp.n, memory_order_relaxed)) return false;
+    bool found = false;
+    hm__mutex_lock(&vimp.lock);
+    size_t n = atomic_load_explicit(&vimp.n, memory_order_relaxed);
+    for (size_t i = 0; i < n && !found; i++) {
+        if (ptr < vimp.v[i].base || ptr - vimp.v[i].base >= vimp.v[i].len) continue;
+        *out = vimp.v[i];
+        vimp.v[i] = vimp.v[n - 1];
+        atomic_store_explicit(&vimp.n, n - 1, memory_order_relaxed);
+        found = true;
+    }
+    hm__mutex_unlock(&vimp.lock);
+    return found;
+}
+
+/* VMM export: exactly one whole mapping the provider made (a handle grants
+ * the whole physical allocation it names, so a part of it is refused):
+ * its handle retained (cuMemRetainAllocationHandle), exported, released. */
+static hm_result_t vmm_get(cuprov_t *c, void *ptr, size_t size, void *payload, int *fd) {
+    if (c->shareable == HM_CUDA_SHAREABLE_NONE) {
+        HM_LOG_ERROR("CUDA provider: no IPC of memory allocated without a shareable handle "
+                     "(HM_CUDA_SHAREABLE_NONE)");
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    if (hm_unlikely(in_child(c))) return refuse_in_child("IPC export");
+    bool pushed;
+    hm_result_t res = ctx_enter(c, &pushed);
+    if (res != HM_SUCCESS) return res;
+    hm_cu_ptr_t base = 0;
+    size_t len = 0;
+    hm_cu_result_t r = cu.MemGetAddressRange(&base, &len, (hm_cu_ptr_t)(uintptr_t)ptr);
+    if (r != HM_CUDA_SUCCESS) {
+        ctx_leave(pushed);
+        return cu_fail(r, "cuMemGetAddressRange_v2");
+    }
+    if (base != (uintptr_t)ptr || !size || size > SIZE_MAX - (c->page - 1) ||
+        len != vmm_round(c, size)) {
+        ctx_leave(pushed);
+        HM_LOG_ERROR("CUDA provider: [%p, +%zu) is not one whole allocation (the driver maps "
+                     "[0x%llx, +%zu) there): a shareable handle would grant all of it; not "
+                     "exported", ptr, size, (unsigned long long)base, len);
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    hm_cu_mem_handle_t h = 0;
+    r = cu.MemRetainAllocationHandle(&h, ptr);
+    if (r != HM_CUDA_SUCCESS) {
+        ctx_leave(pushed);
+        return cu_fail(r, "cuMemRetainAllocationHandle");
+    }
+    cu_vmm_payload_t pl = {.magic = CU_VMM_MAGIC, .alloc_size = len, .size = size};
+    memcpy(pl.uuid, c->uuid, sizeof(pl.uuid));
+    int xfd = -1;
+    if (c->shareable == HM_CUDA_SHAREABLE_FD) {
+        pl.kind = CU_VMM_FD;
+        r = cu.MemExportToShareableHandle(&xfd, h, HM_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    } else {
+        pl.kind = CU_VMM_FABRIC;
+        r = cu.MemExportToShareableHandle(&pl.h.fabric, h, HM_CU_MEM_HANDLE_TYPE_FABRIC, 0);
+    }
+    res = r == HM_CUDA_SUCCESS ? HM_SUCCESS : cu_fail(r, "cuMemExportToShareableHandle");
+    if (r != HM_CUDA_SUCCESS) xfd = -1;
+    r = cu.MemRelease(h);
+    if (r != HM_CUDA_SUCCESS) {
+        /* The reference would keep the memory after its free: once more. */
+        res = cu_fail(r, "cuMemRelease");
+        (void)cu.MemRelease(h);
+    }
+    ctx_leave(pushed);
+    if (res == HM_SUCCESS && xfd >= 0) {
+        uint64_t id = 0;
+        if (!xfd_add(c, xfd, &id)) {
+            res = HM_ERROR_OUT_OF_HOST_MEMORY;
+        } else {
+            pl.h.x.fd = xfd;
+            pl.h.x.id = id;
+        }
+    }
+    if (res != HM_SUCCESS) {
+        if (xfd >= 0) (void)hm__prim_close(xfd);
+        return res;
+    }
+    memcpy(payload, &pl, sizeof(pl));
+    *fd = xfd;
+    return HM_SUCCESS;
 }
 
 static hm_result_t cu_ipc_get(void *state, void *ptr, size_t size, void *payload, int *fd) {
@@ -663,6 +1006,7 @@ static hm_result_t cu_ipc_get(void *state, void *ptr, size_t size, void *payload
                      c->type == HM_CUDA_MEMORY_HOST ? "host-pinned" : "managed");
         return HM_ERROR_NOT_SUPPORTED;
     }
+    if (c->vmm) return vmm_get(c, ptr, size, payload, fd);
     if (hm_unlikely(in_child(c))) return refuse_in_child("IPC export");
     cu_payload_t pl = {.magic = CU_MAGIC, .size = size};
     memcpy(pl.uuid, c->uuid, sizeof(pl.uuid));
@@ -681,8 +1025,21 @@ static hm_result_t cu_ipc_get(void *state, void *ptr, size_t size, void *payload
     return HM_SUCCESS;
 }
 
+/* Legacy and fabric handles need no release; an FD export's descriptor is
+ * closed, only when this provider's table holds it (fd and id): a payload
+ * that names another descriptor closes nothing. */
 static hm_result_t cu_ipc_put(void *state, void *payload) {
-    (void)state, (void)payload; /* CUDA handles need no release */
+    cuprov_t *c = state;
+    if (payload_magic(payload) != CU_VMM_MAGIC) return HM_SUCCESS;
+    cu_vmm_payload_t pl;
+    memcpy(&pl, payload, sizeof(pl));
+    if (pl.kind != CU_VMM_FD) return HM_SUCCESS;
+    if (!xfd_take(c, pl.h.x.fd, pl.h.x.id)) {
+        HM_LOG_ERROR("CUDA provider: put of an export it does not hold (descriptor %d, id %llu): "
+                     "nothing closed", (int)pl.h.x.fd, (unsigned long long)pl.h.x.id);
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    (void)hm__prim_close(pl.h.x.fd);
     return HM_SUCCESS;
 }
 
@@ -690,7 +1047,7 @@ static hm_result_t cu_ipc_compatible(void *state, const void *payload) {
     cuprov_t *c = state;
     cu_payload_t pl;
     memcpy(&pl, payload, sizeof(pl));
-    if (pl.magic != CU_MAGIC) return HM_ERROR_INVALID_HANDLE;
+    if (pl.magic != CU_MAGIC && pl.magic != CU_VMM_MAGIC) return HM_ERROR_INVALID_HANDLE;
     if (memcmp(pl.uuid, c->uuid, sizeof(pl.uuid)) == 0) return HM_SUCCESS;
     int n = 0;
     if (cu.DeviceGetCount(&n) != HM_CUDA_SUCCESS) n = 0;
@@ -716,6 +1073,135 @@ static bool payload_sane(const cu_payload_t *pl, size_t size) {
            pl->size <= UINT64_MAX - pl->offset;
 }
 
+/* A VMM payload's claims against what this provider can map: the kind, its
+ * reserved bytes zero, the sizes nonzero, the allocation and the offset
+ * multiples of the granularity, the range inside the allocation, its size
+ * the handle's; NULL when sane, else why not. */
+static const char *vmm_payload_insane(const cuprov_t *c, const cu_vmm_payload_t *pl, int fd,
+                                      size_t size) {
+    static const uint8_t zero[sizeof(pl->h.x.zero2)];
+    if (pl->kind != CU_VMM_FD && pl->kind != CU_VMM_FABRIC) return "an unknown handle kind";
+    if (pl->kind == CU_VMM_FD && (pl->h.x.zero || memcmp(pl->h.x.zero2, zero, sizeof(zero))))
+        return "reserved bytes not zero";
+    if (pl->kind == CU_VMM_FD && fd < 0) return "no descriptor came with it";
+    if (!size || pl->size != size) return "a size other than the handle's";
+    if (!pl->alloc_size || pl->alloc_size > SIZE_MAX || pl->alloc_size % c->vmm_gran)
+        return "an allocation size that is no granularity multiple";
+    if (pl->offset % c->vmm_gran) return "an offset that is no granularity multiple";
+    if (pl->offset > pl->alloc_size || pl->size > pl->alloc_size - pl->offset)
+        return "a range beyond the allocation";
+    return NULL;
+}
+
+/* A driver error of an import or mapping as this open's answer: what the
+ * peer's payload or descriptor names is not what it claims. */
+static hm_result_t import_fail(hm_cu_result_t r, const char *call) {
+    hm_result_t res = cu_fail(r, call);
+    switch (r) {
+    case HM_CUDA_ERROR_INVALID_VALUE:
+    case HM_CUDA_ERROR_INVALID_HANDLE:
+    case HM_CUDA_ERROR_NOT_PERMITTED: return HM_ERROR_INVALID_HANDLE;
+    case HM_CUDA_ERROR_NOT_SUPPORTED: return HM_ERROR_NOT_SUPPORTED;
+    default: return res;
+    }
+}
+
+/* VMM import: the shareable handle imported, checked to be pinned device
+ * memory, mapped whole (alloc_size) at a reservation of this process's
+ * choosing with read-write access for the provider's device and peers, the
+ * handle released (the mapping keeps the memory), the mapping recorded for
+ * close. One unwinding ladder: nothing stays on failure. */
+static hm_result_t vmm_open(cuprov_t *c, const cu_vmm_payload_t *pl, int fd, size_t size,
+                            void **ptr) {
+    if (!c->vmm_gran) {
+        HM_LOG_ERROR("CUDA provider: the driver has no virtual memory API to open a VMM handle");
+        return HM_ERROR_NOT_SUPPORTED;
+    }
+    const char *why = vmm_payload_insane(c, pl, fd, size);
+    if (why) {
+        HM_LOG_ERROR("CUDA provider: malformed VMM IPC payload (%s: allocation %llu, offset "
+                     "%llu, size %llu, handle size %zu)", why,
+                     (unsigned long long)pl->alloc_size, (unsigned long long)pl->offset,
+                     (unsigned long long)pl->size, size);
+        return HM_ERROR_INVALID_HANDLE;
+    }
+    hm_result_t res = cu_ipc_compatible(c, pl);
+    if (res != HM_SUCCESS) return res;
+    if (hm_unlikely(in_child(c))) return refuse_in_child("IPC open");
+    bool pushed;
+    res = ctx_enter(c, &pushed);
+    if (res != HM_SUCCESS) return res;
+    size_t len = (size_t)pl->alloc_size;
+    hm_cu_fabric_handle_t fabric = pl->h.fabric;
+    hm_cu_mem_handle_t h = 0;
+    hm_cu_result_t r =
+        pl->kind == CU_VMM_FD
+            ? cu.MemImportFromShareableHandle(&h, (void *)(intptr_t)fd,
+                                              HM_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+            : cu.MemImportFromShareableHandle(&h, &fabric, HM_CU_MEM_HANDLE_TYPE_FABRIC);
+    if (r != HM_CUDA_SUCCESS) {
+        res = import_fail(r, "cuMemImportFromShareableHandle");
+        goto out;
+    }
+    hm_cu_mem_prop_t prop;
+    memset(&prop, 0, sizeof(prop));
+    r = cu.MemGetAllocationPropertiesFromHandle(&prop, h);
+    if (r != HM_CUDA_SUCCESS) {
+        res = cu_fail(r, "cuMemGetAllocationPropertiesFromHandle");
+        goto release;
+    }
+    if (prop.type != HM_CU_MEM_ALLOCATION_TYPE_PINNED ||
+        prop.location.type != HM_CU_MEM_LOCATION_TYPE_DEVICE) {
+        HM_LOG_ERROR("CUDA provider: the VMM handle names no pinned device memory (type %u, "
+                     "location type %u): refused", prop.type, prop.location.type);
+        res = HM_ERROR_INVALID_HANDLE;
+        goto release;
+    }
+    hm_cu_ptr_t va = 0;
+    r = cu.MemAddressReserve(&va, len, c->vmm_gran, 0, 0);
+    if (r != HM_CUDA_SUCCESS) {
+        res = cu_fail(r, "cuMemAddressReserve");
+        goto release;
+    }
+    r = cu.MemMap(va, len, 0, h, 0);
+    if (r != HM_CUDA_SUCCESS) {
+        res = import_fail(r, "cuMemMap");
+        if (res == HM_ERROR_INVALID_HANDLE)
+            HM_LOG_ERROR("CUDA provider: the VMM handle claims an allocation of %zu bytes the "
+                         "driver does not map: refused", len);
+        goto unreserve;
+    }
+    r = cu.MemSetAccess(va, len, c->acc, c->nacc);
+    if (r != HM_CUDA_SUCCESS) {
+        res = cu_fail(r, "cuMemSetAccess");
+        goto unmap;
+    }
+    if (!vimp_add((uintptr_t)va, len)) {
+        res = HM_ERROR_OUT_OF_HOST_MEMORY;
+        goto unmap;
+    }
+    r = cu.MemRelease(h);
+    if (r != HM_CUDA_SUCCESS) {
+        res = cu_fail(r, "cuMemRelease");
+        vimp_ent_t e;
+        (void)vimp_take((uintptr_t)va, &e);
+        goto unmap;
+    }
+    ctx_leave(pushed);
+    *ptr = (void *)(uintptr_t)(va + pl->offset);
+    return HM_SUCCESS;
+
+unmap:
+    if ((r = cu.MemUnmap(va, len)) != HM_CUDA_SUCCESS) (void)cu_fail(r, "cuMemUnmap");
+unreserve:
+    if ((r = cu.MemAddressFree(va, len)) != HM_CUDA_SUCCESS) (void)cu_fail(r, "cuMemAddressFree");
+release:
+    if ((r = cu.MemRelease(h)) != HM_CUDA_SUCCESS) (void)cu_fail(r, "cuMemRelease");
+out:
+    ctx_leave(pushed);
+    return res;
+}
+
 /* The payload is the peer's: its sizes and offset are checked before use,
  * and after the driver's open the mapping must hold all that it claims
  * (offset + size within the allocation the driver mapped, as
@@ -724,8 +1210,12 @@ static bool payload_sane(const cu_payload_t *pl, size_t size) {
 static hm_result_t cu_ipc_open(void *state, const void *payload, int fd, size_t size,
                                void **ptr) {
     cuprov_t *c = state;
-    (void)fd;
     *ptr = NULL;
+    if (payload_magic(payload) == CU_VMM_MAGIC) {
+        cu_vmm_payload_t vpl;
+        memcpy(&vpl, payload, sizeof(vpl));
+        return vmm_open(c, &vpl, fd, size, ptr);
+    }
     cu_payload_t pl;
     memcpy(&pl, payload, sizeof(pl));
     if (!payload_sane(&pl, size)) {
@@ -773,15 +1263,30 @@ static hm_result_t cu_ipc_open(void *state, const void *payload, int fd, size_t 
 
 /* ptr is what open handed out: the mapping's base plus the exporter's
  * alignment offset. The base is the driver's (cuMemGetAddressRange_v2 of
- * ptr), not a record of this provider's: pools of one context share a
- * mapping, and the provider that closes it may not be the one that opened
- * it (provider.h, ipc_context). */
+ * ptr), or the process's record of VMM imports, not a record of this
+ * provider's: pools of one context share a mapping, and the provider that
+ * closes it may not be the one that opened it (provider.h, ipc_context). */
 static hm_result_t cu_ipc_close(void *state, void *ptr, size_t size) {
     cuprov_t *c = state;
     (void)size;
     if (hm_unlikely(in_child(c))) return HM_SUCCESS; /* the parent's mapping */
     hm_cu_context_t cur;
     if (torn_down(cu.CtxGetCurrent(&cur))) return HM_SUCCESS;
+    vimp_ent_t e;
+    if (vimp_take((uintptr_t)ptr, &e)) {
+        hm_cu_result_t r = cu.MemUnmap((hm_cu_ptr_t)e.base, e.len);
+        if (torn_down(r)) return HM_SUCCESS;
+        if (r != HM_CUDA_SUCCESS) {
+            hm_result_t res = cu_fail(r, "cuMemUnmap");
+            if (!vimp_add(e.base, e.len)) /* still mapped: closed again later */
+                HM_LOG_ERROR("CUDA provider: lost the record of a VMM mapping at 0x%llx",
+                             (unsigned long long)e.base);
+            return res;
+        }
+        r = cu.MemAddressFree((hm_cu_ptr_t)e.base, e.len);
+        if (r != HM_CUDA_SUCCESS && !torn_down(r)) return cu_fail(r, "cuMemAddressFree");
+        return HM_SUCCESS;
+    }
     bool pushed;
     hm_result_t res = ctx_enter(c, &pushed);
     if (res != HM_SUCCESS) return res;

@@ -30,9 +30,13 @@ struct CUuuid_st {
 struct CUipcMemHandle_st {
     char reserved[HM_CU_IPC_HANDLE_SIZE];
 };
+struct CUmemFabricHandle_st {
+    unsigned char data[HM_CU_IPC_HANDLE_SIZE];
+};
 #endif
 typedef struct CUuuid_st hm_cu_uuid_t;              /* CUuuid */
 typedef struct CUipcMemHandle_st hm_cu_ipc_handle_t; /* CUipcMemHandle */
+typedef struct CUmemFabricHandle_st hm_cu_fabric_handle_t; /* CUmemFabricHandle */
 
 /* The virtual memory management API (cuMemCreate, cuMemMap, ...). */
 typedef unsigned long long hm_cu_mem_handle_t; /* CUmemGenericAllocationHandle */
@@ -71,7 +75,9 @@ enum {
     HM_CUDA_ERROR_INVALID_DEVICE = 101,
     HM_CUDA_ERROR_INVALID_CONTEXT = 201,
     HM_CUDA_ERROR_ALREADY_MAPPED = 208,
+    HM_CUDA_ERROR_INVALID_HANDLE = 400,
     HM_CUDA_ERROR_NOT_READY = 600,
+    HM_CUDA_ERROR_NOT_PERMITTED = 800,
     HM_CUDA_ERROR_NOT_SUPPORTED = 801,
 };
 
@@ -98,10 +104,15 @@ enum {
     HM_CU_EVENT_DISABLE_TIMING = 0x2,
     HM_CU_MEM_ALLOCATION_TYPE_PINNED = 0x1,
     HM_CU_MEM_LOCATION_TYPE_DEVICE = 0x1,
+    HM_CU_MEM_HANDLE_TYPE_NONE = 0x0,
     HM_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1,
+    HM_CU_MEM_HANDLE_TYPE_FABRIC = 0x8,
     HM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3,
     HM_CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0,
 };
+
+/* CUdevice_attribute */
+enum { HM_CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED = 128 };
 
 /* X(field, exported symbol, return type, parameters), required entry points. */
 #define HM_CU_FN(X)                                                                           \
@@ -166,6 +177,16 @@ enum {
        unsigned long long flags))                                                            \
     X(MemUnmap, cuMemUnmap, hm_cu_result_t, (hm_cu_ptr_t ptr, size_t size))                 \
     X(MemSetAccess, cuMemSetAccess, hm_cu_result_t,                                         \
-      (hm_cu_ptr_t ptr, size_t size, const hm_cu_mem_access_t *desc, size_t count))
+      (hm_cu_ptr_t ptr, size_t size, const hm_cu_mem_access_t *desc, size_t count))          \
+    X(MemRetainAllocationHandle, cuMemRetainAllocationHandle, hm_cu_result_t,               \
+      (hm_cu_mem_handle_t *handle, void *addr))                                               \
+    X(MemExportToShareableHandle, cuMemExportToShareableHandle, hm_cu_result_t,             \
+      (void *shareable, hm_cu_mem_handle_t handle, unsigned int type, unsigned long long flags)) \
+    X(MemImportFromShareableHandle, cuMemImportFromShareableHandle, hm_cu_result_t,         \
+      (hm_cu_mem_handle_t *handle, void *os_handle, unsigned int type))                       \
+    X(MemGetAllocationPropertiesFromHandle, cuMemGetAllocationPropertiesFromHandle,         \
+      hm_cu_result_t, (hm_cu_mem_prop_t *prop, hm_cu_mem_handle_t handle))                    \
+    X(DeviceGetAttribute, cuDeviceGetAttribute, hm_cu_result_t,                             \
+      (int *value, unsigned int attribute, hm_cu_device_t dev))
 
 #endif
