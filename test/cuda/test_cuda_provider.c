@@ -18,9 +18,18 @@
  * and every new driver call failing, with nothing left behind; exports from
  * every pool. vmm_fabric (the test driver's HM_CUDA_TEST_FABRIC=1): fabric
  * handles by value, a forged one refused.
+ *
+ * VMM split and merge (vmm_split): splits at every granularity multiple,
+ * the pieces freed in every order with the driver's live physical
+ * allocations and mappings going exactly at the last piece; merges (within
+ * one mapping and across two) then frees; refused split points, merges and
+ * frees (a log line each, no driver call); cuMemUnmap and cuMemAddressFree
+ * failing during a free (reported, the free made again succeeds, nothing
+ * stays); only a whole mapping exported; split and merge through a pool
+ * (hm_pool_provider_split/merge, the tracker following).
  * SPDX-License-Identifier: MIT
  *
- * Usage: test_cuda_provider [unit|provider|pools|vmm|vmm_ipc|vmm_fabric|ipc|all|hardware]
+ * Usage: test_cuda_provider [unit|provider|pools|vmm|vmm_ipc|vmm_split|vmm_fabric|ipc|all|hardware]
  *        (hardware: the machine's own libcuda.so.1, skipped without one) */
 #include "cuda_provider_util.h"
 
@@ -408,6 +417,328 @@ static void run_suites_vmm(void) {
         hm_test_pool_suite(label, make_pool, &pf, &po);
     }
     if (drv.set_limit) drv.set_limit(-1, 256 * MIB);
+}
+
+/* ---- VMM split and merge ---- */
+
+#define GRAN (2 * MIB)
+
+static _Atomic int g_logged;
+static void count_log(hm_log_level_t level, const char *line, void *arg) {
+    (void)line, (void)arg;
+    if (level >= HM_LOG_ERROR) g_logged++;
+}
+
+/* Live physical allocations and mappings the driver holds. */
+static int vmm_held(uint64_t handles, uint64_t mappings) {
+    hm_cuda_test_stats_t st = stats();
+    return st.live_vmm_handles == handles && st.live_vmm_mappings == mappings;
+}
+
+/* Each permutation of n (n <= 5) pieces in turn: perm is its index. */
+static void nth_perm(size_t n, unsigned perm, size_t *out) {
+    size_t left[5];
+    for (size_t i = 0; i < n; i++) left[i] = i;
+    for (size_t i = 0; i < n; i++) {
+        size_t f = 1;
+        for (size_t k = 2; k < n - i; k++) f *= k;
+        size_t j = perm / f;
+        perm %= f;
+        out[i] = left[j];
+        for (size_t k = j; k + 1 < n - i; k++) left[k] = left[k + 1];
+    }
+}
+
+static void test_vmm_split_orders(hm_provider_t *d) {
+    hm_test_set_context("VMM split: every split point, every order of frees");
+    /* One split at each granularity multiple; sizes asked whole and not. */
+    const size_t totals[] = {4 * GRAN, 3 * GRAN + 5};
+    for (size_t t = 0; t < 2; t++) {
+        size_t total = totals[t];
+        for (size_t first = GRAN; first < total; first += GRAN) {
+            for (int order = 0; order < 2; order++) {
+                void *p = NULL;
+                REQUIRE_OK(hm_provider_alloc(d, total, 0, &p));
+                dev_put(d, p, total, first);
+                CHECK_OK(hm_provider_split(d, p, total, first));
+                CHECK(dev_check(d, p, total, first)); /* bookkeeping: the bytes stay */
+                char *q = (char *)p + first;
+                drv.reset();
+                if (order == 0) {
+                    CHECK_OK(hm_provider_free(d, p, first));
+                    CHECK_MSG(vmm_held(1, 1), "split at %zu of %zu: memory went with the first "
+                              "piece", first, total);
+                    CHECK_OK(hm_provider_free(d, q, total - first));
+                } else {
+                    CHECK_OK(hm_provider_free(d, q, total - first));
+                    CHECK_MSG(vmm_held(1, 1), "split at %zu of %zu: memory went with the second "
+                              "piece", first, total);
+                    CHECK_OK(hm_provider_free(d, p, first));
+                }
+                CHECK_MSG(vmm_held(0, 0), "split at %zu of %zu: memory stays after both",
+                          first, total);
+                CHECK_EQ(drv.calls("cuMemUnmap"), 1);
+                CHECK_EQ(drv.calls("cuMemAddressFree"), 1);
+            }
+        }
+    }
+    /* Four pieces of one mapping, freed in each of the 24 orders: the
+     * mapping goes exactly with the last. */
+    for (unsigned perm = 0; perm < 24; perm++) {
+        size_t ord[4];
+        nth_perm(4, perm, ord);
+        void *p = NULL;
+        REQUIRE_OK(hm_provider_alloc(d, 4 * GRAN, 0, &p));
+        char *c = p;
+        CHECK_OK(hm_provider_split(d, c, 4 * GRAN, GRAN));
+        CHECK_OK(hm_provider_split(d, c + GRAN, 3 * GRAN, 2 * GRAN));
+        CHECK_OK(hm_provider_split(d, c + GRAN, 2 * GRAN, GRAN));
+        drv.reset();
+        for (size_t i = 0; i < 4; i++) {
+            CHECK_OK(hm_provider_free(d, c + ord[i] * GRAN, GRAN));
+            uint64_t held = i < 3;
+            CHECK_MSG(vmm_held(held, held), "order %u, after %zu frees: %s", perm, i + 1,
+                      held ? "the memory went early" : "the memory stays");
+        }
+        CHECK_EQ(drv.calls("cuMemUnmap"), 1);
+    }
+}
+
+/* Two allocations of n granules each, the second right after the first in
+ * the address space: up to 8 made until two are, the others freed. */
+static int adjacent_pair(hm_provider_t *d, size_t n, char **a, char **b) {
+    char *x[8];
+    size_t k = 0, ia = 0, ib = 0;
+    int found = 0;
+    for (; k < 8 && !found; k++) {
+        void *p = NULL;
+        if (hm_provider_alloc(d, n * GRAN, 0, &p) != HM_SUCCESS) break;
+        x[k] = p;
+        for (size_t i = 0; i < k && !found; i++) {
+            if (x[i] + n * GRAN == x[k]) ia = i, ib = k, found = 1;
+            else if (x[k] + n * GRAN == x[i]) ia = k, ib = i, found = 1;
+        }
+    }
+    for (size_t i = 0; i < k; i++)
+        if (!found || (i != ia && i != ib)) CHECK_OK(hm_provider_free(d, x[i], n * GRAN));
+    CHECK_MSG(found, "no two of %zu allocations are adjacent", k);
+    if (found) *a = x[ia], *b = x[ib];
+    return found;
+}
+
+static void test_vmm_merge(hm_provider_t *d) {
+    hm_test_set_context("VMM merge: within a mapping, across two, then frees");
+    const hm_provider_ops_t *ops = hm_provider_get_ops(d);
+    void *st = hm_provider_get_state(d);
+    unsigned char pl[256];
+    int fd = -1;
+    REQUIRE(ops->ipc.handle_size(st) <= sizeof(pl));
+    /* Split, merge back: one whole mapping again, exported like one. */
+    void *p = NULL;
+    REQUIRE_OK(hm_provider_alloc(d, 3 * GRAN, 0, &p));
+    char *c = p;
+    CHECK_OK(hm_provider_split(d, c, 3 * GRAN, GRAN));
+    CHECK_RES(ops->ipc.get(st, c, GRAN, pl, &fd), HM_ERROR_NOT_SUPPORTED); /* part of one */
+    CHECK_OK(hm_provider_merge(d, c, c + GRAN, 3 * GRAN));
+    REQUIRE_OK(ops->ipc.get(st, c, 3 * GRAN, pl, &fd));
+    CHECK_OK(ops->ipc.put(st, pl));
+    drv.reset();
+    CHECK_OK(hm_provider_free(d, c, 3 * GRAN));
+    CHECK(vmm_held(0, 0));
+    CHECK_EQ(drv.calls("cuMemUnmap"), 1);
+
+    /* Across two mappings: freed whole, both go. */
+    char *a, *b;
+    REQUIRE(adjacent_pair(d, 2, &a, &b));
+    dev_put(d, a, 2 * GRAN, 3);
+    dev_put(d, b, 2 * GRAN, 4);
+    CHECK_OK(hm_provider_merge(d, a, b, 4 * GRAN));
+    CHECK(dev_check(d, a, 2 * GRAN, 3) && dev_check(d, b, 2 * GRAN, 4));
+    CHECK_RES(ops->ipc.get(st, a, 4 * GRAN, pl, &fd), HM_ERROR_NOT_SUPPORTED); /* two */
+    drv.reset();
+    CHECK_OK(hm_provider_free(d, a, 4 * GRAN));
+    CHECK(vmm_held(0, 0));
+    CHECK_EQ(drv.calls("cuMemUnmap"), 2);
+    CHECK_EQ(drv.calls("cuMemAddressFree"), 2);
+
+    /* Across two, split again off the boundary, pieces freed one by one:
+     * each mapping goes with its own last byte. [a, a+3G) spans both. */
+    REQUIRE(adjacent_pair(d, 2, &a, &b));
+    CHECK_OK(hm_provider_merge(d, a, b, 4 * GRAN));
+    CHECK_OK(hm_provider_split(d, a, 4 * GRAN, 3 * GRAN));
+    CHECK_OK(hm_provider_split(d, a, 3 * GRAN, GRAN));
+    /* pieces: [a, +1G) [a+1G, +2G: spans both) [a+3G, +1G) */
+    CHECK_OK(hm_provider_free(d, a, GRAN));
+    CHECK(vmm_held(2, 2));
+    CHECK_OK(hm_provider_free(d, a + GRAN, 2 * GRAN));
+    CHECK_MSG(vmm_held(1, 1), "the first mapping stays after its last byte went");
+    CHECK_OK(hm_provider_free(d, a + 3 * GRAN, GRAN));
+    CHECK(vmm_held(0, 0));
+
+    /* A merged range of the first half of one mapping and the whole next
+     * one, the rest of the first freed first. */
+    REQUIRE(adjacent_pair(d, 2, &a, &b));
+    CHECK_OK(hm_provider_split(d, a, 2 * GRAN, GRAN));
+    CHECK_OK(hm_provider_merge(d, a + GRAN, b, 3 * GRAN));
+    CHECK_OK(hm_provider_free(d, a, GRAN));
+    CHECK(vmm_held(2, 2));
+    CHECK_OK(hm_provider_free(d, a + GRAN, 3 * GRAN));
+    CHECK(vmm_held(0, 0));
+}
+
+static void test_vmm_refusals(hm_provider_t *d) {
+    hm_test_set_context("VMM split/merge: refusals");
+    void *p = NULL;
+    REQUIRE_OK(hm_provider_alloc(d, 4 * GRAN, 0, &p));
+    char *c = p;
+    hm_log_set_level(HM_LOG_ERROR);
+    hm_log_set_sink(count_log, NULL);
+    drv.reset();
+    struct {
+        hm_result_t r;
+        const char *what;
+    } t[16];
+    size_t n = 0;
+#define REFUSE(call) t[n++] = (typeof(t[0])){(call), #call}
+    REFUSE(hm_provider_split(d, c, 4 * GRAN, GRAN / 2));        /* not a multiple */
+    REFUSE(hm_provider_split(d, c, 4 * GRAN, GRAN + 4096));
+    REFUSE(hm_provider_split(d, c, 3 * GRAN, GRAN));            /* not the piece's size */
+    REFUSE(hm_provider_split(d, c + GRAN, 3 * GRAN, GRAN));     /* not a piece */
+    REFUSE(hm_provider_free(d, c + GRAN, GRAN));                /* inside a piece */
+    REFUSE(hm_provider_free(d, c, 2 * GRAN));                   /* not its size */
+    REFUSE(hm_provider_merge(d, c, c + 2 * GRAN, 4 * GRAN));    /* not a piece at hi */
+    CHECK_OK(hm_provider_split(d, c, 4 * GRAN, GRAN));
+    CHECK_OK(hm_provider_split(d, c + GRAN, 3 * GRAN, GRAN));
+    /* pieces [0,1) [1,2) [2,4) in granules */
+    REFUSE(hm_provider_merge(d, c, c + 2 * GRAN, 4 * GRAN));    /* not adjacent */
+    REFUSE(hm_provider_merge(d, c, c + 2 * GRAN, 3 * GRAN));    /* the sizes fit, a gap */
+    REFUSE(hm_provider_merge(d, c, c + GRAN, 3 * GRAN));        /* total not the two */
+    REFUSE(hm_provider_merge(d, c + GRAN, c + 2 * GRAN, 4 * GRAN));
+    REFUSE(hm_provider_free(d, c + GRAN, 3 * GRAN));            /* spans two pieces */
+    CHECK_OK(hm_provider_free(d, c + GRAN, GRAN));
+    REFUSE(hm_provider_merge(d, c, c + GRAN, 2 * GRAN));        /* hi freed */
+    REFUSE(hm_provider_free(d, c + GRAN, GRAN));                /* freed twice */
+#undef REFUSE
+    hm_log_set_sink(NULL, NULL);
+    hm_log_set_level(HM_LOG_OFF);
+    for (size_t i = 0; i < n; i++)
+        CHECK_MSG(t[i].r == HM_ERROR_INVALID_ARGUMENT, "%s (%zu) -> %s", t[i].what, i,
+                  hm_result_string(t[i].r));
+    CHECK_MSG(g_logged >= (int)n, "%d log lines for %zu refusals", (int)g_logged, n);
+    CHECK_EQ(drv.calls("cuMemUnmap"), 0);
+    CHECK_EQ(drv.calls("cuMemAddressFree"), 0);
+    CHECK(vmm_held(1, 1));
+    CHECK_OK(hm_provider_free(d, c, GRAN));
+    CHECK_OK(hm_provider_free(d, c + 2 * GRAN, 2 * GRAN));
+    CHECK(vmm_held(0, 0));
+}
+
+static void test_vmm_free_failures(void) {
+    hm_test_set_context("VMM free: cuMemUnmap and cuMemAddressFree failing");
+    hm_provider_t *d;
+    REQUIRE_OK(cu_provider_with(HM_CUDA_MEMORY_DEVICE, 0, HM_CUDA_ALLOCATOR_VMM, &d));
+    /* The last piece's unmap refused: the piece stays allocated, the
+     * mapping too; the free again succeeds and both go. */
+    void *p = NULL;
+    REQUIRE_OK(hm_provider_alloc(d, 2 * GRAN, 0, &p));
+    char *c = p;
+    CHECK_OK(hm_provider_split(d, c, 2 * GRAN, GRAN));
+    CHECK_OK(hm_provider_free(d, c, GRAN));
+    REQUIRE(drv.fail_next("cuMemUnmap", 1, CUDA_ERROR_ILLEGAL_ADDRESS) == 0);
+    CHECK_RES(hm_provider_free(d, c + GRAN, GRAN), HM_ERROR_DRIVER);
+    CHECK(vmm_held(1, 1));
+    CHECK_OK(hm_provider_free(d, c + GRAN, GRAN));
+    CHECK(vmm_held(0, 0));
+
+    /* A merged range over two mappings, the second unmap refused: the first
+     * is unmapped already; the free again unmaps the second and frees both
+     * reservations. */
+    char *a, *b;
+    REQUIRE(adjacent_pair(d, 1, &a, &b));
+    CHECK_OK(hm_provider_merge(d, a, b, 2 * GRAN));
+    drv.reset();
+    REQUIRE(drv.fail_next("cuMemUnmap", 2, CUDA_ERROR_ILLEGAL_ADDRESS) == 0);
+    CHECK_RES(hm_provider_free(d, a, 2 * GRAN), HM_ERROR_DRIVER);
+    CHECK(vmm_held(1, 1));
+    CHECK_EQ(drv.calls("cuMemAddressFree"), 0);
+    CHECK_OK(hm_provider_free(d, a, 2 * GRAN));
+    CHECK(vmm_held(0, 0));
+    CHECK_EQ(drv.calls("cuMemUnmap"), 3);
+    CHECK_EQ(drv.calls("cuMemAddressFree"), 2);
+
+    /* The reservation's free refused: the memory is gone (unmapped), the
+     * error reported; the free again frees the reservation, and a third
+     * time the range is unknown. */
+    REQUIRE_OK(hm_provider_alloc(d, GRAN, 0, &p));
+    drv.reset();
+    REQUIRE(drv.fail_next("cuMemAddressFree", 1, CUDA_ERROR_INVALID_VALUE) == 0);
+    CHECK_RES(hm_provider_free(d, p, GRAN), HM_ERROR_INVALID_ARGUMENT); /* INVALID_VALUE */
+    CHECK(vmm_held(0, 0));
+    CHECK_OK(hm_provider_free(d, p, GRAN));
+    CHECK_EQ(drv.calls("cuMemAddressFree"), 2);
+    CHECK_RES(hm_provider_free(d, p, GRAN), HM_ERROR_INVALID_ARGUMENT);
+    /* The same, the reservation freed by the next free instead. */
+    void *q = NULL;
+    REQUIRE_OK(hm_provider_alloc(d, GRAN, 0, &p));
+    REQUIRE_OK(hm_provider_alloc(d, GRAN, 0, &q));
+    drv.reset();
+    REQUIRE(drv.fail_next("cuMemAddressFree", 1, CUDA_ERROR_ILLEGAL_ADDRESS) == 0);
+    CHECK_RES(hm_provider_free(d, p, GRAN), HM_ERROR_DRIVER);
+    CHECK_OK(hm_provider_free(d, q, GRAN));
+    CHECK_EQ(drv.calls("cuMemAddressFree"), 3);
+    /* ... or by the provider's destroy. */
+    REQUIRE_OK(hm_provider_alloc(d, GRAN, 0, &p));
+    drv.reset();
+    REQUIRE(drv.fail_next("cuMemAddressFree", 1, CUDA_ERROR_ILLEGAL_ADDRESS) == 0);
+    CHECK_RES(hm_provider_free(d, p, GRAN), HM_ERROR_DRIVER);
+    CHECK_OK(hm_provider_destroy(d));
+    CHECK_EQ(drv.calls("cuMemAddressFree"), 2);
+    CHECK(vmm_held(0, 0));
+}
+
+static void test_vmm_split_pool(void) {
+    hm_test_set_context("VMM split/merge through a pool (the tracker follows)");
+    hm_provider_t *d;
+    REQUIRE_OK(cu_provider_with(HM_CUDA_MEMORY_DEVICE, 0, HM_CUDA_ALLOCATOR_VMM, &d));
+    hm_pool_t *pool;
+    REQUIRE_OK(hm_proxy_pool_create(d, HM_POOL_FLAG_OWN_PROVIDER, &pool));
+    void *p = NULL;
+    REQUIRE_OK(hm_pool_provider_alloc(pool, 4 * GRAN, 0, &p));
+    char *c = p;
+    CHECK_OK(hm_pool_provider_split(pool, c, 4 * GRAN, GRAN));
+    hm_allocation_info_t ai;
+    REQUIRE_OK(hm_allocation_info(c + 2 * GRAN, &ai));
+    CHECK(ai.base == c + GRAN && ai.size == 3 * GRAN);
+    CHECK_RES(hm_pool_provider_split(pool, c + GRAN, 3 * GRAN, 4096), HM_ERROR_INVALID_ARGUMENT);
+    REQUIRE_OK(hm_allocation_info(c + 2 * GRAN, &ai)); /* a refused split changes nothing */
+    CHECK(ai.base == c + GRAN && ai.size == 3 * GRAN);
+    CHECK_OK(hm_pool_provider_free(pool, c, GRAN));
+    CHECK(vmm_held(1, 1));
+    CHECK_OK(hm_pool_provider_split(pool, c + GRAN, 3 * GRAN, GRAN));
+    CHECK_OK(hm_pool_provider_merge(pool, c + GRAN, c + 2 * GRAN, 3 * GRAN));
+    REQUIRE_OK(hm_allocation_info(c + GRAN, &ai));
+    CHECK(ai.base == c + GRAN && ai.size == 3 * GRAN);
+    CHECK_OK(hm_pool_provider_free(pool, c + GRAN, 3 * GRAN));
+    CHECK(vmm_held(0, 0));
+    CHECK_OK(hm_pool_destroy(pool));
+}
+
+static void test_vmm_split(void) {
+    hm_provider_t *d;
+    REQUIRE_OK(cu_provider_with(HM_CUDA_MEMORY_DEVICE, 0, HM_CUDA_ALLOCATOR_VMM, &d));
+    CHECK(hm_provider_caps(d) & HM_PROVIDER_CAP_SPLIT_MERGE);
+    CHECK(!(hm_provider_caps(d) & (HM_PROVIDER_CAP_PURGE_LAZY | HM_PROVIDER_CAP_PURGE_FORCE)));
+    hm_provider_t *legacy;
+    REQUIRE_OK(cu_provider(HM_CUDA_MEMORY_DEVICE, 0, &legacy));
+    CHECK(!(hm_provider_caps(legacy) & HM_PROVIDER_CAP_SPLIT_MERGE));
+    CHECK_OK(hm_provider_destroy(legacy));
+    REQUIRE(vmm_held(0, 0));
+    test_vmm_split_orders(d);
+    test_vmm_merge(d);
+    test_vmm_refusals(d);
+    CHECK_OK(hm_provider_destroy(d));
+    test_vmm_free_failures();
+    test_vmm_split_pool();
 }
 
 
@@ -1067,6 +1398,10 @@ int main(int argc, char **argv) {
         ran++;
         test_vmm();
         run_suites_vmm();
+    }
+    if (PART("vmm_split")) {
+        ran++;
+        test_vmm_split();
     }
     if (PART("vmm_ipc")) {
         ran++;

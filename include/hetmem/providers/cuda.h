@@ -131,6 +131,34 @@ enum {
  *           handle (hm_cuda_params_set_shareable_handle, below), and
  *           access for peer devices (hm_cuda_params_set_peers).
  *
+ * Split and merge in VMM mode (HM_PROVIDER_CAP_SPLIT_MERGE; the legacy
+ * allocator has neither: cuMemFree_v2 frees a whole allocation). Each
+ * allocation is one physical allocation mapped whole at its own address
+ * range, and the driver unmaps and frees ranges only whole; so split and
+ * merge are the provider's bookkeeping (a record of its mappings and of the
+ * live pieces of each, under a mutex, no driver call). A split point must
+ * be a multiple of the granularity (min_page_size); a merge takes two
+ * adjacent ranges the provider handed out (pieces of one mapping, or of two
+ * whose addresses touch); anything else is HM_ERROR_INVALID_ARGUMENT with a
+ * log line. A free gives a piece's bytes back; a mapping is unmapped (its
+ * physical memory freed) and its address range freed when its last live
+ * byte is freed, so a merged range over two mappings frees both when it is
+ * freed whole. If the driver refuses the unmap (cuMemUnmap), the free
+ * answers its error and the range stays allocated: the same free made
+ * again resumes. If it refuses the address range's free
+ * (cuMemAddressFree), the memory is already gone; the free answers the
+ * error, and the range stays reserved (no allocation can get its
+ * addresses) until the same free made again, the next free, or the
+ * provider's destroy frees it. IPC exports a whole mapping only: a piece of
+ * one, or a range merged over two, is refused (below).
+ * Purge: none (no HM_PROVIDER_CAP_PURGE_LAZY or _FORCE, in either mode).
+ * Device memory cannot be faulted back in: a purge that unmapped a range's
+ * physical memory would leave the range unusable to the pool that reuses
+ * it, and a purge that keeps it mapped gives nothing back. In VMM mode
+ * memory goes back to the device by freeing whole ranges (pools trim by
+ * freeing, hm_pool_trim), and with split, by freeing the pieces that
+ * empty a mapping.
+ *
  * IPC in VMM mode. The physical allocation is created asking for the
  * shareable handle type chosen (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR by
  * default, or _FABRIC), and the provider has HM_PROVIDER_CAP_IPC (not with

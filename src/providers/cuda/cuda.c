@@ -13,7 +13,10 @@
  * Context switching (ctx_enter / ctx_leave): one cuCtxGetCurrent; a push
  * and a pop only when another context (or none) is current.
  *
- * VMM mode (HM_CUDA_ALLOCATOR_VMM) exports a whole allocation through a
+ * VMM mode (HM_CUDA_ALLOCATOR_VMM) records its mappings and the live
+ * pieces of each (vmm_rec.h): split and merge are bookkeeping there, and a
+ * mapping is unmapped and its reservation freed once no byte of it is live.
+ * It exports a whole allocation through a
  * shareable handle (FD or fabric); an FD export's descriptor stays in the
  * provider's export table until put. VMM imports (by any device provider)
  * are recorded process-wide, so that close, through any provider of the
@@ -25,6 +28,9 @@
  *   offset table           off_lock; noff read without it (relaxed) to skip
  *                          the lookup when it is empty
  *   export table           x_lock
+ *   VMM record             vmm_lock, held across the cuMemUnmap and
+ *                          cuMemAddressFree of a free, so that a piece and
+ *                          the state of its mappings change together
  *   VMM import record      vimp.lock (process-wide); n read without it
  *                          (relaxed) to skip the lookup when it is empty:
  *                          a close of a mapping follows its open in the
@@ -33,6 +39,7 @@
 #include "platform/dl.h"
 #include "platform/prim.h"
 #include "providers/cuda/cuda_api.h"
+#include "providers/cuda/vmm_rec.h"
 
 #include <hetmem/providers/cuda.h>
 
@@ -247,6 +254,12 @@ typedef struct cuprov {
     xfd_ent_t *xfd;
     size_t nxfd, xfd_cap;
     uint64_t xfd_next;
+    /* VMM: the mappings and their live pieces (vmm_lock); orphans: how many
+     * recorded mappings have no live byte (their cuMemAddressFree failed),
+     * freed again at the next free and at fini. */
+    pthread_mutex_t vmm_lock;
+    hm_vmm_rec_t rec;
+    size_t orphans;
 } cuprov_t;
 
 /* The provider's context current on this thread: *pushed says whether it
@@ -505,6 +518,7 @@ static hm_result_t cu_init(const void *params, void **state) {
     c->epoch = hm__prim_fork_epoch();
     pthread_mutex_init(&c->off_lock, NULL);
     pthread_mutex_init(&c->x_lock, NULL);
+    pthread_mutex_init(&c->vmm_lock, NULL);
     *state = c;
     return HM_SUCCESS;
 
@@ -515,8 +529,23 @@ fail:
     return res;
 }
 
+static hm_result_t vmm_free_orphans(cuprov_t *c, uintptr_t lo, size_t len, bool *found);
+
 static void cu_fini(void *state) {
     cuprov_t *c = state;
+    /* Reservations whose free failed: tried once more. Pieces still live
+     * are the program's (a provider destroyed under a live pool leaks). */
+    if (c->orphans && !in_child(c)) {
+        bool pushed, found;
+        if (ctx_enter(c, &pushed) == HM_SUCCESS) {
+            hm__mutex_lock(&c->vmm_lock);
+            (void)vmm_free_orphans(c, 0, 0, &found);
+            hm__mutex_unlock(&c->vmm_lock);
+            ctx_leave(pushed);
+        }
+    }
+    hm__vmm_rec_fini(&c->rec);
+    pthread_mutex_destroy(&c->vmm_lock);
     if (c->primary && !in_child(c)) {
         hm_cu_result_t r = cu.DevicePrimaryCtxRelease(c->dev);
         if (r != HM_CUDA_SUCCESS && !torn_down(r)) (void)cu_fail(r, "cuDevicePrimaryCtxRelease_v2");
@@ -541,6 +570,7 @@ static void cu_get_info(void *state, hm_provider_info_t *info) {
         info->name = c->vmm ? "cuda(device, vmm)" : "cuda(device)";
         info->kind = HM_MEMORY_DEVICE;
         if (!c->vmm || c->shareable != HM_CUDA_SHAREABLE_NONE) info->caps |= HM_PROVIDER_CAP_IPC;
+        if (c->vmm) info->caps |= HM_PROVIDER_CAP_SPLIT_MERGE;
         break;
     case HM_CUDA_MEMORY_HOST:
         info->name = "cuda(host)";
@@ -623,15 +653,157 @@ static hm_result_t vmm_alloc(cuprov_t *c, size_t size, size_t alignment, uintptr
     return res;
 }
 
-/* Unmapping frees the physical memory (its handle was released). */
-static hm_result_t vmm_free(cuprov_t *c, uintptr_t ptr, size_t size) {
+/* A new mapping recorded as one live piece; without host memory for the
+ * record it is unmapped and freed again. */
+static hm_result_t vmm_record(cuprov_t *c, uintptr_t base, size_t size) {
     size_t len = vmm_round(c, size);
-    hm_cu_result_t r = cu.MemUnmap((hm_cu_ptr_t)ptr, len);
-    if (torn_down(r)) return HM_SUCCESS;
-    if (r != HM_CUDA_SUCCESS) return cu_fail(r, "cuMemUnmap");
-    r = cu.MemAddressFree((hm_cu_ptr_t)ptr, len);
-    if (r != HM_CUDA_SUCCESS && !torn_down(r)) return cu_fail(r, "cuMemAddressFree");
-    return HM_SUCCESS;
+    hm__mutex_lock(&c->vmm_lock);
+    bool ok = hm__vmm_rec_add(&c->rec, base, len);
+    hm__mutex_unlock(&c->vmm_lock);
+    if (ok) return HM_SUCCESS;
+    hm_cu_result_t r = cu.MemUnmap((hm_cu_ptr_t)base, len);
+    if (r == HM_CUDA_SUCCESS) r = cu.MemAddressFree((hm_cu_ptr_t)base, len);
+    if (r != HM_CUDA_SUCCESS) (void)cu_fail(r, "cuMemUnmap/cuMemAddressFree");
+    return HM_ERROR_OUT_OF_HOST_MEMORY;
+}
+
+/* The reservations of recorded mappings without live bytes (vmm_lock
+ * held): each freed and dropped; the first failure returned. *found: one
+ * of them lay in [lo, +len). */
+static hm_result_t vmm_free_orphans(cuprov_t *c, uintptr_t lo, size_t len, bool *found) {
+    hm_result_t res = HM_SUCCESS;
+    *found = false;
+    for (size_t i = c->rec.nm; i-- > 0 && c->orphans;) {
+        hm_vmm_map_t m = c->rec.m[i];
+        if (m.live) continue;
+        *found |= m.base - lo < len;
+        hm_cu_result_t r = cu.MemAddressFree((hm_cu_ptr_t)m.base, m.len);
+        if (r != HM_CUDA_SUCCESS && !torn_down(r)) {
+            if (res == HM_SUCCESS) res = cu_fail(r, "cuMemAddressFree");
+            continue;
+        }
+        hm__vmm_rec_drop(&c->rec, i);
+        c->orphans--;
+    }
+    return res;
+}
+
+/* A free of the piece at ptr (the context current). The driver unmaps and
+ * frees a reservation only whole: a mapping goes once its last live byte
+ * does, and a piece that spans several (a merge) may empty each. First
+ * every mapping the free empties is unmapped (which frees its physical
+ * memory: its handle was released at alloc); a failure there leaves the
+ * piece allocated, the mappings already unmapped marked so, and the same
+ * free made again resumes. Then the piece leaves the record and each
+ * emptied reservation is freed; one the driver refuses stays recorded as
+ * an orphan (its addresses stay reserved, so no allocation can get them)
+ * and is freed again at the next free or at fini, and the free reports the
+ * failure. */
+static hm_result_t vmm_free(cuprov_t *c, uintptr_t ptr, size_t size) {
+    hm_result_t res = HM_SUCCESS;
+    hm__mutex_lock(&c->vmm_lock);
+    hm_vmm_piece_t *pc = hm__vmm_rec_piece(&c->rec, ptr);
+    if (!pc) {
+        bool found = false;
+        if (c->orphans && size <= SIZE_MAX - (c->page - 1))
+            res = vmm_free_orphans(c, ptr, vmm_round(c, size), &found);
+        hm__mutex_unlock(&c->vmm_lock);
+        if (found) return res; /* a free made again after a cuMemAddressFree failed */
+        HM_LOG_ERROR("CUDA provider: free of 0x%llx, which is not a range it handed out",
+                     (unsigned long long)ptr);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    if (size > SIZE_MAX - (c->page - 1) || vmm_round(c, size) != pc->len) {
+        hm__mutex_unlock(&c->vmm_lock);
+        HM_LOG_ERROR("CUDA provider: free of [0x%llx, +%zu), a range it handed out with %zu bytes",
+                     (unsigned long long)ptr, size, pc->len);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    size_t first, n = hm__vmm_rec_span(&c->rec, pc, &first);
+    for (size_t i = first; i < first + n; i++) {
+        hm_vmm_map_t *m = &c->rec.m[i];
+        if (!m->mapped || m->live != hm__vmm_rec_overlap(m, pc)) continue;
+        hm_cu_result_t r = cu.MemUnmap((hm_cu_ptr_t)m->base, m->len);
+        if (r != HM_CUDA_SUCCESS && !torn_down(r)) {
+            res = cu_fail(r, "cuMemUnmap");
+            hm__mutex_unlock(&c->vmm_lock);
+            return res;
+        }
+        m->mapped = false;
+    }
+    hm__vmm_rec_free(&c->rec, pc);
+    for (size_t i = first + n; i-- > first;) {
+        hm_vmm_map_t m = c->rec.m[i];
+        if (m.live) continue;
+        hm_cu_result_t r = cu.MemAddressFree((hm_cu_ptr_t)m.base, m.len);
+        if (r != HM_CUDA_SUCCESS && !torn_down(r)) {
+            if (res == HM_SUCCESS) res = cu_fail(r, "cuMemAddressFree");
+            c->orphans++;
+            continue;
+        }
+        hm__vmm_rec_drop(&c->rec, i);
+    }
+    bool found;
+    if (c->orphans > 0 && res == HM_SUCCESS) (void)vmm_free_orphans(c, 0, 0, &found);
+    hm__mutex_unlock(&c->vmm_lock);
+    return res;
+}
+
+/* In a fork child: the piece forgotten, its mappings with it once empty
+ * (the parent's memory: no driver call). */
+static void vmm_forget(cuprov_t *c, uintptr_t ptr) {
+    hm__mutex_lock(&c->vmm_lock);
+    hm_vmm_piece_t *pc = hm__vmm_rec_piece(&c->rec, ptr);
+    if (pc) {
+        size_t first, n = hm__vmm_rec_span(&c->rec, pc, &first);
+        hm__vmm_rec_free(&c->rec, pc);
+        for (size_t i = first + n; i-- > first;)
+            if (!c->rec.m[i].live) hm__vmm_rec_drop(&c->rec, i);
+    }
+    hm__mutex_unlock(&c->vmm_lock);
+}
+
+/* Split and merge (VMM mode only: HM_PROVIDER_CAP_SPLIT_MERGE) are
+ * bookkeeping: the driver's mappings stay as they are, and the pieces
+ * are what free gives back. A split point must be a granularity multiple
+ * (each part then starts on one); a merge takes two adjacent pieces the
+ * provider handed out, in one mapping or across two. */
+static hm_result_t cu_split(void *state, void *ptr, size_t total, size_t first) {
+    cuprov_t *c = state;
+    if (first % c->page) {
+        HM_LOG_ERROR("CUDA provider: split of [%p, +%zu) at %zu, not a multiple of the "
+                     "granularity (%zu)", ptr, total, first, c->page);
+        return HM_ERROR_INVALID_ARGUMENT;
+    }
+    hm_result_t res = HM_SUCCESS;
+    hm__mutex_lock(&c->vmm_lock);
+    hm_vmm_piece_t *pc = hm__vmm_rec_piece(&c->rec, (uintptr_t)ptr);
+    if (!pc || total > SIZE_MAX - (c->page - 1) || vmm_round(c, total) != pc->len) {
+        HM_LOG_ERROR("CUDA provider: split of [%p, +%zu), not a range it handed out", ptr, total);
+        res = HM_ERROR_INVALID_ARGUMENT;
+    } else if (!hm__vmm_rec_split(&c->rec, pc, first)) {
+        res = HM_ERROR_OUT_OF_HOST_MEMORY;
+    }
+    hm__mutex_unlock(&c->vmm_lock);
+    return res;
+}
+
+static hm_result_t cu_merge(void *state, void *lo, void *hi, size_t total) {
+    cuprov_t *c = state;
+    hm_result_t res = HM_SUCCESS;
+    hm__mutex_lock(&c->vmm_lock);
+    hm_vmm_piece_t *a = hm__vmm_rec_piece(&c->rec, (uintptr_t)lo);
+    hm_vmm_piece_t *b = hm__vmm_rec_piece(&c->rec, (uintptr_t)hi);
+    if (!a || !b || a->ptr + a->len != b->ptr || total > SIZE_MAX - (c->page - 1) ||
+        vmm_round(c, total) != a->len + b->len) {
+        HM_LOG_ERROR("CUDA provider: merge of [%p, %p, +%zu): not two adjacent ranges it "
+                     "handed out", lo, hi, total);
+        res = HM_ERROR_INVALID_ARGUMENT;
+    } else {
+        hm__vmm_rec_merge(&c->rec, a);
+    }
+    hm__mutex_unlock(&c->vmm_lock);
+    return res;
 }
 
 /* One driver allocation of size bytes (the context current). */
@@ -695,6 +867,7 @@ static hm_result_t cu_alloc(void *state, size_t size, size_t alignment, void **p
     uintptr_t base = 0;
     if (c->vmm) {
         res = vmm_alloc(c, size, alignment, &base);
+        if (res == HM_SUCCESS) res = vmm_record(c, base, size);
         ctx_leave(pushed);
         *ptr = res == HM_SUCCESS ? (void *)base : NULL;
         return res;
@@ -733,7 +906,8 @@ static hm_result_t cu_alloc(void *state, size_t size, size_t alignment, void **p
 static hm_result_t cu_free(void *state, void *ptr, size_t size) {
     cuprov_t *c = state;
     if (hm_unlikely(in_child(c))) {
-        (void)off_base(c, (uintptr_t)ptr, true);
+        if (c->vmm) vmm_forget(c, (uintptr_t)ptr);
+        else (void)off_base(c, (uintptr_t)ptr, true);
         return HM_SUCCESS;
     }
     if (c->vmm) {
@@ -1377,6 +1551,8 @@ static const hm_provider_ops_t cu_ops = {
     .get_info = cu_get_info,
     .alloc = cu_alloc,
     .free = cu_free,
+    .split = cu_split,
+    .merge = cu_merge,
     .ipc =
         {
             .handle_size = cu_ipc_handle_size,
