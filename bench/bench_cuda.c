@@ -23,6 +23,25 @@
  *                     cached; baseline: cuIpcOpenMemHandle_v2 +
  *                     cuIpcCloseMemHandle of the same allocation.
  *   open+close (miss) the cache bound at one mapping, two handles in turn.
+ *   vmm alloc+free N  (2 MiB, 64 MiB) hm_provider_alloc + hm_provider_free of
+ *                     a provider in VMM mode (cuMemCreate, cuMemAddressReserve,
+ *                     cuMemMap, cuMemSetAccess; cuMemUnmap, cuMemAddressFree);
+ *                     baselines: the same through a legacy provider
+ *                     (cuMemAlloc_v2), and cuMemAlloc_v2 + cuMemFree_v2 called
+ *                     directly.
+ *   vmm open+close (hit), (miss)
+ *                     hm_ipc_open + hm_ipc_close of an export of a VMM
+ *                     provider (an FD handle: the descriptor fetched with
+ *                     pidfd_getfd at a miss), cached or with the cache bound
+ *                     at one mapping and two handles in turn; baselines:
+ *                     hetmem's open of a legacy export (hit or miss alike),
+ *                     cuIpcOpenMemHandle_v2 + cuIpcCloseMemHandle, and the
+ *                     driver's VMM import as the provider makes it
+ *                     (cuMemImportFromShareableHandle of a descriptor
+ *                     received once, cuMemAddressReserve, cuMemMap,
+ *                     cuMemSetAccess, cuMemRelease; cuMemUnmap,
+ *                     cuMemAddressFree). cuMemPoolImportPointer (a memory
+ *                     pool's export) is not measured: the program says so.
  * After the table: the driver calls one alloc and one free make through the
  * provider (counted by the project's test driver only; a real driver is not
  * counted).
@@ -66,6 +85,17 @@ static struct {
     hm_cu_result_t (*stream_create)(hm_cu_stream_t *, unsigned);
     hm_cu_result_t (*default_pool)(cu_pool_t *, hm_cu_device_t);
     hm_cu_result_t (*pool_set)(cu_pool_t, int, void *);
+    hm_cu_result_t (*vcreate)(hm_cu_mem_handle_t *, size_t, const hm_cu_mem_prop_t *,
+                              unsigned long long);
+    hm_cu_result_t (*vrelease)(hm_cu_mem_handle_t);
+    hm_cu_result_t (*vreserve)(hm_cu_ptr_t *, size_t, size_t, hm_cu_ptr_t, unsigned long long);
+    hm_cu_result_t (*vaddr_free)(hm_cu_ptr_t, size_t);
+    hm_cu_result_t (*vmap)(hm_cu_ptr_t, size_t, size_t, hm_cu_mem_handle_t, unsigned long long);
+    hm_cu_result_t (*vunmap)(hm_cu_ptr_t, size_t);
+    hm_cu_result_t (*vaccess)(hm_cu_ptr_t, size_t, const hm_cu_mem_access_t *, size_t);
+    hm_cu_result_t (*vexport)(void *, hm_cu_mem_handle_t, unsigned int, unsigned long long);
+    hm_cu_result_t (*vimport)(hm_cu_mem_handle_t *, void *, unsigned int);
+    void *pool_import; /* cuMemPoolImportPointer, or NULL */
     uint64_t (*calls)(const char *);   /* the test driver's control API, or NULL */
     void (*reset)(void);
 } cu;
@@ -87,6 +117,16 @@ static int cu_raw_init(void) {
     *(void **)&cu.stream_create = dlsym(l, "cuStreamCreate");
     *(void **)&cu.default_pool = dlsym(l, "cuDeviceGetDefaultMemPool");
     *(void **)&cu.pool_set = dlsym(l, "cuMemPoolSetAttribute");
+    *(void **)&cu.vcreate = dlsym(l, "cuMemCreate");
+    *(void **)&cu.vrelease = dlsym(l, "cuMemRelease");
+    *(void **)&cu.vreserve = dlsym(l, "cuMemAddressReserve");
+    *(void **)&cu.vaddr_free = dlsym(l, "cuMemAddressFree");
+    *(void **)&cu.vmap = dlsym(l, "cuMemMap");
+    *(void **)&cu.vunmap = dlsym(l, "cuMemUnmap");
+    *(void **)&cu.vaccess = dlsym(l, "cuMemSetAccess");
+    *(void **)&cu.vexport = dlsym(l, "cuMemExportToShareableHandle");
+    *(void **)&cu.vimport = dlsym(l, "cuMemImportFromShareableHandle");
+    cu.pool_import = dlsym(l, "cuMemPoolImportPointer");
     *(void **)&cu.calls = dlsym(l, "hm_cuda_test_call_count");
     *(void **)&cu.reset = dlsym(l, "hm_cuda_test_reset");
     if (!cu.alloc || !cu.free || !cu.sync || !cu.ipc_get || !cu.ipc_open || !cu.ipc_close ||
@@ -98,7 +138,46 @@ static int cu_raw_init(void) {
 }
 
 static hm_pool_t *g_pool, *g_ipool;
-static hm_provider_t *g_prov;
+static hm_provider_t *g_prov, *g_vprov;
+
+static bool have_raw_vmm(void) {
+    return cu.vcreate && cu.vrelease && cu.vreserve && cu.vaddr_free && cu.vmap && cu.vunmap &&
+           cu.vaccess && cu.vexport && cu.vimport;
+}
+static hm_result_t vmm_provider(hm_provider_t **out) {
+    hm_cuda_params_t *p;
+    hm_result_t r = hm_cuda_params_create(&p);
+    if (r != HM_SUCCESS) return r;
+    r = hm_cuda_params_set_allocator(p, HM_CUDA_ALLOCATOR_VMM);
+    if (r == HM_SUCCESS) r = hm_cuda_provider_create(p, out);
+    hm_cuda_params_destroy(p);
+    return r;
+}
+
+/* ---- provider alloc+free: VMM, legacy ---- */
+
+static int vmm_setup(const void *arg, void **ctx) {
+    (void)arg, (void)ctx;
+    return g_vprov ? 0 : HM_BENCH_SKIP;
+}
+/* arg: the size; ctx unused; the provider is the VMM one or the legacy one. */
+static int prov_run(hm_provider_t *prov, size_t n, uint64_t iters) {
+    for (uint64_t i = 0; i < iters; i++) {
+        void *p = NULL;
+        if (hm_provider_alloc(prov, n, 0, &p) != HM_SUCCESS) return 1;
+        hm_bench_escape(p);
+        if (hm_provider_free(prov, p, n) != HM_SUCCESS) return 1;
+    }
+    return 0;
+}
+static int vmm_prov_run(void *ctx, const void *arg, uint64_t iters) {
+    (void)ctx;
+    return prov_run(g_vprov, *(const size_t *)arg, iters);
+}
+static int legacy_prov_run(void *ctx, const void *arg, uint64_t iters) {
+    (void)ctx;
+    return prov_run(g_prov, *(const size_t *)arg, iters);
+}
 
 static int pool_run(void *ctx, const void *arg, uint64_t iters) {
     (void)ctx;
@@ -203,7 +282,44 @@ static struct {
     unsigned char hm[2][4096];
     size_t hm_len[2];
     hm_cu_ipc_handle_t raw;
-} g_rx;
+    unsigned char vm[2][4096]; /* exports of a VMM provider */
+    size_t vm_len[2];
+    int raw_fd; /* a cuMemCreate allocation's POSIX descriptor (SCM_RIGHTS), or -1 */
+} g_rx = {.raw_fd = -1};
+
+/* The pinned device memory of device 0 with POSIX descriptors. */
+static void raw_vmm_prop(hm_cu_mem_prop_t *prop) {
+    memset(prop, 0, sizeof(*prop));
+    prop->type = HM_CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->location.type = HM_CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = 0;
+    prop->requestedHandleTypes = HM_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+}
+
+static int send_fd(int sock, int fd) {
+    char c = 0, ctl[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {&c, 1};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl,
+                       .msg_controllen = sizeof(ctl)};
+    memset(ctl, 0, sizeof(ctl));
+    struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+    h->cmsg_level = SOL_SOCKET;
+    h->cmsg_type = SCM_RIGHTS;
+    h->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(h), &fd, sizeof(int));
+    return sendmsg(sock, &m, 0) == 1 ? 0 : -1;
+}
+static int recv_fd(int sock) {
+    char c, ctl[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {&c, 1};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl,
+                       .msg_controllen = sizeof(ctl)};
+    if (recvmsg(sock, &m, MSG_CMSG_CLOEXEC) != 1) return -1;
+    struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+    int fd = -1;
+    if (h && h->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(h), sizeof(int));
+    return c ? -1 : fd; /* c 1: the exporter has none to send */
+}
 
 static int exporter(int sock) {
     hm_provider_t *prov;
@@ -223,6 +339,28 @@ static int exporter(int sock) {
     if (cu.alloc(&raw, IPC_SIZE) != HM_CUDA_SUCCESS || cu.ipc_get(&rh, raw) != HM_CUDA_SUCCESS)
         return 15;
     if (send(sock, &rh, sizeof(rh), 0) != (ssize_t)sizeof(rh)) return 16;
+    /* VMM: two exports of a VMM provider (empty messages without one), and
+     * one raw cuMemCreate allocation's descriptor (a byte 1 without). */
+    hm_provider_t *vprov;
+    hm_pool_t *vpool = NULL;
+    if (vmm_provider(&vprov) == HM_SUCCESS &&
+        hm_proxy_pool_create(vprov, HM_POOL_FLAG_OWN_PROVIDER, &vpool) != HM_SUCCESS)
+        return 18;
+    for (int i = 0; i < 2; i++) {
+        void *p = vpool ? hm_pool_malloc(vpool, IPC_SIZE) : NULL;
+        hm_ipc_handle_t *h = NULL;
+        size_t len = 0;
+        if (vpool && (!p || hm_ipc_get(p, &h, &len) != HM_SUCCESS)) return 19;
+        if (send(sock, vpool ? (void *)h : "", len, 0) != (ssize_t)len) return 20;
+    }
+    int vfd = -1;
+    hm_cu_mem_handle_t vh = 0;
+    hm_cu_mem_prop_t prop;
+    raw_vmm_prop(&prop);
+    if (have_raw_vmm() && cu.vcreate(&vh, IPC_SIZE, &prop, 0) == HM_CUDA_SUCCESS &&
+        cu.vexport(&vfd, vh, HM_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != HM_CUDA_SUCCESS)
+        vfd = -1;
+    if (vfd >= 0 ? send_fd(sock, vfd) != 0 : send(sock, "\1", 1, 0) != 1) return 21;
     char done;
     if (read(sock, &done, 1) < 0) return 17;
     return 0;
@@ -247,6 +385,12 @@ static pid_t start_exporter(const char *self, int *sock_out) {
         g_rx.hm_len[i] = (size_t)n;
     }
     if (recv(sv[0], &g_rx.raw, sizeof(g_rx.raw), 0) != (ssize_t)sizeof(g_rx.raw)) return -1;
+    for (int i = 0; i < 2; i++) {
+        ssize_t n = recv(sv[0], g_rx.vm[i], sizeof(g_rx.vm[i]), 0);
+        if (n < 0) return -1;
+        g_rx.vm_len[i] = (size_t)n;
+    }
+    g_rx.raw_fd = recv_fd(sv[0]);
     *sock_out = sv[0];
     return pid;
 }
@@ -255,19 +399,61 @@ static int open_setup(const void *arg, void **ctx) {
     (void)ctx;
     return hm_ipc_set_cache_limits(*(const int *)arg ? 1 : 4096, 0) == HM_SUCCESS ? 0 : 1;
 }
-static int open_run(void *ctx, const void *arg, uint64_t iters) {
-    (void)ctx;
-    int two = *(const int *)arg;
+static int open_handles(unsigned char (*hs)[4096], const size_t *lens, int two, uint64_t iters) {
     for (uint64_t i = 0; i < iters; i++) {
         int k = two ? (int)(i & 1) : 0;
         void *p = NULL;
-        if (hm_ipc_open(g_ipool, (const hm_ipc_handle_t *)g_rx.hm[k], g_rx.hm_len[k], &p) !=
-            HM_SUCCESS)
+        if (hm_ipc_open(g_ipool, (const hm_ipc_handle_t *)hs[k], lens[k], &p) != HM_SUCCESS)
             return 1;
         hm_bench_escape(p);
         if (hm_ipc_close(p) != HM_SUCCESS) return 1;
     }
     return 0;
+}
+static int open_run(void *ctx, const void *arg, uint64_t iters) {
+    (void)ctx;
+    return open_handles(g_rx.hm, g_rx.hm_len, *(const int *)arg, iters);
+}
+static int vmm_open_setup(const void *arg, void **ctx) {
+    if (!g_rx.vm_len[0] || !g_rx.vm_len[1]) return HM_BENCH_SKIP;
+    return open_setup(arg, ctx);
+}
+static int vmm_open_run(void *ctx, const void *arg, uint64_t iters) {
+    (void)ctx;
+    return open_handles(g_rx.vm, g_rx.vm_len, *(const int *)arg, iters);
+}
+/* The driver's VMM import, as the provider makes it at a miss. */
+static int raw_vmm_setup(const void *arg, void **ctx) {
+    (void)arg, (void)ctx;
+    return g_rx.raw_fd >= 0 && have_raw_vmm() ? 0 : HM_BENCH_SKIP;
+}
+static int raw_vmm_open_run(void *ctx, const void *arg, uint64_t iters) {
+    (void)ctx, (void)arg;
+    hm_cu_mem_access_t acc;
+    memset(&acc, 0, sizeof(acc));
+    acc.location.type = HM_CU_MEM_LOCATION_TYPE_DEVICE;
+    acc.location.id = 0;
+    acc.flags = HM_CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (uint64_t i = 0; i < iters; i++) {
+        hm_cu_mem_handle_t h = 0;
+        hm_cu_ptr_t va = 0;
+        if (cu.vimport(&h, (void *)(intptr_t)g_rx.raw_fd,
+                       HM_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != HM_CUDA_SUCCESS ||
+            cu.vreserve(&va, IPC_SIZE, IPC_SIZE, 0, 0) != HM_CUDA_SUCCESS ||
+            cu.vmap(va, IPC_SIZE, 0, h, 0) != HM_CUDA_SUCCESS ||
+            cu.vaccess(va, IPC_SIZE, &acc, 1) != HM_CUDA_SUCCESS ||
+            cu.vrelease(h) != HM_CUDA_SUCCESS)
+            return 1;
+        hm_bench_escape((void *)(uintptr_t)va);
+        if (cu.vunmap(va, IPC_SIZE) != HM_CUDA_SUCCESS ||
+            cu.vaddr_free(va, IPC_SIZE) != HM_CUDA_SUCCESS)
+            return 1;
+    }
+    return 0;
+}
+static int pool_import_setup(const void *arg, void **ctx) {
+    (void)arg, (void)ctx;
+    return HM_BENCH_SKIP; /* see main: not measured */
 }
 static int raw_open_run(void *ctx, const void *arg, uint64_t iters) {
     (void)ctx, (void)arg;
@@ -308,6 +494,17 @@ int main(int argc, char **argv) {
     static const char *names[] = {"alloc+free 64 B", "alloc+free 4 KiB", "alloc+free 64 KiB",
                                   "alloc+free 1 MiB", "alloc+free 16 MiB", "alloc+free 64 MiB"};
     for (size_t i = 0; i < 6; i++) hm_bench_case(b, names[i], &sizes[i], 1, &subject, base, 2);
+    r = vmm_provider(&g_vprov);
+    if (r != HM_SUCCESS) {
+        g_vprov = NULL;
+        printf("bench_cuda: no VMM-mode provider (%s): its cases skipped\n", hm_result_string(r));
+    }
+    static const size_t vsizes[] = {2 * MIB, 64 * MIB};
+    static const char *vnames[] = {"vmm alloc+free 2 MiB", "vmm alloc+free 64 MiB"};
+    static const hm_bench_impl_t vmm_s = {"hetmem-vmm", vmm_setup, vmm_prov_run, NULL};
+    static const hm_bench_impl_t vmm_base[] = {{"hetmem-legacy", NULL, legacy_prov_run, NULL},
+                                               {"cuMemAlloc", NULL, raw_run, NULL}};
+    for (size_t i = 0; i < 2; i++) hm_bench_case(b, vnames[i], &vsizes[i], 1, &vmm_s, vmm_base, 2);
     g_have_streams = streams_init() == 0;
     if (!g_have_streams) printf("bench_cuda: the driver has no streams: stream cases skipped\n");
     static const int one = 1, two = 2;
@@ -326,6 +523,19 @@ int main(int argc, char **argv) {
         static const hm_bench_impl_t open_raw = {"cuIpcOpen", NULL, raw_open_run, NULL};
         hm_bench_case(b, "open+close (hit)", &hit, 1, &open_s, &open_raw, 1);
         hm_bench_case(b, "open+close (miss)", &miss, 1, &open_s, &open_raw, 1);
+        printf("bench_cuda: cuMemPoolImportPointer %s: that comparison is not measured (no "
+               "memory-pool export in this program)\n",
+               cu.pool_import ? "is in the driver" : "is not in the driver (the test driver has "
+                                                     "no pool export or import)");
+        static const hm_bench_impl_t vo_s = {"hetmem-vmm", vmm_open_setup, vmm_open_run, NULL};
+        static const hm_bench_impl_t vo_base[] = {
+            {"hetmem-legacy", open_setup, open_run, NULL},
+            {"cuIpcOpen", NULL, raw_open_run, NULL},
+            {"cuMemImport", raw_vmm_setup, raw_vmm_open_run, NULL},
+            {"cuMemPoolImport", pool_import_setup, raw_open_run, NULL}};
+        if (!g_rx.vm_len[0]) printf("bench_cuda: the exporter has no VMM provider\n");
+        hm_bench_case(b, "vmm open+close (hit)", &hit, 1, &vo_s, vo_base, 4);
+        hm_bench_case(b, "vmm open+close (miss)", &miss, 1, &vo_s, vo_base, 4);
         hm_ipc_set_cache_limits(4096, 0);
         hm_pool_destroy(g_ipool);
     } else {
@@ -354,6 +564,8 @@ int main(int argc, char **argv) {
     } else {
         printf("driver calls per provider op: counted on the test driver only\n");
     }
+    if (g_rx.raw_fd >= 0) close(g_rx.raw_fd);
+    if (g_vprov) hm_provider_destroy(g_vprov);
     hm_pool_destroy(g_pool);
     return rc;
 }
