@@ -23,17 +23,24 @@
 #       bundle's libraries; the driver probe (test/gpu_check/cuda_probe.c)
 #       and its answers against test/gpu_check/nvidia_expected.csv; the
 #       provider and pool suites on the GPU (test_cuda_provider hardware);
-#       the two-process IPC example; a short benchmark; nvidia-smi's facts.
+#       the provider and pool suites in VMM mode too where the driver has
+#       the virtual memory API; the two-process IPC example; a short
+#       benchmark (with its VMM cases); nvidia-smi's facts.
 #       Logs and CSVs (gpu-check.csv: step,status,seconds,detail; probe.csv;
 #       bench_cuda.csv) go to $OUT when it is set, else to --out DIR2, else
 #       to DIR/results. A summary table comes last, also when a step timed
 #       out or crashed: steps, then the benchmark (pool alloc/free against
 #       cuMemAlloc and cuMemAllocAsync, IPC open hit/miss against
-#       cuIpcOpenMemHandle; ratios < 1: hetmem is faster).
+#       cuIpcOpenMemHandle; VMM-mode alloc/free against a legacy provider
+#       and cuMemAlloc, VMM IPC open hit/miss against a legacy export,
+#       cuIpcOpenMemHandle and the driver's VMM import; ratios < 1: hetmem
+#       is faster).
 #       The machine's libcuda.so.1 by default. With HM_CUDA_DRIVER set (or
 #       --test-driver, which sets it to DIR/testdriver/libcuda.so.1) it runs
 #       against that driver instead: then the suites run as CTest runs them
-#       on the test driver (test_cuda_provider provider, pools, ipc), and the
+#       on the test driver (test_cuda_provider provider, pools, ipc, vmm,
+#       vmm_ipc, vmm_split: the VMM parts read the test driver's counters,
+#       so on a GPU they give way to the hardware part's VMM suites), and the
 #       probe's differences from NVIDIA's answers fail the check (on a real
 #       GPU they are findings about nvidia_expected.csv: reported, not
 #       failed).
@@ -182,13 +189,13 @@ prepare() {
 
 # -------------------------------------------------------------------- --run
 
-# Per-step limits (seconds), at most 240 in all (230 on a GPU, 240 on the
-# test driver); they only catch hangs: on the test driver the whole check
-# takes under 30 s. The probe starts seven processes, each with its own
+# Per-step limits (seconds), 280 in all on a GPU and 350 on the test
+# driver; they only catch hangs: on the test driver the whole check takes
+# under a minute. The probe starts seven processes, each with its own
 # cuInit (seconds each on a GPU without persistence mode), and stops a
 # scenario's child after 15 s.
-T_LIBS=10 T_PROBE=50 T_EXPECT=5 T_HARDWARE=90 T_PROVIDER=30 T_POOLS=40 T_IPC=30 T_EXAMPLE=20
-T_BENCH=45 T_SMI=10
+T_LIBS=10 T_PROBE=50 T_EXPECT=5 T_HARDWARE=120 T_PROVIDER=30 T_POOLS=40 T_IPC=30 T_EXAMPLE=20
+T_BENCH=45 T_SMI=10 T_VMM=20
 
 steps=() status=0 nogpu=0 out='' dir=''
 declare -A st_status st_seconds st_detail
@@ -253,10 +260,11 @@ summary() {
   fi
   if [ -s "$out/bench_cuda.csv" ]; then
     echo
-    printf '  %-20s %-16s %14s %12s\n' "case" "implementation" "median ns/op" "hetmem/impl"
+    printf '  %-24s %-16s %14s %12s\n' "case" "implementation" "median ns/op" "hetmem/impl"
     # suite,case,impl,role,status,ops,iters,repeats,median,min,max,cpus,ratio,run_cpus
     awk -F, 'NR > 1 { gsub(/"/, "", $2); gsub(/"/, "", $3);
-                      printf "  %-20s %-16s %14.1f %12s\n", $2, $3, $9, ($13 == "" ? "-" : $13 "x") }' \
+                      if ($5 != "ok") { printf "  %-24s %-16s %14s %12s\n", $2, $3, $5, "-"; next }
+                      printf "  %-24s %-16s %14.1f %12s\n", $2, $3, $9, ($13 == "" ? "-" : $13 "x") }' \
       "$out/bench_cuda.csv"
     grep -h "driver calls per provider op" "$out/benchmark.log" | sed 's/^/  /'
     grep -h "effective CPUs of the run" "$out/benchmark.log" | sed 's/^/  /'
@@ -327,6 +335,9 @@ run_check() {
       HM_CUDA_TEST_DEVICES=2 step suites-provider "$T_PROVIDER" "$dir/bin/test_cuda_provider" provider
       HM_CUDA_TEST_DEVICES=2 step suites-pools "$T_POOLS" "$dir/bin/test_cuda_provider" pools
       HM_CUDA_TEST_DEVICES=2 step suites-ipc "$T_IPC" "$dir/bin/test_cuda_provider" ipc
+      HM_CUDA_TEST_DEVICES=2 step suites-vmm "$T_VMM" "$dir/bin/test_cuda_provider" vmm
+      HM_CUDA_TEST_DEVICES=2 step suites-vmm-ipc "$T_VMM" "$dir/bin/test_cuda_provider" vmm_ipc
+      HM_CUDA_TEST_DEVICES=2 step suites-vmm-split "$T_VMM" "$dir/bin/test_cuda_provider" vmm_split
       step scenarios "$T_IPC" "$dir/bin/test_cuda_scenarios" all
     fi
     step ipc-example "$T_EXAMPLE" "$dir/bin/cuda_ipc"

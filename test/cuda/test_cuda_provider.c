@@ -30,7 +30,9 @@
  * SPDX-License-Identifier: MIT
  *
  * Usage: test_cuda_provider [unit|provider|pools|vmm|vmm_ipc|vmm_split|vmm_fabric|ipc|all|hardware]
- *        (hardware: the machine's own libcuda.so.1, skipped without one) */
+ *        (hardware: the machine's own libcuda.so.1, skipped without one: the
+ *        provider and pool suites, legacy and, where the driver has the
+ *        virtual memory API, VMM mode) */
 #include "cuda_provider_util.h"
 
 #include <dirent.h>
@@ -1368,6 +1370,17 @@ int main(int argc, char **argv) {
         cuf_t f = {.type = HM_CUDA_MEMORY_DEVICE, .pool = 1};
         hm_test_suite_opts_t opts = {.max_alloc = 32 * MIB};
         hm_test_pool_suite("native over cuda device (hardware)", make_pool, &f, &opts);
+        /* VMM mode (split and merge among the provider suite's cases), where
+         * the driver has the virtual memory API. */
+        cuf_t vf = {.type = HM_CUDA_MEMORY_DEVICE, .vmm = 1};
+        hm_provider_t *vp;
+        if (make_provider(&vf, &vp) == HM_SUCCESS) {
+            CHECK_OK(hm_provider_destroy(vp));
+            hm_test_suite_opts_t vo = {.can_free = 1, .max_alloc = 32 * MIB};
+            hm_test_provider_suite("cuda device (vmm, hardware)", make_provider, &vf, &vo);
+            vf.pool = 1;
+            hm_test_pool_suite("native over cuda device (vmm, hardware)", make_pool, &vf, &opts);
+        }
         CHECK_OK(hm_provider_destroy(probe));
         return hm_test_finish();
     }
