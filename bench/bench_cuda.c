@@ -40,8 +40,11 @@
  *                     (cuMemImportFromShareableHandle of a descriptor
  *                     received once, cuMemAddressReserve, cuMemMap,
  *                     cuMemSetAccess, cuMemRelease; cuMemUnmap,
- *                     cuMemAddressFree). cuMemPoolImportPointer (a memory
- *                     pool's export) is not measured: the program says so.
+ *                     cuMemAddressFree), and the driver's import of one
+ *                     allocation of a memory pool ("cuMemPoolImport":
+ *                     cuMemPoolImportPointer of export data received once,
+ *                     from a pool imported once, + cuMemFree_v2, which
+ *                     unmaps it: the driver's own per-pointer cost).
  * After the table: the driver calls one alloc and one free make through the
  * provider (counted by the project's test driver only; a real driver is not
  * counted).
@@ -71,6 +74,22 @@
 #define IPC_SIZE (2 * MIB)
 
 typedef struct CUmemPoolHandle_st *cu_pool_t;
+/* cuda.h 13.0's CUmemPoolProps and CUmemPoolPtrExportData (LP64) */
+typedef struct {
+    unsigned int alloc_type, handle_types;
+    struct {
+        unsigned int type;
+        int id;
+    } location;
+    void *win32_security_attributes;
+    size_t max_size;
+    unsigned short usage;
+    unsigned char reserved[54];
+} cu_pool_props_t;
+typedef struct {
+    unsigned char reserved[64];
+} cu_pool_ptr_data_t;
+_Static_assert(sizeof(cu_pool_props_t) == 88, "CUmemPoolProps");
 static struct {
     hm_cu_result_t (*alloc)(hm_cu_ptr_t *, size_t);
     hm_cu_result_t (*free)(hm_cu_ptr_t);
@@ -95,7 +114,12 @@ static struct {
     hm_cu_result_t (*vaccess)(hm_cu_ptr_t, size_t, const hm_cu_mem_access_t *, size_t);
     hm_cu_result_t (*vexport)(void *, hm_cu_mem_handle_t, unsigned int, unsigned long long);
     hm_cu_result_t (*vimport)(hm_cu_mem_handle_t *, void *, unsigned int);
-    void *pool_import; /* cuMemPoolImportPointer, or NULL */
+    hm_cu_result_t (*pool_create)(cu_pool_t *, const cu_pool_props_t *);
+    hm_cu_result_t (*pool_alloc)(hm_cu_ptr_t *, size_t, cu_pool_t, hm_cu_stream_t);
+    hm_cu_result_t (*pool_export)(void *, cu_pool_t, unsigned int, unsigned long long);
+    hm_cu_result_t (*pool_import)(cu_pool_t *, void *, unsigned int, unsigned long long);
+    hm_cu_result_t (*pool_export_ptr)(cu_pool_ptr_data_t *, hm_cu_ptr_t);
+    hm_cu_result_t (*pool_import_ptr)(hm_cu_ptr_t *, cu_pool_t, cu_pool_ptr_data_t *);
     uint64_t (*calls)(const char *);   /* the test driver's control API, or NULL */
     void (*reset)(void);
 } cu;
@@ -126,7 +150,12 @@ static int cu_raw_init(void) {
     *(void **)&cu.vaccess = dlsym(l, "cuMemSetAccess");
     *(void **)&cu.vexport = dlsym(l, "cuMemExportToShareableHandle");
     *(void **)&cu.vimport = dlsym(l, "cuMemImportFromShareableHandle");
-    cu.pool_import = dlsym(l, "cuMemPoolImportPointer");
+    *(void **)&cu.pool_create = dlsym(l, "cuMemPoolCreate");
+    *(void **)&cu.pool_alloc = dlsym(l, "cuMemAllocFromPoolAsync");
+    *(void **)&cu.pool_export = dlsym(l, "cuMemPoolExportToShareableHandle");
+    *(void **)&cu.pool_import = dlsym(l, "cuMemPoolImportFromShareableHandle");
+    *(void **)&cu.pool_export_ptr = dlsym(l, "cuMemPoolExportPointer");
+    *(void **)&cu.pool_import_ptr = dlsym(l, "cuMemPoolImportPointer");
     *(void **)&cu.calls = dlsym(l, "hm_cuda_test_call_count");
     *(void **)&cu.reset = dlsym(l, "hm_cuda_test_reset");
     if (!cu.alloc || !cu.free || !cu.sync || !cu.ipc_get || !cu.ipc_open || !cu.ipc_close ||
@@ -140,6 +169,10 @@ static int cu_raw_init(void) {
 static hm_pool_t *g_pool, *g_ipool;
 static hm_provider_t *g_prov, *g_vprov;
 
+static bool have_pool_ipc(void) {
+    return cu.pool_create && cu.pool_alloc && cu.pool_export && cu.pool_import &&
+           cu.pool_export_ptr && cu.pool_import_ptr;
+}
 static bool have_raw_vmm(void) {
     return cu.vcreate && cu.vrelease && cu.vreserve && cu.vaddr_free && cu.vmap && cu.vunmap &&
            cu.vaccess && cu.vexport && cu.vimport;
@@ -285,7 +318,10 @@ static struct {
     unsigned char vm[2][4096]; /* exports of a VMM provider */
     size_t vm_len[2];
     int raw_fd; /* a cuMemCreate allocation's POSIX descriptor (SCM_RIGHTS), or -1 */
-} g_rx = {.raw_fd = -1};
+    int pool_fd; /* a memory pool's POSIX descriptor (SCM_RIGHTS), or -1 */
+    cu_pool_ptr_data_t pool_ptr; /* one allocation of that pool, exported */
+    cu_pool_t pool;              /* the pool imported here, or NULL */
+} g_rx = {.raw_fd = -1, .pool_fd = -1};
 
 /* The pinned device memory of device 0 with POSIX descriptors. */
 static void raw_vmm_prop(hm_cu_mem_prop_t *prop) {
@@ -361,6 +397,24 @@ static int exporter(int sock) {
         cu.vexport(&vfd, vh, HM_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != HM_CUDA_SUCCESS)
         vfd = -1;
     if (vfd >= 0 ? send_fd(sock, vfd) != 0 : send(sock, "\1", 1, 0) != 1) return 21;
+    /* A memory pool with POSIX descriptors on device 0: its descriptor (a
+     * byte 1 without), then one allocation's export data (empty without). */
+    cu_pool_props_t pp;
+    memset(&pp, 0, sizeof(pp));
+    pp.alloc_type = HM_CU_MEM_ALLOCATION_TYPE_PINNED;
+    pp.handle_types = HM_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    pp.location.type = HM_CU_MEM_LOCATION_TYPE_DEVICE;
+    cu_pool_t mp = NULL;
+    hm_cu_ptr_t pp_ptr = 0;
+    cu_pool_ptr_data_t data;
+    int pfd = -1;
+    if (have_pool_ipc() && cu.pool_create(&mp, &pp) == HM_CUDA_SUCCESS &&
+        (cu.pool_alloc(&pp_ptr, IPC_SIZE, mp, NULL) != HM_CUDA_SUCCESS ||
+         cu.sync(NULL) != HM_CUDA_SUCCESS || cu.pool_export_ptr(&data, pp_ptr) != HM_CUDA_SUCCESS ||
+         cu.pool_export(&pfd, mp, HM_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != HM_CUDA_SUCCESS))
+        pfd = -1;
+    if (pfd >= 0 ? send_fd(sock, pfd) != 0 : send(sock, "\1", 1, 0) != 1) return 22;
+    if (send(sock, &data, pfd >= 0 ? sizeof(data) : 0, 0) < 0) return 23;
     char done;
     if (read(sock, &done, 1) < 0) return 17;
     return 0;
@@ -391,6 +445,14 @@ static pid_t start_exporter(const char *self, int *sock_out) {
         g_rx.vm_len[i] = (size_t)n;
     }
     g_rx.raw_fd = recv_fd(sv[0]);
+    g_rx.pool_fd = recv_fd(sv[0]);
+    cu_pool_ptr_data_t data;
+    if (recv(sv[0], &data, sizeof(data), 0) == (ssize_t)sizeof(data) && g_rx.pool_fd >= 0)
+        g_rx.pool_ptr = data;
+    else if (g_rx.pool_fd >= 0) {
+        close(g_rx.pool_fd);
+        g_rx.pool_fd = -1;
+    }
     *sock_out = sv[0];
     return pid;
 }
@@ -451,9 +513,21 @@ static int raw_vmm_open_run(void *ctx, const void *arg, uint64_t iters) {
     }
     return 0;
 }
+/* The driver's import of one pool allocation: the pool imported once (at
+ * start), then per open cuMemPoolImportPointer and the free that unmaps. */
 static int pool_import_setup(const void *arg, void **ctx) {
     (void)arg, (void)ctx;
-    return HM_BENCH_SKIP; /* see main: not measured */
+    return g_rx.pool ? 0 : HM_BENCH_SKIP;
+}
+static int pool_import_run(void *ctx, const void *arg, uint64_t iters) {
+    (void)ctx, (void)arg;
+    for (uint64_t i = 0; i < iters; i++) {
+        hm_cu_ptr_t p = 0;
+        if (cu.pool_import_ptr(&p, g_rx.pool, &g_rx.pool_ptr) != HM_CUDA_SUCCESS) return 1;
+        hm_bench_escape((void *)(uintptr_t)p);
+        if (cu.free(p) != HM_CUDA_SUCCESS) return 1;
+    }
+    return 0;
 }
 static int raw_open_run(void *ctx, const void *arg, uint64_t iters) {
     (void)ctx, (void)arg;
@@ -523,16 +597,21 @@ int main(int argc, char **argv) {
         static const hm_bench_impl_t open_raw = {"cuIpcOpen", NULL, raw_open_run, NULL};
         hm_bench_case(b, "open+close (hit)", &hit, 1, &open_s, &open_raw, 1);
         hm_bench_case(b, "open+close (miss)", &miss, 1, &open_s, &open_raw, 1);
-        printf("bench_cuda: cuMemPoolImportPointer %s: that comparison is not measured (no "
-               "memory-pool export in this program)\n",
-               cu.pool_import ? "is in the driver" : "is not in the driver (the test driver has "
-                                                     "no pool export or import)");
+        if (g_rx.pool_fd >= 0 &&
+            cu.pool_import(&g_rx.pool, (void *)(intptr_t)g_rx.pool_fd,
+                           HM_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) != HM_CUDA_SUCCESS)
+            g_rx.pool = NULL;
+        if (!g_rx.pool)
+            printf("bench_cuda: %s: the cuMemPoolImport baseline skipped\n",
+                   !have_pool_ipc() ? "the driver has no memory-pool IPC"
+                   : g_rx.pool_fd < 0 ? "the exporter made no pool export"
+                                      : "cuMemPoolImportFromShareableHandle failed");
         static const hm_bench_impl_t vo_s = {"hetmem-vmm", vmm_open_setup, vmm_open_run, NULL};
         static const hm_bench_impl_t vo_base[] = {
             {"hetmem-legacy", open_setup, open_run, NULL},
             {"cuIpcOpen", NULL, raw_open_run, NULL},
             {"cuMemImport", raw_vmm_setup, raw_vmm_open_run, NULL},
-            {"cuMemPoolImport", pool_import_setup, raw_open_run, NULL}};
+            {"cuMemPoolImport", pool_import_setup, pool_import_run, NULL}};
         if (!g_rx.vm_len[0]) printf("bench_cuda: the exporter has no VMM provider\n");
         hm_bench_case(b, "vmm open+close (hit)", &hit, 1, &vo_s, vo_base, 4);
         hm_bench_case(b, "vmm open+close (miss)", &miss, 1, &vo_s, vo_base, 4);
@@ -565,6 +644,7 @@ int main(int argc, char **argv) {
         printf("driver calls per provider op: counted on the test driver only\n");
     }
     if (g_rx.raw_fd >= 0) close(g_rx.raw_fd);
+    if (g_rx.pool_fd >= 0) close(g_rx.pool_fd);
     if (g_vprov) hm_provider_destroy(g_vprov);
     hm_pool_destroy(g_pool);
     return rc;

@@ -185,6 +185,7 @@ typedef enum CUdevice_attribute_enum {
     CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103,
     CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
     CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED = 116,
+    CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES = 119,
     CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED = 125,
     CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED = 128,
     CU_DEVICE_ATTRIBUTE_NUMA_CONFIG = 130,
@@ -252,6 +253,21 @@ typedef enum CUmemAllocationGranularity_flags_enum {
     CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1
 } CUmemAllocationGranularity_flags;
 
+/* cuMemPoolCreate's properties and cuMemPoolExportPointer's data */
+typedef struct CUmemPoolProps_st {
+    CUmemAllocationType allocType;
+    CUmemAllocationHandleType handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes; /* must be NULL off Windows */
+    size_t maxSize;                /* 0: the system's default */
+    unsigned short usage;
+    unsigned char reserved[54];    /* must be 0 */
+} CUmemPoolProps;
+
+typedef struct CUmemPoolPtrExportData_st {
+    unsigned char reserved[64];
+} CUmemPoolPtrExportData;
+
 /* cuCtxCreate_v4's parameters; the two pointed-to types stay opaque here. */
 typedef struct CUctxCreateParams_st {
     struct CUexecAffinityParam_st *execAffinityParams;
@@ -273,6 +289,8 @@ _Static_assert(sizeof(CUipcMemHandle) == 64, "CUipcMemHandle is 64 bytes");
 _Static_assert(sizeof(CUuuid) == 16, "CUuuid is 16 bytes");
 _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp layout (LP64)");
 _Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc layout");
+_Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps layout (LP64)");
+_Static_assert(sizeof(CUmemPoolPtrExportData) == 64, "CUmemPoolPtrExportData is 64 bytes");
 _Static_assert(sizeof(CUresult) == 4 && sizeof(CUdeviceptr) == 8, "CUresult and CUdeviceptr");
 
 /* ---- the entry points, by the exact symbol names (cuda.h 13.0 maps the
@@ -369,6 +387,23 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
 CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
                                                 CUmemGenericAllocationHandle handle);
+
+/* memory pools with IPC: no versioned names either (cuMemAllocFromPoolAsync
+ * has a _ptsz variant for per-thread default streams, which the test driver
+ * does not export) */
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps);
+CUresult cuMemPoolDestroy(CUmemoryPool pool);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                 CUstream hStream);
+CUresult cuMemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool,
+                                          CUmemAllocationHandleType handleType,
+                                          unsigned long long flags);
+CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle,
+                                            CUmemAllocationHandleType handleType,
+                                            unsigned long long flags);
+CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *shareData_out, CUdeviceptr ptr);
+CUresult cuMemPoolImportPointer(CUdeviceptr *ptr_out, CUmemoryPool pool,
+                                CUmemPoolPtrExportData *shareData);
 
 #ifdef __cplusplus
 }

@@ -40,6 +40,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -111,7 +112,10 @@ extern int __cxa_atexit(void (*fn)(void *), void *arg, void *dso);
     X(cuMemCreate) X(cuMemRelease) X(cuMemAddressReserve) X(cuMemAddressFree)           \
     X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess)                       \
     X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)                   \
-    X(cuMemRetainAllocationHandle) X(cuMemGetAllocationPropertiesFromHandle)
+    X(cuMemRetainAllocationHandle) X(cuMemGetAllocationPropertiesFromHandle)         \
+    X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuMemAllocFromPoolAsync)                   \
+    X(cuMemPoolExportToShareableHandle) X(cuMemPoolImportFromShareableHandle)           \
+    X(cuMemPoolExportPointer) X(cuMemPoolImportPointer)
 
 enum api {
 #define X(name) API_##name,
@@ -154,8 +158,12 @@ struct device {
 };
 
 /* M_WCDEV: the device address of write-combined host memory, the twin of
- * its M_HOST record. M_VMM: one cuMemMap mapping of a physical allocation. */
-enum mkind { M_DEVICE, M_ASYNC, M_HOST, M_MANAGED, M_IPC, M_WCDEV, M_VMM };
+ * its M_HOST record. M_VMM: one cuMemMap mapping of a physical allocation.
+ * M_POOL: an allocation from a created pool (cuMemAllocFromPoolAsync);
+ * M_POOLIMP: one imported into this process (cuMemPoolImportPointer). */
+enum mkind { M_DEVICE, M_ASYNC, M_HOST, M_MANAGED, M_IPC, M_WCDEV, M_VMM, M_POOL, M_POOLIMP };
+
+struct mpool;
 
 /* A physical allocation of the VMM API (cuMemCreate, or an import): a
  * sealed memfd. It lives while refs > 0 (handle references: the create or
@@ -193,7 +201,10 @@ struct alloc {
     /* M_VMM: the physical allocation, and the access flags per device */
     struct vmm *vmm;
     unsigned char access[HM_CUDA_TEST_MAX_DEVICES];
-    /* M_IPC */
+    /* M_POOL, M_POOLIMP: the pool, and the offset in its memory */
+    struct mpool *mpool;
+    uint64_t pool_off;
+    /* M_IPC, M_POOLIMP */
     unsigned refs;
     uint32_t exp_pid;
     uint32_t exp_dev;
@@ -277,6 +288,9 @@ static struct {
     uint64_t next_vmm_id;
     struct range *vres;        /* cuMemAddressReserve ranges, unordered */
     size_t nvres, capvres;
+    struct mpool *mpools;      /* created and imported pools not yet freed */
+    uint64_t next_pool_id;
+    uint64_t pool_early_frees;
 } g;
 
 /* The calling thread's context stack; t_stack[t_depth - 1] is current. */
@@ -911,10 +925,14 @@ static uint64_t stream_last(uintptr_t tag) {
     return 0;
 }
 
+static void pool_unlink(struct alloc *a);
+static CUmemoryPool pool_handle(const struct mpool *p);
+
 /* Unmaps and forgets a (and its twin), after the queued work, which may
  * touch it. */
 static void alloc_release(struct alloc *a) {
     queue_run();
+    if (a->mpool) pool_unlink(a);
     if (a->twin) {
         struct alloc *t = a->twin;
         a->twin = NULL;
@@ -1070,7 +1088,8 @@ static void ctx_end(struct ctx *c) {
 
 /* Whether the driver's memory a lives on a device: queued work touches it. */
 static bool on_device(const struct alloc *a) {
-    return a && (a->kind == M_DEVICE || a->kind == M_ASYNC || a->kind == M_IPC || a->kind == M_VMM);
+    return a && (a->kind == M_DEVICE || a->kind == M_ASYNC || a->kind == M_IPC || a->kind == M_VMM ||
+                 a->kind == M_POOL || a->kind == M_POOLIMP);
 }
 
 /* Where the driver reads or writes n > 0 bytes at p: the driver's memory
@@ -1290,6 +1309,8 @@ static int attribute_value(const struct device *d, CUdevice_attribute a) {
     case CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED:
         return 1;
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: return g.fabric;
+    case CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES:
+        return CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     default: return 0;
     }
 }
@@ -1495,9 +1516,10 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     (void)c;
     struct alloc *a = alloc_at((uintptr_t)dptr);
     if (!a || a->base != (uintptr_t)dptr ||
-        (a->kind != M_DEVICE && a->kind != M_ASYNC && a->kind != M_MANAGED))
+        (a->kind != M_DEVICE && a->kind != M_ASYNC && a->kind != M_MANAGED && a->kind != M_POOL &&
+         a->kind != M_POOLIMP))
         return leave(CUDA_ERROR_INVALID_VALUE);
-    alloc_release(a);
+    if (a->kind != M_POOLIMP || --a->refs == 0) alloc_release(a);
     return leave(CUDA_SUCCESS);
 }
 
@@ -2148,7 +2170,9 @@ static CUresult attr_get(const struct alloc *a, CUpointer_attribute at, uintptr_
         break;
     case CU_POINTER_ATTRIBUTE_MAPPED: v.u = 1; break;
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
-        v.pool = a->kind == M_ASYNC ? (CUmemoryPool)(void *)&a->dev->pool : NULL;
+        v.pool = a->kind == M_ASYNC ? (CUmemoryPool)(void *)&a->dev->pool
+                 : a->mpool         ? pool_handle(a->mpool)
+                                    : NULL;
         break;
     default: return CUDA_ERROR_INVALID_VALUE;
     }
@@ -2379,9 +2403,493 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     CURRENT(c);
     (void)c;
     struct alloc *a = alloc_at((uintptr_t)dptr);
-    if (!a || a->base != (uintptr_t)dptr || (a->kind != M_ASYNC && a->kind != M_DEVICE))
+    if (!a || a->base != (uintptr_t)dptr ||
+        (a->kind != M_ASYNC && a->kind != M_DEVICE && a->kind != M_POOL && a->kind != M_POOLIMP))
         return leave(CUDA_ERROR_INVALID_VALUE);
-    alloc_release(a);
+    if (a->kind != M_POOLIMP || --a->refs == 0) alloc_release(a);
+    return leave(CUDA_SUCCESS);
+}
+
+/* ---- memory pools with IPC (cuMemPoolCreate ... cuMemPoolImportPointer) ---- */
+
+/* A created pool's memory is one sealed memfd, named
+ * "hm_cuda_test_pool<device>:<capacity>": a header of POOL_SLOT bytes per
+ * 4 KiB unit of the capacity, then the capacity. An allocation takes a run
+ * of units (4 KiB below 2 MiB, 2 MiB units from 2 MiB on, as device memory)
+ * and its first unit's slot names it: the id the export data carries, its
+ * size and span, and how many importers map it. The pool's shareable
+ * handle is a descriptor of that memfd: it gives exactly the pool's memory
+ * (cuda.h: "Individual pointers can then be shared with the
+ * ::cuMemPoolExportPointer and ::cuMemPoolImportPointer APIs"), and an
+ * importer reads the slots through it, so that export data naming a freed
+ * allocation, another one, or none is refused. Whoever holds the
+ * descriptor may write the slots (as it may write the memory): an importer
+ * checks every value it reads against the data and the capacity. */
+#define POOL_HANDLE_BASE ((uintptr_t)0x504c000000000000ull) /* "PL" */
+#define POOL_MAGIC 0x50504d48u                              /* "HMPP" */
+#define POOL_UNIT HOST_PAGE
+
+struct pool_slot {
+    _Atomic uint64_t id; /* 0: no allocation starts in this unit */
+    _Atomic uint64_t size, span;
+    _Atomic uint32_t imports;
+    uint32_t pad;
+};
+#define POOL_SLOT sizeof(struct pool_slot)
+_Static_assert(sizeof(struct pool_slot) == 32, "a slot is 32 bytes");
+
+/* A created (imported false) or imported pool. Lives until destroyed and
+ * `live` (its allocations here, or its imported pointers) is 0. */
+struct mpool {
+    uint64_t id; /* the handle encodes it (handle_of()) */
+    bool imported, destroyed;
+    int fd;
+    struct device *dev;
+    CUmemAllocationHandleType types;
+    size_t cap, hdr; /* the capacity, and the header before it in the file */
+    struct pool_slot *slots; /* the header, mapped shared */
+    ino_t ino;
+    dev_t fsdev;
+    struct range *free; /* created pools: free offsets in [0, cap), sorted */
+    size_t nfree, capfree;
+    unsigned live;
+    struct mpool *next;
+};
+
+static size_t pool_hdr(size_t cap) {
+    return ((cap / POOL_UNIT) * POOL_SLOT + HOST_PAGE - 1) & ~(HOST_PAGE - 1);
+}
+
+static void pool_prefix(char *buf, size_t n, unsigned dev) {
+    snprintf(buf, n, "%s_pool%u", MEMFD_PREFIX, dev);
+}
+
+static CUmemoryPool pool_handle(const struct mpool *p) {
+    return (CUmemoryPool)(void *)handle_of(POOL_HANDLE_BASE, p->id);
+}
+
+/* The live (not destroyed) pool behind a handle, or NULL. */
+static struct mpool *pool_find(CUmemoryPool h) {
+    const uint64_t id = id_of(POOL_HANDLE_BASE, (uintptr_t)h);
+    if (!id) return NULL;
+    for (struct mpool *p = g.mpools; p; p = p->next)
+        if (p->id == id) return p->destroyed ? NULL : p;
+    return NULL;
+}
+
+/* The device whose default pool h is, or NULL. */
+static struct device *default_pool_of(CUmemoryPool h) {
+    for (unsigned i = 0; i < g.ndev; i++)
+        if ((void *)h == (void *)&g_devices[i].pool) return &g_devices[i];
+    return NULL;
+}
+
+/* Frees p once destroyed with nothing left in it. */
+static void pool_put(struct mpool *p) {
+    if (!p->destroyed || p->live) return;
+    struct mpool **pp = &g.mpools;
+    while (*pp != p) pp = &(*pp)->next;
+    *pp = p->next;
+    munmap(p->slots, p->hdr);
+    close(p->fd);
+    free(p->free);
+    free(p);
+}
+
+/* A new pool over fd (which it takes), its header mapped. */
+static CUresult pool_new(int fd, struct device *d, size_t cap, bool imported,
+                         CUmemAllocationHandleType types, struct mpool **out) {
+    struct stat st;
+    struct mpool *p = calloc(1, sizeof *p);
+    if (!p || fstat(fd, &st) != 0) goto fail;
+    p->hdr = pool_hdr(cap);
+    p->slots = mmap(NULL, p->hdr, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p->slots == MAP_FAILED) goto fail;
+    if (!imported) {
+        p->free = malloc(16 * sizeof *p->free);
+        if (!p->free) {
+            munmap(p->slots, p->hdr);
+            goto fail;
+        }
+        p->capfree = 16;
+        p->free[0] = (struct range){0, cap};
+        p->nfree = 1;
+    }
+    p->id = ++g.next_pool_id;
+    p->imported = imported;
+    p->fd = fd;
+    p->dev = d;
+    p->types = types;
+    p->cap = cap;
+    p->ino = st.st_ino;
+    p->fsdev = st.st_dev;
+    p->next = g.mpools;
+    g.mpools = p;
+    *out = p;
+    return CUDA_SUCCESS;
+fail:
+    free(p);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* len bytes at an offset aligned to `align` taken from p's free offsets
+ * (first fit); UINT64_MAX when none fits. */
+static uint64_t pool_take(struct mpool *p, size_t len, size_t align) {
+    for (size_t i = 0; i < p->nfree; i++) {
+        struct range *r = &p->free[i];
+        const uintptr_t lo = (r->lo + align - 1) & ~(uintptr_t)(align - 1);
+        if (lo >= r->hi || r->hi - lo < len) continue;
+        if (lo > r->lo && lo + len < r->hi) { /* a hole in the middle */
+            if (!table_grow((void **)&p->free, p->nfree, &p->capfree, sizeof *p->free))
+                return UINT64_MAX;
+            r = &p->free[i];
+            memmove(r + 2, r + 1, (p->nfree - i - 1) * sizeof *r);
+            r[1] = (struct range){lo + len, r->hi};
+            r->hi = lo;
+            p->nfree++;
+        } else if (lo == r->lo && lo + len == r->hi) {
+            memmove(r, r + 1, (p->nfree - i - 1) * sizeof *r);
+            p->nfree--;
+        } else if (lo == r->lo) {
+            r->lo = lo + len;
+        } else {
+            r->hi = lo;
+        }
+        return lo;
+    }
+    return UINT64_MAX;
+}
+
+/* Gives [off, off + len) back to p's free offsets (coalesced). */
+static void pool_give(struct mpool *p, uint64_t off, size_t len) {
+    const uintptr_t lo = (uintptr_t)off, hi = lo + len;
+    size_t i = 0;
+    while (i < p->nfree && p->free[i].lo < lo) i++;
+    const bool left = i > 0 && p->free[i - 1].hi == lo;
+    const bool right = i < p->nfree && p->free[i].lo == hi;
+    if (left && right) {
+        p->free[i - 1].hi = p->free[i].hi;
+        memmove(&p->free[i], &p->free[i + 1], (p->nfree - i - 1) * sizeof *p->free);
+        p->nfree--;
+    } else if (left) {
+        p->free[i - 1].hi = hi;
+    } else if (right) {
+        p->free[i].lo = lo;
+    } else {
+        if (!table_grow((void **)&p->free, p->nfree, &p->capfree, sizeof *p->free))
+            die("out of memory for a pool's free offsets");
+        memmove(&p->free[i + 1], &p->free[i], (p->nfree - i) * sizeof *p->free);
+        p->free[i] = (struct range){lo, hi};
+        p->nfree++;
+    }
+}
+
+/* Maps span bytes of p's memory at offset off: at `at` (taken from the
+ * reservation) as device memory, and a private alias into *cpu. */
+static bool pool_map(const struct mpool *p, uint64_t off, size_t span, uintptr_t at, char **cpu) {
+    const off_t where = (off_t)(p->hdr + off);
+    *cpu = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, where);
+    if (*cpu == MAP_FAILED) return false;
+    if (mmap((void *)at, span, PROT_NONE, MAP_SHARED | MAP_FIXED, p->fd, where) == MAP_FAILED) {
+        munmap(*cpu, span);
+        return false;
+    }
+    return true;
+}
+
+/* The pool side of freeing a (from alloc_release). An allocation of a
+ * created pool: its slot is cleared, its memory given back to the system
+ * and its offsets to the pool. cuda.h, cuMemPoolImportPointer: "The imported
+ * memory must be freed from all importing processes before being freed in
+ * the exporting process"; a free made while importers still map it counts
+ * in `pool_early_frees` (what an importer then reads is undefined: here
+ * zeros, or the next allocation at that offset). An imported pointer: one
+ * importer less, when the slot still names what was imported. */
+static void pool_unlink(struct alloc *a) {
+    struct mpool *p = a->mpool;
+    struct pool_slot *sl = &p->slots[a->pool_off / POOL_UNIT];
+    if (a->kind == M_POOL) {
+        if (atomic_load(&sl->imports)) g.pool_early_frees++;
+        atomic_store(&sl->id, 0);
+        atomic_store(&sl->imports, 0);
+        (void)fallocate(p->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                        (off_t)(p->hdr + a->pool_off), (off_t)a->span);
+        pool_give(p, a->pool_off, a->span);
+    } else if (atomic_load(&sl->id) == a->exp_id) {
+        uint32_t n = atomic_load(&sl->imports);
+        while (n && !atomic_compare_exchange_weak(&sl->imports, &n, n - 1)) {
+        }
+    }
+    a->mpool = NULL;
+    p->live--;
+    pool_put(p);
+}
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
+    ENTER(cuMemPoolCreate);
+    const CUmemPoolProps *pp = poolProps;
+    if (!pool || !pp || pp->allocType != CU_MEM_ALLOCATION_TYPE_PINNED || pp->win32SecurityAttributes)
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    for (size_t i = 0; i < sizeof pp->reserved; i++)
+        if (pp->reserved[i]) return leave(CUDA_ERROR_INVALID_VALUE);
+    if (pp->location.type == CU_MEM_LOCATION_TYPE_HOST ||
+        pp->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA)
+        return leave(CUDA_ERROR_NOT_SUPPORTED); /* the test driver has device pools only */
+    if (pp->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return leave(CUDA_ERROR_INVALID_VALUE);
+    struct device *d = device_at(pp->location.id);
+    if (!d) return leave(CUDA_ERROR_INVALID_DEVICE);
+    const unsigned types = (unsigned)pp->handleTypes;
+    if (types & CU_MEM_HANDLE_TYPE_FABRIC) return leave(CUDA_ERROR_NOT_SUPPORTED);
+    if (types & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return leave(CUDA_ERROR_INVALID_VALUE); /* Win32 handles on Linux */
+    if (pp->usage) return leave(CUDA_ERROR_NOT_SUPPORTED); /* no decompression engine */
+    uint64_t cap = pp->maxSize ? pp->maxSize : d->limit;
+    if (cap > VA_SIZE) return leave(CUDA_ERROR_INVALID_VALUE);
+    cap = (cap + GRANULARITY - 1) & ~(uint64_t)(GRANULARITY - 1);
+    char prefix[32];
+    pool_prefix(prefix, sizeof prefix, d->index);
+    int fd = sized_memfd_create(prefix, (size_t)cap);
+    if (fd < 0) return leave(CUDA_ERROR_OUT_OF_MEMORY);
+    if (ftruncate(fd, (off_t)(pool_hdr((size_t)cap) + cap)) != 0 || !sized_memfd_seal(fd)) {
+        close(fd);
+        return leave(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    struct mpool *p;
+    CUresult r = pool_new(fd, d, (size_t)cap, false, pp->handleTypes, &p);
+    if (r != CUDA_SUCCESS) {
+        close(fd);
+        return leave(r);
+    }
+    *pool = pool_handle(p);
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    ENTER(cuMemPoolDestroy);
+    struct mpool *p = pool_find(pool);
+    if (!p) return leave(CUDA_ERROR_INVALID_VALUE); /* a default pool too */
+    p->destroyed = true;
+    pool_put(p);
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                        CUstream hStream) {
+    ENTER(cuMemAllocFromPoolAsync);
+    STREAM_ARG(sc, tag, hStream);
+    (void)tag;
+    if (!dptr || bytesize == 0) return leave(CUDA_ERROR_INVALID_VALUE);
+    struct device *dd = default_pool_of(pool);
+    if (dd) { /* a default pool: as cuMemAllocAsync, on that pool's device */
+        struct alloc *a;
+        CUresult r = mem_alloc(sc->dev == dd ? sc : &dd->primary, M_ASYNC, bytesize, false, &a);
+        if (r == CUDA_SUCCESS) *dptr = (CUdeviceptr)a->base;
+        return leave(r);
+    }
+    struct mpool *p = pool_find(pool);
+    /* cuda.h: "imported memory pools may not be used in ...
+     * cuMemAllocFromPoolAsync calls" */
+    if (!p || p->imported) return leave(CUDA_ERROR_INVALID_VALUE);
+    if (bytesize > p->cap) return leave(CUDA_ERROR_OUT_OF_MEMORY);
+    const size_t span = span_of(bytesize), align = align_of(bytesize);
+    struct device *d = p->dev;
+    if (d->used > d->limit || span > d->limit - d->used) return leave(CUDA_ERROR_OUT_OF_MEMORY);
+    struct alloc *a = calloc(1, sizeof *a);
+    if (!a || !table_reserve(1)) goto fail;
+    const uint64_t off = pool_take(p, span, align);
+    if (off == UINT64_MAX) goto fail;
+    const uintptr_t at = va_alloc(span, align);
+    if (!at || !pool_map(p, off, span, at, &a->cpu)) {
+        if (at) va_give(at, at + span);
+        pool_give(p, off, span);
+        goto fail;
+    }
+    a->base = at;
+    a->size = bytesize;
+    a->span = span;
+    a->fd = -1;
+    a->id = g.next_id++;
+    a->kind = M_POOL;
+    a->in_va = true;
+    a->dev = d;
+    a->charged = span;
+    a->mpool = p;
+    a->pool_off = off;
+    d->used += span;
+    struct pool_slot *sl = &p->slots[off / POOL_UNIT];
+    atomic_store(&sl->size, bytesize);
+    atomic_store(&sl->span, span);
+    atomic_store(&sl->imports, 0);
+    atomic_store(&sl->id, a->id);
+    p->live++;
+    table_insert(a);
+    *dptr = (CUdeviceptr)at;
+    return leave(CUDA_SUCCESS);
+fail:
+    free(a);
+    return leave(CUDA_ERROR_OUT_OF_MEMORY);
+}
+
+EXPORT CUresult cuMemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool,
+                                                 CUmemAllocationHandleType handleType,
+                                                 unsigned long long flags) {
+    ENTER(cuMemPoolExportToShareableHandle);
+    const struct mpool *p = pool_find(pool);
+    if (handleType == CU_MEM_HANDLE_TYPE_FABRIC) return leave(CUDA_ERROR_NOT_SUPPORTED);
+    /* an IPC-capable pool: "create a mempool with a CUmemAllocationHandleType
+     * other than CU_MEM_HANDLE_TYPE_NONE" */
+    if (!handle_out || !p || p->imported || flags != 0 ||
+        handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+        !(p->types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    int fd = fcntl(p->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return leave(CUDA_ERROR_OUT_OF_MEMORY);
+    memcpy(handle_out, &fd, sizeof fd);
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle,
+                                                   CUmemAllocationHandleType handleType,
+                                                   unsigned long long flags) {
+    ENTER(cuMemPoolImportFromShareableHandle);
+    if (handleType == CU_MEM_HANDLE_TYPE_FABRIC) return leave(CUDA_ERROR_NOT_SUPPORTED);
+    if (!pool_out || flags != 0 || handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    const intptr_t fd = (intptr_t)handle;
+    struct stat st;
+    if (fd < 0 || fd > INT32_MAX || fstat((int)fd, &st) != 0) return leave(CUDA_ERROR_INVALID_VALUE);
+    for (unsigned dev = 0; dev < HM_CUDA_TEST_MAX_DEVICES; dev++) {
+        char prefix[32];
+        pool_prefix(prefix, sizeof prefix, dev);
+        const uint64_t cap = sized_memfd_size(prefix, (int)fd);
+        if (cap == 0) continue;
+        if (cap % GRANULARITY || cap > VA_SIZE || (uint64_t)st.st_size != pool_hdr(cap) + cap)
+            return leave(CUDA_ERROR_INVALID_VALUE);
+        struct device *d = device_at((CUdevice)dev);
+        if (!d) return leave(CUDA_ERROR_NOT_SUPPORTED);
+        int own = fcntl((int)fd, F_DUPFD_CLOEXEC, 0);
+        if (own < 0) return leave(CUDA_ERROR_OUT_OF_MEMORY);
+        struct mpool *p;
+        CUresult r = pool_new(own, d, (size_t)cap, true, handleType, &p);
+        if (r != CUDA_SUCCESS) {
+            close(own);
+            return leave(r);
+        }
+        *pool_out = pool_handle(p);
+        return leave(CUDA_SUCCESS);
+    }
+    return leave(CUDA_ERROR_INVALID_VALUE);
+}
+
+/* The 64 bytes of CUmemPoolPtrExportData. */
+enum {
+    PX_MAGIC = 0,  /* u32 */
+    PX_PID = 4,    /* u32: the exporter */
+    PX_DEVICE = 8, /* u32 */
+    PX_ZERO = 12,  /* u32: 0 */
+    PX_ID = 16,    /* u64: the allocation's id, as in its slot */
+    PX_OFF = 24,   /* u64: its offset in the pool's capacity */
+    PX_SIZE = 32,  /* u64 */
+    PX_INO = 40,   /* u64: the pool memfd's st_ino */
+    PX_FSDEV = 48, /* u64: its st_dev */
+    PX_BASE = 56,  /* u64: the allocation's address in the exporter */
+};
+_Static_assert(PX_BASE + 8 == sizeof(CUmemPoolPtrExportData), "the export data is 64 bytes");
+
+static void px_put(CUmemPoolPtrExportData *x, size_t at, uint64_t v, size_t n) {
+    memcpy(x->reserved + at, &v, n); /* little-endian */
+}
+static uint64_t px_get(const CUmemPoolPtrExportData *x, size_t at, size_t n) {
+    uint64_t v = 0;
+    memcpy(&v, x->reserved + at, n);
+    return v;
+}
+
+EXPORT CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *shareData_out, CUdeviceptr ptr) {
+    ENTER(cuMemPoolExportPointer);
+    /* an allocation of an IPC-capable pool; an interior pointer names the
+     * whole allocation (cuda.h does not say; as cuIpcGetMemHandle) */
+    const struct alloc *a = alloc_at((uintptr_t)ptr);
+    if (!shareData_out || !a || a->kind != M_POOL ||
+        !(a->mpool->types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    CUmemPoolPtrExportData x;
+    memset(&x, 0, sizeof x);
+    px_put(&x, PX_MAGIC, POOL_MAGIC, 4);
+    px_put(&x, PX_PID, (uint32_t)getpid(), 4);
+    px_put(&x, PX_DEVICE, a->dev->index, 4);
+    px_put(&x, PX_ID, a->id, 8);
+    px_put(&x, PX_OFF, a->pool_off, 8);
+    px_put(&x, PX_SIZE, a->size, 8);
+    px_put(&x, PX_INO, (uint64_t)a->mpool->ino, 8);
+    px_put(&x, PX_FSDEV, (uint64_t)a->mpool->fsdev, 8);
+    px_put(&x, PX_BASE, a->base, 8);
+    *shareData_out = x;
+    return leave(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemPoolImportPointer(CUdeviceptr *ptr_out, CUmemoryPool pool,
+                                       CUmemPoolPtrExportData *shareData) {
+    ENTER(cuMemPoolImportPointer);
+    struct mpool *p = pool_find(pool);
+    if (!ptr_out || !shareData || !p || !p->imported) return leave(CUDA_ERROR_INVALID_VALUE);
+    const CUmemPoolPtrExportData *x = shareData;
+    const uint64_t id = px_get(x, PX_ID, 8), off = px_get(x, PX_OFF, 8);
+    const uint64_t size = px_get(x, PX_SIZE, 8), there = px_get(x, PX_BASE, 8);
+    /* data of another pool, or malformed */
+    if (px_get(x, PX_MAGIC, 4) != POOL_MAGIC || px_get(x, PX_ZERO, 4) != 0 ||
+        px_get(x, PX_DEVICE, 4) != p->dev->index || px_get(x, PX_INO, 8) != (uint64_t)p->ino ||
+        px_get(x, PX_FSDEV, 8) != (uint64_t)p->fsdev || !id || !size || off % POOL_UNIT ||
+        off >= p->cap || there % HOST_PAGE)
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    /* the slot must name that allocation now: freed, reused or forged data
+     * is refused */
+    struct pool_slot *sl = &p->slots[off / POOL_UNIT];
+    const uint64_t span = atomic_load(&sl->span);
+    if (atomic_load(&sl->id) != id || atomic_load(&sl->size) != size || span < size ||
+        span % POOL_UNIT || span > p->cap - off)
+        return leave(CUDA_ERROR_INVALID_VALUE);
+    /* imported here already from this pool: the same pointer, one more
+     * reference (cuda.h does not say; as cuIpcOpenMemHandle) */
+    for (size_t i = 0; i < g.nallocs; i++) {
+        struct alloc *o = g.allocs[i];
+        if (o->kind == M_POOLIMP && o->mpool == p && o->exp_id == id && o->pool_off == off) {
+            o->refs++;
+            *ptr_out = (CUdeviceptr)o->base;
+            return leave(CUDA_SUCCESS);
+        }
+    }
+    /* where: the exporter's address when free here (unified addressing),
+     * else the lowest free address that fits */
+    uintptr_t at = 0;
+    if (!(g.lenient & HM_CUDA_TEST_LENIENT_IPC_ANYWHERE) && there && there <= UINTPTR_MAX - span) {
+        long i = va_holder((uintptr_t)there, (uintptr_t)there + span);
+        if (i >= 0 && va_take(i, (uintptr_t)there, (uintptr_t)there + span)) at = (uintptr_t)there;
+    }
+    if (!at) at = va_alloc((size_t)span, size >= GRANULARITY ? GRANULARITY : HOST_PAGE);
+    struct alloc *a = at ? calloc(1, sizeof *a) : NULL;
+    if (!a || !table_reserve(1) || !pool_map(p, off, (size_t)span, at, &a->cpu)) {
+        if (at) va_give(at, at + span);
+        free(a);
+        return leave(at ? CUDA_ERROR_MAP_FAILED : CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    a->base = at;
+    a->size = (size_t)size;
+    a->span = (size_t)span;
+    a->fd = -1;
+    a->id = g.next_id++;
+    a->kind = M_POOLIMP;
+    a->in_va = true;
+    a->dev = p->dev;
+    a->mpool = p;
+    a->pool_off = off;
+    a->refs = 1;
+    a->exp_pid = (uint32_t)px_get(x, PX_PID, 4);
+    a->exp_id = id;
+    atomic_fetch_add(&sl->imports, 1);
+    p->live++;
+    table_insert(a);
+    *ptr_out = (CUdeviceptr)at;
     return leave(CUDA_SUCCESS);
 }
 
@@ -2652,6 +3160,13 @@ static const struct {
     {"cuMemRetainAllocationHandle", 11000, (void *)cuMemRetainAllocationHandle},
     {"cuMemGetAllocationPropertiesFromHandle", 10020,
      (void *)cuMemGetAllocationPropertiesFromHandle},
+    {"cuMemPoolCreate", 11020, (void *)cuMemPoolCreate},
+    {"cuMemPoolDestroy", 11020, (void *)cuMemPoolDestroy},
+    {"cuMemAllocFromPoolAsync", 11020, (void *)cuMemAllocFromPoolAsync},
+    {"cuMemPoolExportToShareableHandle", 11020, (void *)cuMemPoolExportToShareableHandle},
+    {"cuMemPoolImportFromShareableHandle", 11020, (void *)cuMemPoolImportFromShareableHandle},
+    {"cuMemPoolExportPointer", 11020, (void *)cuMemPoolExportPointer},
+    {"cuMemPoolImportPointer", 11020, (void *)cuMemPoolImportPointer},
 };
 
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
@@ -2697,6 +3212,7 @@ EXPORT void hm_cuda_test_reset(void) {
     g.ipc_open_repeats = 0;
     g.leaks = 0;
     g.events_recorded = 0;
+    g.pool_early_frees = 0;
     unlock();
 }
 
@@ -2723,9 +3239,17 @@ EXPORT void hm_cuda_test_get_stats(hm_cuda_test_stats_t *out) {
             break;
         case M_WCDEV: break; /* counted with its host record */
         case M_VMM: s.live_vmm_mappings++; break;
+        case M_POOL: s.live_pool_allocs++; break;
+        case M_POOLIMP:
+            s.live_pool_imports++;
+            s.live_pool_import_refs += a->refs;
+            break;
         }
     }
     for (const struct vmm *v = g.vmms; v; v = v->next) s.live_vmm_handles++;
+    for (const struct mpool *p = g.mpools; p; p = p->next)
+        if (!p->destroyed) s.live_pools++;
+    s.pool_early_frees = g.pool_early_frees;
     s.pending_ops = g.nq - g.qhead;
     s.live_streams = g.nstreams;
     s.live_events = g.nevents;

@@ -536,6 +536,11 @@ typedef struct hm_cuda_test_stats {
     uint64_t events_recorded; /* a counter: cuEventRecord successes since the last reset */
     uint64_t live_vmm_handles;  /* physical allocations (cuMemCreate, imports) not yet freed */
     uint64_t live_vmm_mappings; /* cuMemMap mappings not yet unmapped */
+    uint64_t live_pools;        /* created and imported pools not destroyed */
+    uint64_t live_pool_allocs;  /* cuMemAllocFromPoolAsync allocations of created pools */
+    uint64_t live_pool_imports; /* cuMemPoolImportPointer mappings not yet freed */
+    uint64_t live_pool_import_refs; /* imports not yet freed (a repeat adds one) */
+    uint64_t pool_early_frees;  /* a counter: pool allocations freed while imported */
 } hm_cuda_test_stats_t;
 
 /* Counters to 0, every pending failure injection and a sticky error
