@@ -34,6 +34,11 @@
  *    inside one range of g.vres (reservations, taken from the reservation's
  *    free set), has no context and charges nothing (its vmm does); a
  *    reservation is given back only with no mapping left in it.
+ *  - Pools: g.mpools holds the created and imported pools until destroyed
+ *    with live == 0 (live: M_POOL records of a created pool, M_POOLIMP
+ *    records of an imported one, each naming it by mpool). An M_POOL
+ *    record's offsets are out of its pool's free set and its slot names its
+ *    id; it has no context and charges its pool's device.
  */
 #include "cuda_test_driver.h"
 

@@ -84,7 +84,8 @@
  *    every process; PCI domain 0, bus i + 1, device 0; compute capability
  *    9.0; unified addressing, managed memory, concurrent managed access,
  *    host pointer for registered memory, map host memory, memory pools and
- *    IPC-event support (the documented probe for IPC) are 1; pageable
+ *    IPC-event support (the documented probe for IPC) are 1,
+ *    MEMPOOL_SUPPORTED_HANDLE_TYPES is POSIX_FILE_DESCRIPTOR; pageable
  *    memory access, virtual memory management, POSIX fd handles,
  *    host register, RDMA and integrated are 0; every other valid attribute
  *    is 0; attributes outside 1..CU_DEVICE_ATTRIBUTE_MAX-1 are
@@ -267,6 +268,65 @@
  *    CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE), is not IPC-capable, and is freed
  *    by cuMemFreeAsync or cuMemFree_v2; cuMemFreeAsync also takes
  *    cuMemAlloc_v2 memory.
+ *  - Memory pools with IPC (cuda.h 13.0, "Stream Ordered Memory Allocator";
+ *    no versioned names; cuGetProcAddress_v2 has them from 11020). No
+ *    current context is needed but for a default stream. cuMemPoolCreate:
+ *    allocType PINNED, win32SecurityAttributes NULL and reserved all 0
+ *    (cuda.h: "required to be zero", "must be 0"), else
+ *    CUDA_ERROR_INVALID_VALUE; a DEVICE location (a bad ordinal
+ *    CUDA_ERROR_INVALID_DEVICE; HOST and HOST_NUMA pools, a non-zero usage
+ *    and FABRIC: CUDA_ERROR_NOT_SUPPORTED; Win32 types
+ *    CUDA_ERROR_INVALID_VALUE); handleTypes NONE or POSIX_FILE_DESCRIPTOR.
+ *    Its capacity is maxSize (0: the device's limit), 2 MiB-rounded. A pool
+ *    is one memfd named "hm_cuda_test_pool<device>:<capacity>", sealed: a
+ *    header of 32-byte slots, one per 4 KiB of capacity, then the capacity.
+ *    cuMemAllocFromPoolAsync (synchronous, like cuMemAllocAsync; the stream
+ *    checked as below) takes a run of the capacity (4 KiB units below
+ *    2 MiB, 2 MiB units from 2 MiB on), maps it in the reservation like
+ *    device memory and charges the pool's device; its first unit's slot
+ *    holds the allocation's id, size, span and importer count. Past the
+ *    capacity or the device's limit: CUDA_ERROR_OUT_OF_MEMORY; an imported
+ *    pool CUDA_ERROR_INVALID_VALUE (cuda.h: "imported memory pools may not
+ *    be used in ... cuMemAllocFromPoolAsync calls"); a device's default pool:
+ *    async memory, as cuMemAllocAsync. Pool memory belongs to no context
+ *    (cuda.h, cuCtxDestroy: "will not destroy memory allocations by ...
+ *    cuMemAllocFromPoolAsync"; CONTEXT NULL; MEMPOOL_HANDLE its pool).
+ *    cuMemFree_v2 and cuMemFreeAsync free it: its slot is cleared and its
+ *    memory punched out of the memfd. cuMemPoolDestroy of a created or
+ *    imported pool returns at once; the handle is unknown from then on
+ *    (CUDA_ERROR_INVALID_VALUE), the pool goes with its last allocation or
+ *    import ("released automatically once there are no more outstanding
+ *    allocations"); a default pool is CUDA_ERROR_INVALID_VALUE.
+ *    cuMemPoolExportToShareableHandle (POSIX_FILE_DESCRIPTOR of a pool
+ *    created with it, flags 0; else CUDA_ERROR_INVALID_VALUE; FABRIC
+ *    CUDA_ERROR_NOT_SUPPORTED) writes an int: a new O_CLOEXEC descriptor of
+ *    the pool's memfd. cuMemPoolImportFromShareableHandle(&p, (void
+ *    *)(uintptr_t)fd, POSIX_FILE_DESCRIPTOR, 0) takes a pool memfd of this
+ *    driver (name, seals, size), else CUDA_ERROR_INVALID_VALUE; a device
+ *    this process lacks CUDA_ERROR_NOT_SUPPORTED; it keeps its own
+ *    descriptor. cuMemPoolExportPointer: a pointer into an allocation of a
+ *    POSIX_FILE_DESCRIPTOR pool (an interior one names the whole allocation;
+ *    cuda.h does not say), else CUDA_ERROR_INVALID_VALUE; the 64 bytes:
+ *      [0,4) magic 0x50504d48 ("HMPP")  [4,8) exporter pid  [8,12) device
+ *      [12,16) 0  [16,24) allocation id  [24,32) offset in the capacity
+ *      [32,40) size  [40,48) the memfd's st_ino  [48,56) its st_dev
+ *      [56,64) the allocation's address in the exporter.
+ *    cuMemPoolImportPointer(&ptr, imported pool, data): data of another
+ *    pool, malformed, or naming no live allocation now (the slot at that
+ *    offset holds another id or size: forged, freed by the exporter, or
+ *    reused) is CUDA_ERROR_INVALID_VALUE, as is a created pool. It maps the
+ *    allocation as device memory of the pool's device, at the exporter's
+ *    address when free here, else the lowest free one; charges nothing;
+ *    counts one importer in the slot. A second import of the same
+ *    allocation returns the same pointer and takes a reference (cuda.h
+ *    does not say). cuMemFree_v2 or cuMemFreeAsync of an imported pointer
+ *    drops one; the last unmaps it ("The pointer may be freed with cuMemFree
+ *    or cuMemFreeAsync"). cuda.h: "The imported memory must be freed from
+ *    all importing processes before being freed in the exporting process":
+ *    an exporter's free while importers still map it succeeds, counts in
+ *    `pool_early_frees`, and leaves the importers a mapping whose contents
+ *    are undefined (here zeros, or a later allocation at that offset); its
+ *    data is refused from then on, and the importers' frees still unmap.
  *  - Streams: every call that takes a stream accepts NULL and
  *    CU_STREAM_LEGACY (the legacy default stream of the current context),
  *    CU_STREAM_PER_THREAD (the calling thread's default stream of the

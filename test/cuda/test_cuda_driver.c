@@ -3,14 +3,17 @@
  * flags, pointer attributes, the device limit, faults on device memory,
  * memset and copies, stream-ordered allocation, streams and events, IPC
  * with an exec'd importer, virtual memory management (cuMemCreate, cuMemMap,
- * shareable descriptors to an exec'd importer)
+ * shareable descriptors to an exec'd importer), memory pools with IPC
+ * (cuMemPoolCreate, cuMemAllocFromPoolAsync, a pool's descriptor and export
+ * data to an exec'd importer)
  * and with an exporter that goes away, the old ABIs that abort, failure
  * injection, call counts, threads and fork, and that everything is freed.
  * Every entry point is resolved by its exact versioned name with dlsym on
  * the driver opened by absolute path; the control API by dlopen(RTLD_NOLOAD)
  * of the same file. Modes (argv[1]): "ipc-importer <in> <out>" (the exec'd
  * importer), "vmm-importer <socket>" (the exec'd importer of a VMM
- * allocation's descriptor), "no-device" (HM_CUDA_TEST_DEVICES=0), "soname" (found as
+ * allocation's descriptor), "pool-importer <socket>" (the exec'd importer of
+ * a memory pool's descriptor and two of its allocations), "no-device" (HM_CUDA_TEST_DEVICES=0), "soname" (found as
  * libcuda.so.1 through LD_LIBRARY_PATH).
  * SPDX-License-Identifier: MIT */
 #include "harness.h"
@@ -64,7 +67,10 @@
     X(cuMemCreate) X(cuMemRelease) X(cuMemAddressReserve) X(cuMemAddressFree)          \
     X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess)                      \
     X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)                  \
-    X(cuMemRetainAllocationHandle) X(cuMemGetAllocationPropertiesFromHandle)
+    X(cuMemRetainAllocationHandle) X(cuMemGetAllocationPropertiesFromHandle)         \
+    X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuMemAllocFromPoolAsync)                  \
+    X(cuMemPoolExportToShareableHandle) X(cuMemPoolImportFromShareableHandle)          \
+    X(cuMemPoolExportPointer) X(cuMemPoolImportPointer)
 
 static struct {
 #define X(name) __typeof__(name) *name;
@@ -2695,6 +2701,296 @@ static void test_vmm(void) {
     CHECK_EQ(s1.device_used[0], s0.device_used[0]);
 }
 
+/* ---- memory pools with IPC: an exec'd importer ---- */
+
+/* What the exporter sends after the pool's descriptor: the export data of
+ * a (2 MiB of 0x5a) and b (4 KiB), and a's address there. */
+struct pool_msg {
+    CUmemPoolPtrExportData a, b;
+    uint64_t a_base;
+};
+
+static CUmemPoolProps pool_props(int dev, CUmemAllocationHandleType types) {
+    CUmemPoolProps p;
+    memset(&p, 0, sizeof p);
+    p.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.handleTypes = types;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = dev;
+    p.maxSize = 8 * MIB;
+    return p;
+}
+
+/* Export data with `n` bytes at `at` replaced by v (the layout:
+ * cuda_test_driver.h). */
+static CUmemPoolPtrExportData px_patched(CUmemPoolPtrExportData x, size_t at, uint64_t v, size_t n) {
+    memcpy(x.reserved + at, &v, n);
+    return x;
+}
+
+static uint64_t px_field(const CUmemPoolPtrExportData *x, size_t at) {
+    uint64_t v;
+    memcpy(&v, x->reserved + at, 8);
+    return v;
+}
+
+/* The exec'd importer of test_pools. Phase 1: imports the pool and a,
+ * checks and writes it, frees it; imports b and keeps it; answers 'k'.
+ * Phase 2 (after 'f': the exporter freed a, then b while imported here):
+ * both export data are refused, the stale b is freed; answers 'k'. */
+static int pool_importer(int sock) {
+    ctl.set_lenient(0);
+    hm_test_set_context("pool importer");
+    CU_REQUIRE_OK(cu.cuInit(0));
+    CUcontext p0 = NULL;
+    CU_REQUIRE_OK(cu.cuDevicePrimaryCtxRetain(&p0, 0));
+    set_current(p0);
+    const hm_cuda_test_stats_t s0 = stats();
+    int fd = recv_fd(sock);
+    REQUIRE(fd >= 0);
+    struct pool_msg m;
+    REQUIRE(read_all(sock, &m, sizeof m));
+
+    CUmemoryPool ip = NULL;
+    int plain = memfd_create("not_the_driver", MFD_CLOEXEC);
+    REQUIRE(plain >= 0 && ftruncate(plain, (off_t)(10 * MIB)) == 0);
+    CU_EXPECT(cu.cuMemPoolImportFromShareableHandle(&ip, (void *)(uintptr_t)plain,
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+              CUDA_ERROR_INVALID_VALUE);
+    close(plain);
+    CU_EXPECT(cu.cuMemPoolImportFromShareableHandle(&ip, (void *)(uintptr_t)fd,
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 1),
+              CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(ctl.fail_next("cuMemPoolImportFromShareableHandle", 1, CUDA_ERROR_OUT_OF_MEMORY), 0);
+    CU_EXPECT(cu.cuMemPoolImportFromShareableHandle(&ip, (void *)(uintptr_t)fd,
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+              CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(ip == NULL);
+    CU_REQUIRE_OK(cu.cuMemPoolImportFromShareableHandle(&ip, (void *)(uintptr_t)fd,
+                                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    close(fd); /* the pool holds its own */
+    CHECK_EQ(stats().live_pools, s0.live_pools + 1);
+    CUdeviceptr x = 0;
+    /* cuda.h: imported pools "may not be used in ... cuMemAllocFromPoolAsync" */
+    CU_EXPECT(cu.cuMemAllocFromPoolAsync(&x, 4096, ip, NULL), CUDA_ERROR_INVALID_VALUE);
+    int out = -1;
+    CU_EXPECT(cu.cuMemPoolExportToShareableHandle(&out, ip, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+              CUDA_ERROR_INVALID_VALUE);
+
+    /* forged or altered export data: refused, nothing mapped */
+    CUmemPoolPtrExportData zero;
+    memset(&zero, 0, sizeof zero);
+    CU_EXPECT(cu.cuMemPoolImportPointer(&x, ip, &zero), CUDA_ERROR_INVALID_VALUE);
+    CUmemPoolPtrExportData f = px_patched(m.a, 16, px_field(&m.a, 16) + 1000, 8); /* another id */
+    CU_EXPECT(cu.cuMemPoolImportPointer(&x, ip, &f), CUDA_ERROR_INVALID_VALUE);
+    f = px_patched(m.a, 24, px_field(&m.a, 24) + 4096, 8); /* inside a, not its start */
+    CU_EXPECT(cu.cuMemPoolImportPointer(&x, ip, &f), CUDA_ERROR_INVALID_VALUE);
+    f = px_patched(m.a, 32, 64 * MIB, 8); /* a larger size */
+    CU_EXPECT(cu.cuMemPoolImportPointer(&x, ip, &f), CUDA_ERROR_INVALID_VALUE);
+    f = px_patched(m.a, 24, px_field(&m.b, 24), 8); /* b's offset with a's id */
+    CU_EXPECT(cu.cuMemPoolImportPointer(&x, ip, &f), CUDA_ERROR_INVALID_VALUE);
+    f = px_patched(m.a, 40, px_field(&m.a, 40) ^ 1, 8); /* another pool's file */
+    CU_EXPECT(cu.cuMemPoolImportPointer(&x, ip, &f), CUDA_ERROR_INVALID_VALUE);
+    f = px_patched(m.a, 0, 0x12345678, 4); /* not export data */
+    CU_EXPECT(cu.cuMemPoolImportPointer(&x, ip, &f), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemPoolImportPointer(&x, NULL, &m.a), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(stats().live_pool_imports, 0);
+    CHECK_EQ(ctl.fail_next("cuMemPoolImportPointer", 1, CUDA_ERROR_OUT_OF_MEMORY), 0);
+    x = 0;
+    CU_EXPECT(cu.cuMemPoolImportPointer(&x, ip, &m.a), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(x == 0);
+    CHECK_EQ(stats().live_pool_imports, 0);
+
+    /* a: at the exporter's address, its bytes, written here */
+    CUdeviceptr a = 0, a2 = 0;
+    CU_REQUIRE_OK(cu.cuMemPoolImportPointer(&a, ip, &m.a));
+    CHECK_EQ(a, m.a_base);
+    CHECK(all_bytes(a, 0x5a, 2 * MIB));
+    CHECK_EQ(stats().device_used[0], s0.device_used[0]); /* charged to the exporter */
+    CUmemoryPool got = NULL;
+    CU_OK(cu.cuPointerGetAttribute(&got, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, a));
+    CHECK(got == ip);
+    CU_OK(cu.cuMemsetD8_v2(a, 0xa5, 2 * MIB));
+    CU_OK(cu.cuCtxSynchronize());
+    /* imported twice: the same pointer, one free each */
+    CU_OK(cu.cuMemPoolImportPointer(&a2, ip, &m.a));
+    CHECK_EQ(a2, a);
+    CHECK_EQ(stats().live_pool_import_refs, 2);
+    CHECK_EQ(ctl.fail_next("cuMemFree_v2", 1, CUDA_ERROR_UNKNOWN), 0);
+    CU_EXPECT(cu.cuMemFree_v2(a), CUDA_ERROR_UNKNOWN);
+    CHECK_EQ(stats().live_pool_import_refs, 2);
+    CU_OK(cu.cuMemFree_v2(a));
+    CHECK_EQ(stats().live_pool_imports, 1);
+    CU_OK(cu.cuMemFreeAsync(a, NULL)); /* the last: unmapped */
+    CHECK_EQ(stats().live_pool_imports, 0);
+    CU_EXPECT(cu.cuMemFree_v2(a), CUDA_ERROR_INVALID_VALUE);
+    CUdeviceptr b = 0;
+    CU_REQUIRE_OK(cu.cuMemPoolImportPointer(&b, ip, &m.b));
+    CHECK_EQ(stats().live_pool_imports, 1);
+    printf("pool importer: phase 1 done\n");
+    write_all(sock, "k", 1);
+
+    char go = 0;
+    REQUIRE(read_all(sock, &go, 1) && go == 'f');
+    /* the exporter freed a (after this process) and b (before it): the
+     * data of both now name nothing */
+    CU_EXPECT(cu.cuMemPoolImportPointer(&x, ip, &m.a), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemPoolImportPointer(&x, ip, &m.b), CUDA_ERROR_INVALID_VALUE);
+    CU_OK(cu.cuMemFree_v2(b)); /* the stale mapping goes all the same */
+    CHECK_EQ(stats().live_pool_imports, 0);
+    CU_OK(cu.cuMemPoolDestroy(ip));
+    CU_EXPECT(cu.cuMemPoolDestroy(ip), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(stats().live_pools, s0.live_pools);
+    CHECK_EQ(stats().pool_early_frees, 0); /* counted where the free was made */
+    CU_OK(cu.cuDevicePrimaryCtxRelease_v2(0));
+    printf("pool importer: %d checks passed, %d failed\n", hm_test_passed_count(), hm_test_failed_count());
+    write_all(sock, "k", 1);
+    return hm_test_failed_count();
+}
+
+static void test_pools(void) {
+    hm_test_set_context("pools");
+    set_current(pc[0]);
+    const hm_cuda_test_stats_t s0 = stats();
+    int attr = -1;
+    CU_OK(cu.cuDeviceGetAttribute(&attr, CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, 0));
+    CHECK_EQ(attr, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+
+    /* properties: cuda.h's rules */
+    CUmemoryPool mp = NULL, np = NULL;
+    CUmemPoolProps pp = pool_props(0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CU_EXPECT(cu.cuMemPoolCreate(&mp, NULL), CUDA_ERROR_INVALID_VALUE);
+    CUmemPoolProps bad = pp;
+    bad.allocType = CU_MEM_ALLOCATION_TYPE_MANAGED;
+    CU_EXPECT(cu.cuMemPoolCreate(&mp, &bad), CUDA_ERROR_INVALID_VALUE);
+    bad = pp;
+    bad.reserved[53] = 1; /* "must be 0" */
+    CU_EXPECT(cu.cuMemPoolCreate(&mp, &bad), CUDA_ERROR_INVALID_VALUE);
+    bad = pp;
+    bad.win32SecurityAttributes = &bad; /* "required to be zero" off Windows */
+    CU_EXPECT(cu.cuMemPoolCreate(&mp, &bad), CUDA_ERROR_INVALID_VALUE);
+    bad = pp;
+    bad.handleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
+    CU_EXPECT(cu.cuMemPoolCreate(&mp, &bad), CUDA_ERROR_NOT_SUPPORTED);
+    bad = pp;
+    bad.location.id = HM_CUDA_TEST_MAX_DEVICES;
+    CU_EXPECT(cu.cuMemPoolCreate(&mp, &bad), CUDA_ERROR_INVALID_DEVICE);
+    CHECK_EQ(ctl.fail_next("cuMemPoolCreate", 1, CUDA_ERROR_OUT_OF_MEMORY), 0);
+    CU_EXPECT(cu.cuMemPoolCreate(&mp, &pp), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(mp == NULL);
+    CHECK_EQ(stats().live_pools, s0.live_pools);
+    CU_REQUIRE_OK(cu.cuMemPoolCreate(&mp, &pp));
+    CUmemPoolProps none = pool_props(0, CU_MEM_HANDLE_TYPE_NONE);
+    CU_REQUIRE_OK(cu.cuMemPoolCreate(&np, &none));
+    CHECK(mp != np);
+    CHECK_EQ(stats().live_pools, s0.live_pools + 2);
+    CUmemoryPool dp = NULL;
+    CU_OK(cu.cuDeviceGetDefaultMemPool(&dp, 0));
+    CU_EXPECT(cu.cuMemPoolDestroy(dp), CUDA_ERROR_INVALID_VALUE); /* "cannot be destroyed" */
+
+    /* allocations: stream-ordered (synchronous here), charged, bounded */
+    CUdeviceptr a = 0, b = 0, n = 0, d = 0, x = 0;
+    CU_EXPECT(cu.cuMemAllocFromPoolAsync(&x, 0, mp, NULL), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemAllocFromPoolAsync(&x, 16 * MIB, mp, NULL), CUDA_ERROR_OUT_OF_MEMORY);
+    CU_EXPECT(cu.cuMemAllocFromPoolAsync(&x, 4096, mp, (CUstream)(uintptr_t)0x99), CUDA_ERROR_INVALID_HANDLE);
+    CHECK_EQ(ctl.fail_next("cuMemAllocFromPoolAsync", 1, CUDA_ERROR_OUT_OF_MEMORY), 0);
+    CU_EXPECT(cu.cuMemAllocFromPoolAsync(&x, 4096, mp, NULL), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(x == 0);
+    CHECK_EQ(stats().device_used[0], s0.device_used[0]);
+    CU_REQUIRE_OK(cu.cuMemAllocFromPoolAsync(&a, 2 * MIB, mp, NULL));
+    CU_REQUIRE_OK(cu.cuMemAllocFromPoolAsync(&b, 4096, mp, CU_STREAM_PER_THREAD));
+    CU_REQUIRE_OK(cu.cuMemAllocFromPoolAsync(&n, 4096, np, NULL));
+    CU_REQUIRE_OK(cu.cuMemAllocFromPoolAsync(&d, 4096, dp, NULL)); /* the default pool: async memory */
+    CHECK_EQ(stats().live_pool_allocs, s0.live_pool_allocs + 3);
+    CHECK_EQ(stats().live_async_allocs, s0.live_async_allocs + 1);
+    CHECK_EQ(stats().device_used[0], s0.device_used[0] + 2 * MIB + 3 * 4096);
+    CHECK_EQ(a % (2 * MIB), 0);
+    CHECK_EQ(mem_type(a), CU_MEMORYTYPE_DEVICE);
+    CUmemoryPool got = NULL;
+    CU_OK(cu.cuPointerGetAttribute(&got, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, a));
+    CHECK(got == mp);
+    CHECK(context_of(a) == NULL); /* cuda.h: "not associated with any CUDA context" */
+    CU_OK(cu.cuMemsetD8_v2(a, 0x5a, 2 * MIB));
+    CU_OK(cu.cuStreamSynchronize(NULL));
+
+    /* exports: only of IPC-capable pools and their allocations */
+    CUmemPoolPtrExportData xa, xb, xn;
+    int fd = -1, fd2 = -1;
+    CU_EXPECT(cu.cuMemPoolExportPointer(&xn, n), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemPoolExportPointer(&xn, d), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemPoolExportToShareableHandle(&fd2, np, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+              CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemPoolExportToShareableHandle(&fd2, dp, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+              CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemPoolExportToShareableHandle(&fd2, mp, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 1),
+              CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemPoolExportToShareableHandle(&fd2, mp, CU_MEM_HANDLE_TYPE_FABRIC, 0),
+              CUDA_ERROR_NOT_SUPPORTED);
+    CHECK_EQ(ctl.fail_next("cuMemPoolExportPointer", 1, CUDA_ERROR_OUT_OF_MEMORY), 0);
+    CU_EXPECT(cu.cuMemPoolExportPointer(&xa, a), CUDA_ERROR_OUT_OF_MEMORY);
+    CU_OK(cu.cuMemPoolExportPointer(&xa, a + 4096)); /* interior: the whole allocation */
+    CU_OK(cu.cuMemPoolExportPointer(&xb, b));
+    CU_REQUIRE_OK(cu.cuMemPoolExportToShareableHandle(&fd, mp, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    CHECK(fd >= 0 && (fcntl(fd, F_GETFD) & FD_CLOEXEC));
+    /* a created pool imports nothing */
+    CU_EXPECT(cu.cuMemPoolImportPointer(&x, mp, &xa), CUDA_ERROR_INVALID_VALUE);
+
+    /* the importer: this program again, exec'd */
+    int sv[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        if (dup2(sv[1], 100) < 0) _exit(90);
+        execl("/proc/self/exe", "test_cuda_driver", "pool-importer", "100", (char *)NULL);
+        _exit(91);
+    }
+    close(sv[1]);
+    send_fd(sv[0], fd);
+    close(fd);
+    const struct pool_msg m = {xa, xb, a};
+    write_all(sv[0], &m, sizeof m);
+    char ack = 0;
+    CHECK(read_all(sv[0], &ack, 1) && ack == 'k');
+    CHECK(all_bytes(a, 0xa5, 2 * MIB)); /* what the importer wrote */
+    /* a: freed here after the importer freed it, as cuda.h asks; b: freed
+     * while the importer still maps it, which cuda.h forbids (counted) */
+    const uint64_t early = stats().pool_early_frees;
+    CU_OK(cu.cuMemFreeAsync(a, NULL));
+    CHECK_EQ(stats().pool_early_frees, early);
+    CU_OK(cu.cuMemFree_v2(b));
+    CHECK_EQ(stats().pool_early_frees, early + 1);
+    write_all(sv[0], "f", 1);
+    CHECK(read_all(sv[0], &ack, 1) && ack == 'k');
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(sv[0]);
+
+    /* destroy with an allocation left: returns at once, the pool goes at
+     * the last free; its handle is unknown from the destroy on */
+    CU_OK(cu.cuMemPoolDestroy(np));
+    CU_EXPECT(cu.cuMemAllocFromPoolAsync(&x, 4096, np, NULL), CUDA_ERROR_INVALID_VALUE);
+    CU_EXPECT(cu.cuMemPoolDestroy(np), CUDA_ERROR_INVALID_VALUE);
+    CHECK_EQ(stats().live_pools, s0.live_pools + 1);
+    CU_OK(cu.cuMemFree_v2(n));
+    CU_OK(cu.cuMemFreeAsync(d, NULL));
+    CHECK_EQ(ctl.fail_next("cuMemPoolDestroy", 1, CUDA_ERROR_UNKNOWN), 0);
+    CU_EXPECT(cu.cuMemPoolDestroy(mp), CUDA_ERROR_UNKNOWN);
+    CU_OK(cu.cuMemPoolDestroy(mp));
+    void *fn = NULL;
+    CU_OK(cu.cuGetProcAddress_v2("cuMemPoolImportPointer", &fn, 13000, 0, NULL));
+    CHECK(fn == (void *)cu.cuMemPoolImportPointer);
+    CU_EXPECT(cu.cuGetProcAddress_v2("cuMemPoolCreate", &fn, 11010, 0, NULL), CUDA_ERROR_NOT_FOUND);
+    const hm_cuda_test_stats_t s1 = stats();
+    CHECK_EQ(s1.live_pools, s0.live_pools);
+    CHECK_EQ(s1.live_pool_allocs, s0.live_pool_allocs);
+    CHECK_EQ(s1.live_async_allocs, s0.live_async_allocs);
+    CHECK_EQ(s1.device_used[0], s0.device_used[0]);
+}
+
 static void test_old_names(void) {
     hm_test_set_context("old ABIs");
     for (size_t i = 0; i < NOLD; i++) {
@@ -2879,6 +3175,15 @@ static void call_harmless(const char *name) {
     else if (!strcmp(name, "cuMemRetainAllocationHandle")) (void)cu.cuMemRetainAllocationHandle(NULL, NULL);
     else if (!strcmp(name, "cuMemGetAllocationPropertiesFromHandle"))
         (void)cu.cuMemGetAllocationPropertiesFromHandle(NULL, 0);
+    else if (!strcmp(name, "cuMemPoolCreate")) (void)cu.cuMemPoolCreate(NULL, NULL);
+    else if (!strcmp(name, "cuMemPoolDestroy")) (void)cu.cuMemPoolDestroy(NULL);
+    else if (!strcmp(name, "cuMemAllocFromPoolAsync")) (void)cu.cuMemAllocFromPoolAsync(NULL, 0, NULL, NULL);
+    else if (!strcmp(name, "cuMemPoolExportToShareableHandle"))
+        (void)cu.cuMemPoolExportToShareableHandle(NULL, NULL, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    else if (!strcmp(name, "cuMemPoolImportFromShareableHandle"))
+        (void)cu.cuMemPoolImportFromShareableHandle(NULL, NULL, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    else if (!strcmp(name, "cuMemPoolExportPointer")) (void)cu.cuMemPoolExportPointer(NULL, 0);
+    else if (!strcmp(name, "cuMemPoolImportPointer")) (void)cu.cuMemPoolImportPointer(NULL, NULL, NULL);
     else CHECK_MSG(0, "no harmless call for %s", name);
 }
 
@@ -3352,6 +3657,11 @@ int main(int argc, char **argv) {
         control();
         return ipc_exporter(atoi(argv[2]), atoi(argv[3]));
     }
+    if (argc == 3 && strcmp(argv[1], "pool-importer") == 0) {
+        load();
+        control();
+        return pool_importer(atoi(argv[2])) ? 1 : 0;
+    }
     if (argc == 3 && strcmp(argv[1], "vmm-importer") == 0) {
         load();
         control();
@@ -3397,6 +3707,7 @@ int main(int argc, char **argv) {
     test_ipc();
     test_ipc_exporter_gone();
     test_vmm();
+    test_pools();
     test_old_names();
     test_injection();
     test_counts();
