@@ -33,7 +33,8 @@
 #       cuMemAlloc and cuMemAllocAsync, IPC open hit/miss against
 #       cuIpcOpenMemHandle; VMM-mode alloc/free against a legacy provider
 #       and cuMemAlloc, VMM IPC open hit/miss against a legacy export,
-#       cuIpcOpenMemHandle and the driver's VMM import; ratios < 1: hetmem
+#       cuIpcOpenMemHandle, the driver's VMM import and its import of a
+#       memory pool's allocation, cuMemPoolImportPointer; ratios < 1: hetmem
 #       is faster).
 #       The machine's libcuda.so.1 by default. With HM_CUDA_DRIVER set (or
 #       --test-driver, which sets it to DIR/testdriver/libcuda.so.1) it runs
