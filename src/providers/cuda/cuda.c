@@ -296,15 +296,9 @@ static hm_result_t refuse_in_child(const char *op) {
 static bool off_add(cuprov_t *c, uintptr_t ptr, uintptr_t base) {
     hm__mutex_lock(&c->off_lock);
     size_t n = atomic_load_explicit(&c->noff, memory_order_relaxed);
-    if (n == c->noff_cap) {
-        size_t cap = c->noff_cap ? 2 * c->noff_cap : 16;
-        off_ent_t *t = realloc(c->off, cap * sizeof(*t));
-        if (!t) {
-            hm__mutex_unlock(&c->off_lock);
-            return false;
-        }
-        c->off = t;
-        c->noff_cap = cap;
+    if (!hm__cuda_grow((void **)&c->off, n, &c->noff_cap, sizeof(*c->off))) {
+        hm__mutex_unlock(&c->off_lock);
+        return false;
     }
     c->off[n] = (off_ent_t){ptr, base};
     atomic_store_explicit(&c->noff, n + 1, memory_order_relaxed);
@@ -1024,15 +1018,9 @@ static uint32_t payload_magic(const void *payload) {
 /* The export table (FD descriptors until put). */
 static bool xfd_add(cuprov_t *c, int fd, uint64_t *id) {
     hm__mutex_lock(&c->x_lock);
-    if (c->nxfd == c->xfd_cap) {
-        size_t cap = c->xfd_cap ? 2 * c->xfd_cap : 16;
-        xfd_ent_t *t = realloc(c->xfd, cap * sizeof(*t));
-        if (!t) {
-            hm__mutex_unlock(&c->x_lock);
-            return false;
-        }
-        c->xfd = t;
-        c->xfd_cap = cap;
+    if (!hm__cuda_grow((void **)&c->xfd, c->nxfd, &c->xfd_cap, sizeof(*c->xfd))) {
+        hm__mutex_unlock(&c->x_lock);
+        return false;
     }
     *id = ++c->xfd_next;
     c->xfd[c->nxfd++] = (xfd_ent_t){fd, *id};
@@ -1069,15 +1057,9 @@ static struct {
 static bool vimp_add(uintptr_t base, size_t len) {
     hm__mutex_lock(&vimp.lock);
     size_t n = atomic_load_explicit(&vimp.n, memory_order_relaxed);
-    if (n == vimp.cap) {
-        size_t cap = vimp.cap ? 2 * vimp.cap : 16;
-        vimp_ent_t *t = realloc(vimp.v, cap * sizeof(*t));
-        if (!t) {
-            hm__mutex_unlock(&vimp.lock);
-            return false;
-        }
-        vimp.v = t;
-        vimp.cap = cap;
+    if (!hm__cuda_grow((void **)&vimp.v, n, &vimp.cap, sizeof(*vimp.v))) {
+        hm__mutex_unlock(&vimp.lock);
+        return false;
     }
     vimp.v[n] = (vimp_ent_t){base, len};
     atomic_store_explicit(&vimp.n, n + 1, memory_order_relaxed);

@@ -5,8 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Room for one more element in a sorted array of `size`-byte elements. */
-static bool grow(void **arr, size_t n, size_t *cap, size_t size) {
+bool hm__cuda_grow(void **arr, size_t n, size_t *cap, size_t size) {
     if (n < *cap) return true;
     size_t nc = *cap ? 2 * *cap : 16;
     void *t = realloc(*arr, nc * size);
@@ -39,7 +38,7 @@ static size_t piece_lower(const hm_vmm_rec_t *r, uintptr_t ptr) {
 }
 
 static bool piece_insert(hm_vmm_rec_t *r, hm_vmm_piece_t v) {
-    if (!grow((void **)&r->p, r->np, &r->pcap, sizeof(*r->p))) return false;
+    if (!hm__cuda_grow((void **)&r->p, r->np, &r->pcap, sizeof(*r->p))) return false;
     size_t i = piece_lower(r, v.ptr);
     memmove(&r->p[i + 1], &r->p[i], (r->np - i) * sizeof(*r->p));
     r->p[i] = v;
@@ -54,8 +53,8 @@ static void piece_remove(hm_vmm_rec_t *r, size_t i) {
 
 bool hm__vmm_rec_add(hm_vmm_rec_t *r, uintptr_t base, size_t len) {
     /* Room in both arrays first, so that nothing is added on failure. */
-    if (!grow((void **)&r->m, r->nm, &r->mcap, sizeof(*r->m)) ||
-        !grow((void **)&r->p, r->np, &r->pcap, sizeof(*r->p)))
+    if (!hm__cuda_grow((void **)&r->m, r->nm, &r->mcap, sizeof(*r->m)) ||
+        !hm__cuda_grow((void **)&r->p, r->np, &r->pcap, sizeof(*r->p)))
         return false;
     size_t i = map_upper(r, base);
     memmove(&r->m[i + 1], &r->m[i], (r->nm - i) * sizeof(*r->m));
@@ -80,7 +79,7 @@ size_t hm__vmm_rec_map_at(const hm_vmm_rec_t *r, uintptr_t addr) {
 bool hm__vmm_rec_split(hm_vmm_rec_t *r, hm_vmm_piece_t *piece, size_t first) {
     hm_vmm_piece_t rest = {piece->ptr + first, piece->len - first};
     size_t i = (size_t)(piece - r->p);
-    if (!grow((void **)&r->p, r->np, &r->pcap, sizeof(*r->p))) return false;
+    if (!hm__cuda_grow((void **)&r->p, r->np, &r->pcap, sizeof(*r->p))) return false;
     r->p[i].len = first; /* piece may have moved with the array */
     memmove(&r->p[i + 2], &r->p[i + 1], (r->np - i - 1) * sizeof(*r->p));
     r->p[i + 1] = rest;

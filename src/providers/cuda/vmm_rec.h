@@ -49,6 +49,11 @@ typedef struct hm_vmm_rec {
     size_t np, pcap;
 } hm_vmm_rec_t;
 
+/* Room for one more element in an array of n `size`-byte elements with
+ * room for *cap (doubling, 16 at first); false without memory. The
+ * provider's tables (cuda.c) grow the same way. */
+bool hm__cuda_grow(void **arr, size_t n, size_t *cap, size_t size);
+
 /* A new mapping [base, +len), live whole as one piece. false: no host
  * memory for the record; nothing added. */
 bool hm__vmm_rec_add(hm_vmm_rec_t *r, uintptr_t base, size_t len);
